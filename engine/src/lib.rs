@@ -1,1 +1,59 @@
-//! probity
+//! Probity: a policy, compliance and data-integrity engine for GPU clusters.
+//!
+//! Callers ask an [`Engine`] "may this happen?" with a [`Request`] and get a
+//! [`Decision`]: allow or deny, the [`Reason`]s (policy id, message, severity), the
+//! [`Obligation`]s the caller must carry out (block a node, alert, migrate...) and any
+//! errors. Policies are Cedar files under a directory with a schema
+//! (`probity.cedarschema`) and a thresholds file (`probity.toml`); the engine
+//! validates them strictly, keeps an entity store of cluster facts, and hot-reloads
+//! the set when files change ([`Engine::watch`]).
+//!
+//! A tour:
+//!
+//! ```
+//! use probity::{Engine, Request};
+//! use serde_json::json;
+//!
+//! let engine = Engine::from_embedded_defaults()?;
+//! // Cluster facts: a zone and a node whose hottest A100 runs at 71 C.
+//! engine.upsert_entities(&json!([
+//!   {"uid": {"type": "Cluster", "id": "onprem"}, "attrs": {"gpusTotal": 64, "gpusAllocated": 10}, "parents": []},
+//!   {"uid": {"type": "Zone", "id": "z1"}, "parents": [],
+//!    "attrs": {"cluster": {"__entity": {"type": "Cluster", "id": "onprem"}}, "powerDrawW": 1000, "powerCeilingW": 10000}},
+//!   {"uid": {"type": "Node", "id": "gpu-001"}, "parents": [],
+//!    "attrs": {"zone": {"__entity": {"type": "Zone", "id": "z1"}}, "rack": "r1",
+//!      "driverVersion": "590.48.01", "cudaImage": "nvcr.io/nvidia/cuda:12.8.0-base-ubuntu24.04",
+//!      "gpuModel": {"__entity": {"type": "GpuModel", "id": "A100"}}, "gpuCount": 8, "cpuCount": 64,
+//!      "gpuMemoryMiB": 81920, "blocked": false, "hottestGpuTempC": 71,
+//!      "powerDrawW": 3000, "powerWindowMeanW": 2900}}
+//! ]))?;
+//! let request = Request::from_json_slice(
+//!     br#"{"principal": "Node::\"gpu-001\"", "action": "comply", "resource": "Node::\"gpu-001\""}"#)?;
+//! let decision = engine.decide(&request);
+//! assert!(!decision.is_allowed());
+//! assert_eq!(decision.reasons[0].policy, "thermal.gpu-over-temperature");
+//! assert_eq!(decision.obligations[0].kind, "alert");
+//! assert_eq!(decision.obligations[0].target.as_deref(), Some(r#"Node::"gpu-001""#));
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+mod bundle;
+mod config;
+mod decision;
+mod diagnostic;
+mod engine;
+mod error;
+mod request;
+pub mod scenario;
+mod source;
+mod watch;
+
+pub use bundle::OBLIGATION_KINDS;
+pub use config::Config;
+pub use decision::{Decision, DecisionError, Effect, Obligation, Reason, Severity};
+pub use diagnostic::SourceDiagnostic;
+pub use engine::{BlockRecord, Engine, EngineBuilder, PolicyStatus};
+pub use error::{EntityError, LoadError, RequestError, WatchError};
+pub use request::{EntityUid, MAX_REQUEST_BYTES, Request};
+pub use source::MAX_SOURCE_BYTES;
+pub use watch::ReloadWatcher;

@@ -1,0 +1,378 @@
+//! A compiled policy set: policies, schema and settings, checked together and
+//! swapped in as one value. Everything a decision needs that does not change per
+//! request is prepared here, at load time, not on the hot path.
+
+use std::collections::{BTreeMap, HashMap};
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use cedar_policy::{
+    Effect, Entities, Entity, PolicyId, PolicySet, Schema, ValidationMode, Validator,
+};
+use sha2::{Digest, Sha256};
+
+use crate::config::Config;
+use crate::decision::Severity;
+use crate::diagnostic::SourceDiagnostic;
+use crate::error::LoadError;
+use crate::source::{SourceFile, Sources};
+
+/// Obligation kinds the default policies and callers understand. An unknown kind is a
+/// load error: a typo must not silently drop an obligation.
+pub const OBLIGATION_KINDS: &[&str] = &[
+    "alert",
+    "block_node",
+    "burst_to_cloud",
+    "migrate",
+    "rotate_key",
+];
+
+/// Where an obligation points: the principal or resource, optionally followed
+/// through entity-valued attributes (`resource.zone`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct TargetPath {
+    pub root: TargetRoot,
+    pub attrs: Vec<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum TargetRoot {
+    Principal,
+    Resource,
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct ObligationSpec {
+    pub kind: String,
+    pub target: Option<TargetPath>,
+    pub parameters: BTreeMap<String, String>,
+}
+
+/// What the annotations of one policy say, read once at load time.
+#[derive(Debug, Clone)]
+pub(crate) struct PolicyMeta {
+    pub id: String,
+    pub forbid: bool,
+    pub severity: Severity,
+    pub message: String,
+    pub obligation: Option<ObligationSpec>,
+}
+
+/// A loaded, validated policy set.
+pub(crate) struct Bundle {
+    pub policies: PolicySet,
+    pub schema: Schema,
+    pub meta: HashMap<PolicyId, Arc<PolicyMeta>>,
+    /// `Settings::"active"` and the `GpuModel`s, from the configuration.
+    pub settings: Vec<Entity>,
+    pub digest: String,
+    pub files: Vec<String>,
+    pub loaded_at: SystemTime,
+}
+
+impl Bundle {
+    /// Parses, checks and validates every source; reports every problem found, located.
+    pub fn compile(sources: &Sources) -> Result<Self, LoadError> {
+        let mut problems = Vec::new();
+        let config = Config::parse(&sources.config.name, &sources.config.text)
+            .map_err(|d| problems.push(d))
+            .ok();
+        let schema = match Schema::from_cedarschema_str(&sources.schema.text) {
+            Ok((schema, _warnings)) => Some(schema),
+            Err(e) => {
+                problems.push(SourceDiagnostic::from_diagnostic(
+                    &sources.schema.name,
+                    &sources.schema.text,
+                    &e,
+                ));
+                None
+            }
+        };
+
+        let mut policies = PolicySet::new();
+        let mut meta = HashMap::new();
+        // Policy id -> (file, span) so that validation errors can be located.
+        let mut origin: HashMap<PolicyId, (usize, (usize, usize))> = HashMap::new();
+        for (file_index, file) in sources.policies.iter().enumerate() {
+            let parsed = match PolicySet::from_str(&file.text) {
+                Ok(p) => p,
+                Err(errors) => {
+                    problems.extend(
+                        errors
+                            .iter()
+                            .map(|e| SourceDiagnostic::from_diagnostic(&file.name, &file.text, e)),
+                    );
+                    continue;
+                }
+            };
+            let spans = policy_spans(&file.text);
+            let count = parsed.policies().count();
+            for index in 0..count {
+                let span = spans.get(index).copied().unwrap_or((0, 0));
+                let locate = |message: String| {
+                    SourceDiagnostic::new(&file.name, &file.text, span.0, span.1, message)
+                };
+                let Some(policy) = parsed.policy(&PolicyId::new(format!("policy{index}"))) else {
+                    continue;
+                };
+                let m = match read_meta(policy, file, index) {
+                    Ok(m) => m,
+                    Err(message) => {
+                        problems.push(locate(message));
+                        continue;
+                    }
+                };
+                let id = PolicyId::new(&m.id);
+                if meta.contains_key(&id) {
+                    problems.push(locate(format!("policy id {} is used twice", m.id)));
+                    continue;
+                }
+                if let Err(e) = policies.add(policy.new_id(id.clone())) {
+                    problems.push(locate(e.to_string()));
+                    continue;
+                }
+                origin.insert(id.clone(), (file_index, span));
+                meta.insert(id, Arc::new(m));
+            }
+        }
+
+        let mut settings = Vec::new();
+        if let (Some(schema), true) = (&schema, problems.is_empty()) {
+            let result = Validator::new(schema.clone()).validate(&policies, ValidationMode::Strict);
+            for err in result.validation_errors() {
+                let Some((file_index, span)) = origin.get(err.policy_id()) else {
+                    continue;
+                };
+                let Some(file) = sources.policies.get(*file_index) else {
+                    continue;
+                };
+                let mut d = SourceDiagnostic::from_diagnostic(&file.name, &file.text, err);
+                if d.span() == (0, 0) {
+                    d = SourceDiagnostic::new(
+                        &file.name,
+                        &file.text,
+                        span.0,
+                        span.1,
+                        d.message.clone(),
+                    )
+                    .with_help(d.help.clone());
+                }
+                problems.push(d);
+            }
+            if let Some(config) = &config {
+                match Entities::from_json_value(config.entities_json(), Some(schema)) {
+                    Ok(entities) => {
+                        settings = entities
+                            .iter()
+                            .filter(|e| !e.uid().type_name().to_string().ends_with("Action"))
+                            .cloned()
+                            .collect();
+                    }
+                    Err(e) => problems.push(SourceDiagnostic::new(
+                        &sources.config.name,
+                        &sources.config.text,
+                        0,
+                        0,
+                        format!("the configuration does not fit the schema's Settings or GpuModel entity: {e}"),
+                    )),
+                }
+            }
+        }
+
+        match (schema, problems.is_empty()) {
+            (Some(schema), true) => Ok(Self {
+                policies,
+                schema,
+                meta,
+                settings,
+                digest: digest(sources),
+                files: sources.policies.iter().map(|f| f.name.clone()).collect(),
+                loaded_at: SystemTime::now(),
+            }),
+            _ => Err(LoadError::Invalid { problems }),
+        }
+    }
+
+    pub fn policy_count(&self) -> usize {
+        self.meta.len()
+    }
+}
+
+fn read_meta(
+    policy: &cedar_policy::Policy,
+    file: &SourceFile,
+    index: usize,
+) -> Result<PolicyMeta, String> {
+    let forbid = policy.effect() == Effect::Forbid;
+    let annotation = |key: &str| policy.annotation(key).map(str::to_owned);
+    let require = |key: &str| {
+        annotation(key).ok_or_else(|| format!("forbid policy has no @{key} annotation; every forbid needs @id, @severity and @message"))
+    };
+    let id = if forbid {
+        require("id")?
+    } else {
+        annotation("id").unwrap_or_else(|| format!("{}#{index}", file.name))
+    };
+    if id.trim().is_empty() {
+        return Err("@id must not be empty".into());
+    }
+    let severity = match if forbid {
+        Some(require("severity")?)
+    } else {
+        annotation("severity")
+    } {
+        Some(s) => Severity::from_str(&s).map_err(|()| {
+            format!("@severity(\"{s}\") is not one of info, low, medium, high, critical")
+        })?,
+        None => Severity::Info,
+    };
+    let message = if forbid {
+        require("message")?
+    } else {
+        annotation("message").unwrap_or_default()
+    };
+    let obligation = match annotation("obligation") {
+        None => {
+            if annotation("target").is_some() {
+                return Err("@target without @obligation".into());
+            }
+            None
+        }
+        Some(kind) => {
+            if !OBLIGATION_KINDS.contains(&kind.as_str()) {
+                return Err(format!(
+                    "@obligation(\"{kind}\") is not a known kind ({})",
+                    OBLIGATION_KINDS.join(", ")
+                ));
+            }
+            let target = annotation("target").map(|t| parse_target(&t)).transpose()?;
+            let parameters = policy
+                .annotations()
+                .filter_map(|(k, v)| {
+                    k.strip_prefix("param_")
+                        .map(|k| (k.to_owned(), v.to_owned()))
+                })
+                .collect();
+            Some(ObligationSpec {
+                kind,
+                target,
+                parameters,
+            })
+        }
+    };
+    Ok(PolicyMeta {
+        id,
+        forbid,
+        severity,
+        message,
+        obligation,
+    })
+}
+
+fn parse_target(text: &str) -> Result<TargetPath, String> {
+    let mut parts = text.split('.');
+    let root = match parts.next() {
+        Some("principal") => TargetRoot::Principal,
+        Some("resource") => TargetRoot::Resource,
+        _ => {
+            return Err(format!(
+                "@target(\"{text}\") must start with principal or resource"
+            ));
+        }
+    };
+    let attrs: Vec<String> = parts.map(str::to_owned).collect();
+    if attrs.iter().any(|a| a.is_empty()) {
+        return Err(format!("@target(\"{text}\") has an empty attribute name"));
+    }
+    Ok(TargetPath { root, attrs })
+}
+
+/// SHA-256 over every source, named and length-prefixed, in load order.
+fn digest(sources: &Sources) -> String {
+    let mut h = Sha256::new();
+    let files = std::iter::once(&sources.schema)
+        .chain(std::iter::once(&sources.config))
+        .chain(sources.policies.iter());
+    for f in files {
+        h.update((f.name.len() as u64).to_be_bytes());
+        h.update(f.name.as_bytes());
+        h.update((f.text.len() as u64).to_be_bytes());
+        h.update(f.text.as_bytes());
+    }
+    h.finalize().iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Byte span of each policy in a file, in order: from its first token (an
+/// annotation or the effect) to its closing `;`. Skips comments and strings so
+/// that a `;` inside them does not count. Used only to locate problems.
+pub(crate) fn policy_spans(text: &str) -> Vec<(usize, usize)> {
+    let bytes = text.as_bytes();
+    let mut spans = Vec::new();
+    let mut depth = 0i32;
+    let mut start: Option<usize> = None;
+    let mut i = 0;
+    while let Some(&b) = bytes.get(i) {
+        match b {
+            b'/' if bytes.get(i + 1) == Some(&b'/') => {
+                while bytes.get(i).is_some_and(|&c| c != b'\n') {
+                    i += 1;
+                }
+                continue;
+            }
+            b'"' => {
+                start.get_or_insert(i);
+                i += 1;
+                while let Some(&c) = bytes.get(i) {
+                    i += if c == b'\\' { 2 } else { 1 };
+                    if c == b'"' {
+                        break;
+                    }
+                }
+                continue;
+            }
+            b'(' | b'[' | b'{' => depth += 1,
+            b')' | b']' | b'}' => depth -= 1,
+            b';' if depth == 0 => {
+                if let Some(s) = start.take() {
+                    spans.push((s, i + 1 - s));
+                }
+            }
+            c if c.is_ascii_whitespace() => {}
+            _ => {}
+        }
+        if !b.is_ascii_whitespace() && b != b';' {
+            start.get_or_insert(i);
+        }
+        i += 1;
+    }
+    spans
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn spans_skip_comments_and_strings() {
+        let text = "// a; b\n@id(\"x;y\")\npermit(principal, action, resource);\n\nforbid(principal, action, resource) when { context.a == \"}\" };";
+        let spans = policy_spans(text);
+        assert_eq!(spans.len(), 2);
+        assert!(text[spans[0].0..].starts_with("@id"));
+        assert!(text[spans[1].0..].starts_with("forbid"));
+        assert!(text[..spans[1].0 + spans[1].1].ends_with("};"));
+    }
+
+    #[test]
+    fn targets_parse() {
+        assert_eq!(
+            parse_target("resource.zone").unwrap(),
+            TargetPath {
+                root: TargetRoot::Resource,
+                attrs: vec!["zone".into()]
+            }
+        );
+        assert!(parse_target("context.x").is_err());
+        assert!(parse_target("principal..a").is_err());
+    }
+}

@@ -1,0 +1,274 @@
+//! The thresholds file (`probity.toml`). Policies never hold numbers: the engine
+//! turns this file into the `Settings::"active"` entity and one `GpuModel` entity
+//! per configured model, which policies read.
+
+use std::collections::BTreeMap;
+use std::ops::Range;
+use std::sync::Arc;
+
+use serde::Deserialize;
+use serde_json::{Value, json};
+use toml::Spanned;
+
+use crate::diagnostic::SourceDiagnostic;
+
+/// Thresholds for the default policies, as read from `probity.toml`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    /// Inbound TCP ports a node may listen on.
+    pub inbound_port_baseline: Vec<u16>,
+    /// Maximum age of a key that may encrypt, in days.
+    pub key_max_age_days: u32,
+    /// Window after a remote login in which elevation needs authorization, in minutes.
+    pub elevation_window_minutes: u32,
+    /// The driver version every GPU node runs.
+    pub pinned_driver: String,
+    /// The CUDA image every GPU node runs.
+    pub pinned_cuda_image: String,
+    /// The namespace held to the GPU:CPU ratio.
+    pub inference_namespace: String,
+    /// CPUs a workload in the inference namespace keeps per GPU.
+    pub inference_cpus_per_gpu: u32,
+    /// The workload class that goes only to its dedicated zone.
+    pub rlhf_class: String,
+    /// Largest share (percent) of one GPU's memory a workload may request.
+    pub gpu_memory_max_pct: u32,
+    /// On-prem GPU occupancy (percent) at which placements carry burst_to_cloud.
+    pub burst_occupancy_pct: u32,
+    /// How far (percent) above its window mean a power reading is an anomaly.
+    pub power_spike_pct: u32,
+    /// Share (percent) of its fan-curve ceiling at which a zone takes no new work.
+    pub zone_power_ceiling_pct: u32,
+    /// Temperature target per GPU model, degrees C.
+    pub gpu_temp_target_c: BTreeMap<String, u32>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawConfig {
+    security: RawSecurity,
+    placement: RawPlacement,
+    thermal: RawThermal,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawSecurity {
+    inbound_port_baseline: Vec<Spanned<i64>>,
+    key_max_age_days: Spanned<i64>,
+    elevation_window_minutes: Spanned<i64>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawPlacement {
+    pinned_driver: Spanned<String>,
+    pinned_cuda_image: Spanned<String>,
+    inference_namespace: Spanned<String>,
+    inference_cpus_per_gpu: Spanned<i64>,
+    rlhf_class: Spanned<String>,
+    gpu_memory_max_pct: Spanned<i64>,
+    burst_occupancy_pct: Spanned<i64>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawThermal {
+    power_spike_pct: Spanned<i64>,
+    zone_power_ceiling_pct: Spanned<i64>,
+    gpu_temp_target_c: BTreeMap<String, Spanned<i64>>,
+}
+
+/// Checks numbers against their allowed range and reports the first that is out of it.
+struct Checker<'a> {
+    file: &'a str,
+    text: &'a Arc<str>,
+}
+
+impl Checker<'_> {
+    fn range<T: TryFrom<i64>>(
+        &self,
+        name: &str,
+        value: &Spanned<i64>,
+        allowed: Range<i64>,
+    ) -> Result<T, SourceDiagnostic> {
+        let v = *value.get_ref();
+        if allowed.contains(&v) {
+            if let Ok(ok) = T::try_from(v) {
+                return Ok(ok);
+            }
+        }
+        let span = value.span();
+        Err(SourceDiagnostic::new(
+            self.file,
+            self.text,
+            span.start,
+            span.len(),
+            format!(
+                "{name} must be between {} and {}, found {v}",
+                allowed.start,
+                allowed.end - 1
+            ),
+        ))
+    }
+
+    fn non_empty(&self, name: &str, value: &Spanned<String>) -> Result<String, SourceDiagnostic> {
+        if value.get_ref().trim().is_empty() {
+            let span = value.span();
+            return Err(SourceDiagnostic::new(
+                self.file,
+                self.text,
+                span.start,
+                span.len(),
+                format!("{name} must not be empty"),
+            ));
+        }
+        Ok(value.get_ref().clone())
+    }
+}
+
+impl Config {
+    /// Parses and checks `text`, the contents of `file`.
+    pub fn parse(file: &str, text: &Arc<str>) -> Result<Self, SourceDiagnostic> {
+        let raw: RawConfig = toml::from_str(text).map_err(|e| {
+            let (offset, len) = e.span().map_or((0, 0), |s| (s.start, s.len()));
+            SourceDiagnostic::new(file, text, offset, len, e.message().to_owned())
+        })?;
+        let c = Checker { file, text };
+        let pct = 1..101;
+        let s = &raw.security;
+        let p = &raw.placement;
+        let t = &raw.thermal;
+        let inbound_port_baseline = s
+            .inbound_port_baseline
+            .iter()
+            .map(|port| c.range("inbound_port_baseline", port, 1..65536))
+            .collect::<Result<Vec<u16>, _>>()?;
+        let gpu_temp_target_c = t
+            .gpu_temp_target_c
+            .iter()
+            .map(|(model, v)| {
+                Ok((
+                    model.clone(),
+                    c.range(&format!("gpu_temp_target_c.{model}"), v, 1..150)?,
+                ))
+            })
+            .collect::<Result<BTreeMap<_, _>, SourceDiagnostic>>()?;
+        Ok(Self {
+            inbound_port_baseline,
+            key_max_age_days: c.range("key_max_age_days", &s.key_max_age_days, 1..36_501)?,
+            elevation_window_minutes: c.range(
+                "elevation_window_minutes",
+                &s.elevation_window_minutes,
+                0..10_081,
+            )?,
+            pinned_driver: c.non_empty("pinned_driver", &p.pinned_driver)?,
+            pinned_cuda_image: c.non_empty("pinned_cuda_image", &p.pinned_cuda_image)?,
+            inference_namespace: c.non_empty("inference_namespace", &p.inference_namespace)?,
+            inference_cpus_per_gpu: c.range(
+                "inference_cpus_per_gpu",
+                &p.inference_cpus_per_gpu,
+                1..1025,
+            )?,
+            rlhf_class: c.non_empty("rlhf_class", &p.rlhf_class)?,
+            gpu_memory_max_pct: c.range(
+                "gpu_memory_max_pct",
+                &p.gpu_memory_max_pct,
+                pct.clone(),
+            )?,
+            burst_occupancy_pct: c.range(
+                "burst_occupancy_pct",
+                &p.burst_occupancy_pct,
+                pct.clone(),
+            )?,
+            power_spike_pct: c.range("power_spike_pct", &t.power_spike_pct, 1..1001)?,
+            zone_power_ceiling_pct: c.range(
+                "zone_power_ceiling_pct",
+                &t.zone_power_ceiling_pct,
+                pct,
+            )?,
+            gpu_temp_target_c,
+        })
+    }
+
+    /// The `Settings::"active"` and `GpuModel` entities, in Cedar's entity JSON format.
+    pub fn entities_json(&self) -> Value {
+        let mut entities = vec![json!({
+            "uid": { "type": "Settings", "id": "active" },
+            "attrs": {
+                "inboundPortBaseline": self.inbound_port_baseline,
+                "keyMaxAgeSeconds": i64::from(self.key_max_age_days) * 86_400,
+                "elevationWindowSeconds": i64::from(self.elevation_window_minutes) * 60,
+                "pinnedDriver": self.pinned_driver,
+                "pinnedCudaImage": self.pinned_cuda_image,
+                "inferenceNamespace": { "__entity": { "type": "Namespace", "id": self.inference_namespace } },
+                "inferenceCpuMillisPerGpu": i64::from(self.inference_cpus_per_gpu) * 1000,
+                "rlhfClass": self.rlhf_class,
+                "gpuMemoryMaxPct": self.gpu_memory_max_pct,
+                "burstOccupancyPct": self.burst_occupancy_pct,
+                "powerSpikePct": self.power_spike_pct,
+                "zonePowerCeilingPct": self.zone_power_ceiling_pct,
+            },
+            "parents": []
+        })];
+        for (model, target) in &self.gpu_temp_target_c {
+            entities.push(json!({
+                "uid": { "type": "GpuModel", "id": model },
+                "attrs": { "tempTargetC": target },
+                "parents": []
+            }));
+        }
+        Value::Array(entities)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const DEFAULT: &str = include_str!("../../policies/probity.toml");
+
+    fn parse(text: &str) -> Result<Config, SourceDiagnostic> {
+        Config::parse("probity.toml", &Arc::from(text))
+    }
+
+    #[test]
+    fn default_configuration_parses() {
+        let c = parse(DEFAULT).unwrap();
+        assert_eq!(c.inbound_port_baseline, vec![22, 2379, 2380]);
+        assert_eq!(c.gpu_temp_target_c.get("A100"), Some(&65));
+        assert_eq!(c.key_max_age_days, 90);
+    }
+
+    #[test]
+    fn negative_threshold_is_rejected_with_its_location() {
+        let text = DEFAULT.replace("key_max_age_days = 90", "key_max_age_days = -5");
+        let err = parse(&text).unwrap_err();
+        assert!(
+            err.message
+                .contains("key_max_age_days must be between 1 and 36500, found -5"),
+            "{err}"
+        );
+        let line = text
+            .lines()
+            .position(|l| l.starts_with("key_max_age_days"))
+            .unwrap()
+            + 1;
+        assert_eq!((err.line, err.column), (line, 20));
+    }
+
+    #[test]
+    fn unknown_key_and_bad_syntax_are_located() {
+        let err = parse(&DEFAULT.replace("[thermal]", "[thermal]\nfan_speed = 3")).unwrap_err();
+        assert!(err.message.contains("unknown field `fan_speed`"), "{err}");
+        let err = parse("[security\n").unwrap_err();
+        assert_eq!(err.line, 1);
+    }
+
+    #[test]
+    fn settings_entity_holds_derived_units() {
+        let v = parse(DEFAULT).unwrap().entities_json();
+        assert_eq!(v[0]["attrs"]["keyMaxAgeSeconds"], 90 * 86_400);
+        assert_eq!(v[0]["attrs"]["inferenceCpuMillisPerGpu"], 8000);
+    }
+}

@@ -1,0 +1,131 @@
+//! What the engine answers: a [`Decision`] with its reasons, obligations and errors.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+/// Allow or deny.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Effect {
+    /// The request may proceed.
+    Allow,
+    /// The request may not proceed.
+    Deny,
+}
+
+impl fmt::Display for Effect {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Effect::Allow => "allow",
+            Effect::Deny => "deny",
+        })
+    }
+}
+
+/// How serious a reason is, from the policy's `@severity` annotation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Severity {
+    /// Informational: usually the permit that allowed a request.
+    Info,
+    /// Low.
+    Low,
+    /// Medium.
+    Medium,
+    /// High.
+    High,
+    /// Critical.
+    Critical,
+}
+
+impl FromStr for Severity {
+    type Err = ();
+    fn from_str(s: &str) -> Result<Self, ()> {
+        Ok(match s {
+            "info" => Severity::Info,
+            "low" => Severity::Low,
+            "medium" => Severity::Medium,
+            "high" => Severity::High,
+            "critical" => Severity::Critical,
+            _ => return Err(()),
+        })
+    }
+}
+
+/// Why a decision came out as it did: one policy (or plugin) that determined it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Reason {
+    /// The policy's `@id`.
+    pub policy: String,
+    /// The policy's `@message`.
+    pub message: String,
+    /// The policy's `@severity`.
+    pub severity: Severity,
+}
+
+/// Something the caller must do because of the decision: block a node, alert, migrate...
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Obligation {
+    /// `alert`, `block_node`, `burst_to_cloud`, `migrate` or `rotate_key`.
+    pub kind: String,
+    /// The entity it applies to, as `Type::"id"`, when the policy names one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target: Option<String>,
+    /// Extra parameters from the policy's `@param_*` annotations.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub parameters: BTreeMap<String, String>,
+    /// The policy that imposed it.
+    pub policy: String,
+}
+
+/// An error met while deciding. On a forbid policy it makes the decision deny.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DecisionError {
+    /// The policy being evaluated, if the error belongs to one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy: Option<String>,
+    /// What went wrong.
+    pub message: String,
+}
+
+/// The engine's answer to a [`Request`](crate::Request).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Decision {
+    /// Allow or deny.
+    pub decision: Effect,
+    /// The policies that determined the decision: the forbids that fired on a deny, the
+    /// permits that matched on an allow.
+    pub reasons: Vec<Reason>,
+    /// What the caller must do.
+    pub obligations: Vec<Obligation>,
+    /// Errors met while deciding.
+    pub errors: Vec<DecisionError>,
+}
+
+impl Decision {
+    /// A deny caused by an error outside any policy (a malformed request, say).
+    pub fn error(message: impl Into<String>) -> Self {
+        Self {
+            decision: Effect::Deny,
+            reasons: Vec::new(),
+            obligations: Vec::new(),
+            errors: vec![DecisionError {
+                policy: None,
+                message: message.into(),
+            }],
+        }
+    }
+
+    /// True if the request may proceed.
+    pub fn is_allowed(&self) -> bool {
+        self.decision == Effect::Allow
+    }
+
+    /// The policy ids among the reasons.
+    pub fn reason_ids(&self) -> impl Iterator<Item = &str> {
+        self.reasons.iter().map(|r| r.policy.as_str())
+    }
+}

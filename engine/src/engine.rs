@@ -1,0 +1,586 @@
+//! The [`Engine`]: a policy set and an entity store behind one atomic pointer.
+//!
+//! Readers load the current [`Snapshot`] without locking; writers (entity updates,
+//! reloads) build a new snapshot beside it and swap it in whole. A decision therefore
+//! always sees one policy set with one store, never a mix, and never waits on a writer.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::SystemTime;
+
+use arc_swap::{ArcSwap, ArcSwapOption};
+use cedar_policy::{Authorizer, Context, Entities, Entity, EvalResult, RestrictedExpression};
+use serde_json::Value;
+
+use crate::bundle::{Bundle, PolicyMeta, TargetPath, TargetRoot};
+use crate::decision::{Decision, DecisionError, Effect, Obligation, Reason};
+use crate::error::{EntityError, LoadError};
+use crate::request::{EntityUid, Request, kind};
+use crate::source::Origin;
+
+/// Entity types that only the configuration defines.
+const RESERVED_TYPES: &[&str] = &["Settings", "GpuModel"];
+
+/// Why a node is blocked, and since when.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct BlockRecord {
+    /// What blocked it (a policy id, an operator's note).
+    pub reason: String,
+    /// When, in Unix seconds.
+    pub since: u64,
+}
+
+/// One consistent view: the policy set and the entities decisions read.
+pub(crate) struct Snapshot {
+    pub bundle: Arc<Bundle>,
+    pub entities: Arc<Entities>,
+    pub blocked: Arc<BTreeMap<String, BlockRecord>>,
+}
+
+struct Shared {
+    origin: Origin,
+    current: ArcSwap<Snapshot>,
+    /// Serialises writers; readers never take it.
+    writer: Mutex<()>,
+    last_error: ArcSwapOption<LoadError>,
+    reloads: AtomicU64,
+    reload_errors: AtomicU64,
+    authorizer: Authorizer,
+}
+
+/// The policy engine. Cheap to clone: clones share one state.
+///
+/// ```
+/// use probity::{Engine, Request};
+///
+/// let engine = Engine::from_embedded_defaults().unwrap();
+/// let request = Request::from_json_slice(br#"{
+///     "principal": "Node::\"gpu-001\"", "action": "listen", "resource": "Node::\"gpu-001\"",
+///     "context": {"port": 8080, "protocol": "tcp"}
+/// }"#).unwrap();
+/// let decision = engine.decide(&request);
+/// assert!(!decision.is_allowed());
+/// assert_eq!(decision.reasons[0].policy, "security.inbound-port-beyond-baseline");
+/// assert_eq!(decision.obligations[0].kind, "alert");
+/// ```
+#[derive(Clone)]
+pub struct Engine {
+    shared: Arc<Shared>,
+}
+
+/// Builds an [`Engine`] from a policy directory.
+#[derive(Debug, Clone)]
+pub struct EngineBuilder {
+    dir: PathBuf,
+    schema: Option<PathBuf>,
+    config: Option<PathBuf>,
+}
+
+impl EngineBuilder {
+    /// Uses `path` as the schema instead of `<dir>/probity.cedarschema`.
+    pub fn schema(mut self, path: impl Into<PathBuf>) -> Self {
+        self.schema = Some(path.into());
+        self
+    }
+
+    /// Uses `path` as the configuration instead of `<dir>/probity.toml`.
+    pub fn config(mut self, path: impl Into<PathBuf>) -> Self {
+        self.config = Some(path.into());
+        self
+    }
+
+    /// Loads and validates the set. Fails if any file is invalid.
+    pub fn build(self) -> Result<Engine, LoadError> {
+        let origin = Origin::Dir {
+            schema: self
+                .schema
+                .unwrap_or_else(|| self.dir.join("probity.cedarschema")),
+            config: self.config.unwrap_or_else(|| self.dir.join("probity.toml")),
+            dir: self.dir,
+        };
+        Engine::from_origin(origin)
+    }
+}
+
+/// The state of the loaded policy set, for status endpoints and `probity check`.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct PolicyStatus {
+    /// SHA-256 over the schema, configuration and policy files of the live set.
+    pub digest: String,
+    /// The policy files of the live set.
+    pub files: Vec<String>,
+    /// Number of policies in the live set.
+    pub policies: usize,
+    /// When the live set was loaded, in Unix seconds.
+    pub loaded_at: u64,
+    /// Successful reloads since start.
+    pub reloads: u64,
+    /// Rejected reloads since start.
+    pub reload_errors: u64,
+    /// The last rejected reload's error, until a good set loads.
+    pub last_error: Option<String>,
+    /// Number of entities in the store (including configuration entities).
+    pub entities: usize,
+}
+
+impl Engine {
+    /// Starts building an engine from the policies under `dir`.
+    pub fn builder(dir: impl Into<PathBuf>) -> EngineBuilder {
+        EngineBuilder {
+            dir: dir.into(),
+            schema: None,
+            config: None,
+        }
+    }
+
+    /// An engine on the default policies, schema and configuration compiled into Probity.
+    pub fn from_embedded_defaults() -> Result<Self, LoadError> {
+        Self::from_origin(Origin::Embedded)
+    }
+
+    fn from_origin(origin: Origin) -> Result<Self, LoadError> {
+        let bundle = Bundle::compile(&origin.read()?)?;
+        let entities = Entities::empty()
+            .add_entities(bundle.settings.iter().cloned(), Some(&bundle.schema))
+            .map_err(|e| settings_error(&e))?;
+        let snapshot = Snapshot {
+            bundle: Arc::new(bundle),
+            entities: Arc::new(entities),
+            blocked: Arc::new(BTreeMap::new()),
+        };
+        Ok(Self {
+            shared: Arc::new(Shared {
+                origin,
+                current: ArcSwap::from_pointee(snapshot),
+                writer: Mutex::new(()),
+                last_error: ArcSwapOption::empty(),
+                reloads: AtomicU64::new(0),
+                reload_errors: AtomicU64::new(0),
+                authorizer: Authorizer::new(),
+            }),
+        })
+    }
+
+    /// The directory the engine loads from, if it is not on embedded defaults.
+    pub fn policy_dir(&self) -> Option<&Path> {
+        match &self.shared.origin {
+            Origin::Dir { dir, .. } => Some(dir),
+            Origin::Embedded => None,
+        }
+    }
+
+    pub(crate) fn watched_paths(&self) -> Vec<PathBuf> {
+        self.shared.origin.watched_paths()
+    }
+
+    fn write_lock(&self) -> MutexGuard<'_, ()> {
+        // A writer that panicked left the snapshot untouched (it swaps only at the end).
+        self.shared
+            .writer
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Decides one request. Never panics and never fails: problems become a deny
+    /// whose `errors` say what went wrong.
+    pub fn decide(&self, request: &Request) -> Decision {
+        let snapshot = self.shared.current.load();
+        self.decide_in(&snapshot, request)
+    }
+
+    /// Decides many requests against one policy set and store.
+    pub fn decide_batch(&self, requests: &[Request]) -> Vec<Decision> {
+        let snapshot = self.shared.current.load();
+        requests
+            .iter()
+            .map(|r| self.decide_in(&snapshot, r))
+            .collect()
+    }
+
+    fn decide_in(&self, snapshot: &Snapshot, request: &Request) -> Decision {
+        let bundle = &snapshot.bundle;
+        let schema = &bundle.schema;
+        let context = match &request.context {
+            None => Context::empty(),
+            Some(map) => match Context::from_json_value(
+                Value::Object(map.clone()),
+                Some((schema, &request.action.0)),
+            ) {
+                Ok(c) => c,
+                Err(e) => return Decision::error(format!("invalid context: {e}")),
+            },
+        };
+        let cedar_request = match cedar_policy::Request::new(
+            request.principal.0.clone(),
+            request.action.0.clone(),
+            request.resource.0.clone(),
+            context,
+            Some(schema),
+        ) {
+            Ok(r) => r,
+            Err(e) => return Decision::error(format!("invalid request: {e}")),
+        };
+        let merged;
+        let entities: &Entities = if request.entities.is_empty() {
+            &snapshot.entities
+        } else {
+            match parse_entities(&request.entities, schema).and_then(|extra| {
+                Entities::clone(&snapshot.entities)
+                    .upsert_entities(extra, Some(schema))
+                    .map_err(invalid)
+            }) {
+                Ok(e) => {
+                    merged = e;
+                    &merged
+                }
+                Err(e) => return Decision::error(format!("request entities: {e}")),
+            }
+        };
+        let response =
+            self.shared
+                .authorizer
+                .is_authorized(&cedar_request, &bundle.policies, entities);
+        let mut errors = Vec::new();
+        let mut failed_forbids = Vec::new();
+        for err in response.diagnostics().errors() {
+            let cedar_policy::AuthorizationError::PolicyEvaluationError(err) = err;
+            let meta = bundle.meta.get(err.policy_id());
+            if let Some(m) = meta.filter(|m| m.forbid) {
+                failed_forbids.push(Arc::clone(m));
+            }
+            errors.push(DecisionError {
+                policy: meta.map(|m| m.id.clone()),
+                message: err.inner().to_string(),
+            });
+        }
+        let fired = response
+            .diagnostics()
+            .reason()
+            .filter_map(|id| bundle.meta.get(id).cloned());
+        // A forbid that could not be evaluated counts as fired: deciding fails closed.
+        // It gives a reason but no obligation, since its condition was never established.
+        let (decision, determining): (Effect, Vec<(Arc<PolicyMeta>, bool)>) =
+            if response.decision() == cedar_policy::Decision::Allow && failed_forbids.is_empty() {
+                (Effect::Allow, fired.map(|m| (m, true)).collect())
+            } else {
+                let forbids = fired.filter(|m| m.forbid).map(|m| (m, true));
+                let failed = failed_forbids.into_iter().map(|m| (m, false));
+                (Effect::Deny, forbids.chain(failed).collect())
+            };
+        let obligations = determining
+            .iter()
+            .filter(|(_, fired)| *fired)
+            .filter_map(|(m, _)| {
+                let spec = m.obligation.as_ref()?;
+                Some(Obligation {
+                    kind: spec.kind.clone(),
+                    target: spec
+                        .target
+                        .as_ref()
+                        .and_then(|t| resolve_target(t, request, entities)),
+                    parameters: spec.parameters.clone(),
+                    policy: m.id.clone(),
+                })
+            })
+            .collect();
+        Decision {
+            decision,
+            reasons: determining
+                .iter()
+                .map(|(m, _)| Reason {
+                    policy: m.id.clone(),
+                    message: m.message.clone(),
+                    severity: m.severity,
+                })
+                .collect(),
+            obligations,
+            errors,
+        }
+    }
+
+    /// Adds or replaces entities (Cedar entity JSON: an array of
+    /// `{"uid": .., "attrs": .., "parents": ..}`), validated against the schema.
+    /// All or nothing: on error the store is unchanged.
+    pub fn upsert_entities(&self, json: &Value) -> Result<usize, EntityError> {
+        let Value::Array(items) = json else {
+            return Err(EntityError::Shape {
+                found: kind(json).into(),
+            });
+        };
+        let _guard = self.write_lock();
+        let current = self.shared.current.load_full();
+        let schema = &current.bundle.schema;
+        let mut parsed = parse_entities(items, schema)?;
+        for e in &mut parsed {
+            let uid = e.uid();
+            if RESERVED_TYPES.contains(&uid.type_name().to_string().as_str()) {
+                return Err(EntityError::Reserved {
+                    uid: uid.to_string(),
+                });
+            }
+            // A block outlives telemetry: upserting a blocked node keeps it blocked.
+            if is_blocked_node(&current.blocked, &uid) {
+                *e = with_blocked(e.clone(), true).map_err(invalid)?;
+            }
+        }
+        let count = parsed.len();
+        let entities = Entities::clone(&current.entities)
+            .upsert_entities(parsed, Some(schema))
+            .map_err(invalid)?;
+        self.swap_entities(&current, entities, Arc::clone(&current.blocked));
+        Ok(count)
+    }
+
+    /// Removes entities by uid; unknown uids are ignored.
+    pub fn remove_entities(&self, uids: &[EntityUid]) -> Result<(), EntityError> {
+        let _guard = self.write_lock();
+        let current = self.shared.current.load_full();
+        for uid in uids {
+            if RESERVED_TYPES.contains(&uid.type_name().as_str()) {
+                return Err(EntityError::Reserved {
+                    uid: uid.to_string(),
+                });
+            }
+        }
+        let present: Vec<_> = uids
+            .iter()
+            .filter(|u| current.entities.get(&u.0).is_some())
+            .map(|u| u.0.clone())
+            .collect();
+        let entities = Entities::clone(&current.entities)
+            .remove_entities(present)
+            .map_err(invalid)?;
+        self.swap_entities(&current, entities, Arc::clone(&current.blocked));
+        Ok(())
+    }
+
+    /// One entity, as Cedar entity JSON.
+    pub fn entity(&self, uid: &EntityUid) -> Option<Value> {
+        let current = self.shared.current.load();
+        current.entities.get(&uid.0)?.to_json_value().ok()
+    }
+
+    /// Blocks a node: placement policies deny scheduling onto it, and a later upsert of
+    /// the node keeps it blocked until [`Engine::unblock_node`]. The node need not be in
+    /// the store yet.
+    pub fn block_node(&self, node_id: &str, reason: &str) -> Result<(), EntityError> {
+        self.set_blocked(node_id, Some(reason))
+    }
+
+    /// Lifts a block set by [`Engine::block_node`].
+    pub fn unblock_node(&self, node_id: &str) -> Result<(), EntityError> {
+        self.set_blocked(node_id, None)
+    }
+
+    /// The blocked nodes and why.
+    pub fn blocked_nodes(&self) -> BTreeMap<String, BlockRecord> {
+        BTreeMap::clone(&self.shared.current.load().blocked)
+    }
+
+    fn set_blocked(&self, node_id: &str, reason: Option<&str>) -> Result<(), EntityError> {
+        let uid = EntityUid::new("Node", node_id).map_err(invalid)?;
+        let _guard = self.write_lock();
+        let current = self.shared.current.load_full();
+        let mut blocked = BTreeMap::clone(&current.blocked);
+        match reason {
+            Some(r) => {
+                let since = SystemTime::now()
+                    .duration_since(SystemTime::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_secs());
+                blocked.insert(
+                    node_id.to_owned(),
+                    BlockRecord {
+                        reason: r.to_owned(),
+                        since,
+                    },
+                );
+            }
+            None => {
+                blocked.remove(node_id);
+            }
+        }
+        let entities = match current.entities.get(&uid.0) {
+            Some(node) => {
+                let node = with_blocked(node.clone(), reason.is_some()).map_err(invalid)?;
+                Entities::clone(&current.entities)
+                    .upsert_entities([node], Some(&current.bundle.schema))
+                    .map_err(invalid)?
+            }
+            None => Entities::clone(&current.entities),
+        };
+        self.swap_entities(&current, entities, Arc::new(blocked));
+        Ok(())
+    }
+
+    fn swap_entities(
+        &self,
+        current: &Snapshot,
+        entities: Entities,
+        blocked: Arc<BTreeMap<String, BlockRecord>>,
+    ) {
+        self.shared.current.store(Arc::new(Snapshot {
+            bundle: Arc::clone(&current.bundle),
+            entities: Arc::new(entities),
+            blocked,
+        }));
+    }
+
+    /// Reads the policy directory again and, if the whole set is valid, swaps it in.
+    /// On error the previous set keeps serving and the error stays in
+    /// [`Engine::last_error`] until a good set loads.
+    pub fn reload(&self) -> Result<(), Arc<LoadError>> {
+        let result = self
+            .shared
+            .origin
+            .read()
+            .and_then(|sources| Bundle::compile(&sources));
+        let _guard = self.write_lock();
+        let outcome = result.and_then(|bundle| {
+            let current = self.shared.current.load_full();
+            if bundle.digest == current.bundle.digest {
+                return Ok(());
+            }
+            let stale: Vec<_> = current
+                .entities
+                .iter()
+                .map(Entity::uid)
+                .filter(|u| RESERVED_TYPES.contains(&u.type_name().to_string().as_str()))
+                .collect();
+            let entities = Entities::clone(&current.entities)
+                .remove_entities(stale)
+                .and_then(|e| e.add_entities(bundle.settings.iter().cloned(), Some(&bundle.schema)))
+                .map_err(|e| settings_error(&e))?;
+            self.shared.current.store(Arc::new(Snapshot {
+                bundle: Arc::new(bundle),
+                entities: Arc::new(entities),
+                blocked: Arc::clone(&current.blocked),
+            }));
+            Ok(())
+        });
+        match outcome {
+            Ok(()) => {
+                self.shared.last_error.store(None);
+                self.shared.reloads.fetch_add(1, Ordering::Relaxed);
+                Ok(())
+            }
+            Err(e) => {
+                let e = Arc::new(e);
+                self.shared.last_error.store(Some(Arc::clone(&e)));
+                self.shared.reload_errors.fetch_add(1, Ordering::Relaxed);
+                Err(e)
+            }
+        }
+    }
+
+    /// The error of the last rejected reload, until a good set loads.
+    pub fn last_error(&self) -> Option<Arc<LoadError>> {
+        self.shared.last_error.load_full()
+    }
+
+    /// Digest, files, counts and the last reload error of the live set.
+    pub fn status(&self) -> PolicyStatus {
+        let current = self.shared.current.load();
+        let b = &current.bundle;
+        PolicyStatus {
+            digest: b.digest.clone(),
+            files: b.files.clone(),
+            policies: b.policy_count(),
+            loaded_at: b
+                .loaded_at
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs()),
+            reloads: self.shared.reloads.load(Ordering::Relaxed),
+            reload_errors: self.shared.reload_errors.load(Ordering::Relaxed),
+            last_error: self.last_error().map(|e| e.to_string()),
+            entities: current.entities.iter().count(),
+        }
+    }
+
+    /// Policy ids of the live set, with whether each is a forbid.
+    pub fn policy_ids(&self) -> Vec<(String, bool)> {
+        let current = self.shared.current.load();
+        let mut ids: Vec<_> = current
+            .bundle
+            .meta
+            .values()
+            .map(|m| (m.id.clone(), m.forbid))
+            .collect();
+        ids.sort();
+        ids
+    }
+}
+
+fn is_blocked_node(blocked: &BTreeMap<String, BlockRecord>, uid: &cedar_policy::EntityUid) -> bool {
+    uid.type_name().to_string() == "Node" && blocked.contains_key(uid.id().unescaped())
+}
+
+fn with_blocked(
+    entity: Entity,
+    blocked: bool,
+) -> Result<Entity, cedar_policy::EntityAttrEvaluationError> {
+    let (uid, mut attrs, parents) = entity.into_inner();
+    attrs.insert(
+        "blocked".to_owned(),
+        RestrictedExpression::new_bool(blocked),
+    );
+    Entity::new(uid, attrs, parents)
+}
+
+fn invalid(e: impl std::error::Error + Send + Sync + 'static) -> EntityError {
+    EntityError::Invalid {
+        source: Box::new(e),
+    }
+}
+
+fn parse_entities(
+    items: &[Value],
+    schema: &cedar_policy::Schema,
+) -> Result<Vec<Entity>, EntityError> {
+    // Later entries with the same uid replace earlier ones.
+    let mut by_uid: HashMap<cedar_policy::EntityUid, usize> = HashMap::new();
+    let mut out: Vec<Entity> = Vec::with_capacity(items.len());
+    for item in items {
+        let e = Entity::from_json_value(item.clone(), Some(schema)).map_err(invalid)?;
+        match by_uid.get(&e.uid()) {
+            Some(&i) => {
+                if let Some(slot) = out.get_mut(i) {
+                    *slot = e;
+                }
+            }
+            None => {
+                by_uid.insert(e.uid(), out.len());
+                out.push(e);
+            }
+        }
+    }
+    Ok(out)
+}
+
+fn settings_error(e: &dyn std::error::Error) -> LoadError {
+    LoadError::Invalid {
+        problems: vec![crate::diagnostic::SourceDiagnostic::new(
+            "probity.toml",
+            &Arc::from(""),
+            0,
+            0,
+            format!("configuration entities rejected: {e}"),
+        )],
+    }
+}
+
+/// Follows a `@target` path through entity-valued attributes.
+fn resolve_target(path: &TargetPath, request: &Request, entities: &Entities) -> Option<String> {
+    let mut uid = match path.root {
+        TargetRoot::Principal => request.principal.0.clone(),
+        TargetRoot::Resource => request.resource.0.clone(),
+    };
+    for attr in &path.attrs {
+        match entities.get(&uid)?.attr(attr)? {
+            Ok(EvalResult::EntityUid(next)) => uid = next,
+            _ => return None,
+        }
+    }
+    Some(uid.to_string())
+}

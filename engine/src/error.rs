@@ -1,0 +1,149 @@
+//! Error types, one enum per area. Messages say what and where; a cause is
+//! reached through `source()`, never repeated in the message.
+
+use std::path::PathBuf;
+
+use miette::Diagnostic;
+
+use crate::diagnostic::SourceDiagnostic;
+
+/// Why a policy set (policies, schema, configuration) could not be loaded.
+#[derive(Debug, thiserror::Error, Diagnostic)]
+pub enum LoadError {
+    /// A file or directory could not be read.
+    #[error("cannot read {}", path.display())]
+    Io {
+        /// The path that failed.
+        path: PathBuf,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A source file is larger than the engine accepts.
+    #[error("{} is {size} bytes, over the limit of {limit}", path.display())]
+    TooLarge {
+        /// The file.
+        path: PathBuf,
+        /// Its size.
+        size: u64,
+        /// The limit.
+        limit: u64,
+    },
+    /// A source file is not UTF-8.
+    #[error("{} is not UTF-8 (invalid byte at offset {offset})", path.display())]
+    NotUtf8 {
+        /// The file.
+        path: PathBuf,
+        /// Offset of the first invalid byte.
+        offset: usize,
+    },
+    /// The sources were read but are wrong: parse errors, schema violations,
+    /// missing annotations. Every problem found is listed with its location.
+    #[error("{}", summary(.problems))]
+    Invalid {
+        /// Each problem, located.
+        #[related]
+        problems: Vec<SourceDiagnostic>,
+    },
+}
+
+fn summary(problems: &[SourceDiagnostic]) -> String {
+    match problems {
+        [one] => one.to_string(),
+        [first, ..] => format!("{first} (and {} more problems)", problems.len() - 1),
+        [] => "invalid policy set".to_owned(),
+    }
+}
+
+impl LoadError {
+    /// Every located problem, for callers that render them one by one.
+    pub fn problems(&self) -> &[SourceDiagnostic] {
+        match self {
+            LoadError::Invalid { problems } => problems,
+            _ => &[],
+        }
+    }
+}
+
+/// Why a request could not be read.
+#[derive(Debug, thiserror::Error, Diagnostic)]
+pub enum RequestError {
+    /// The request is larger than the engine accepts.
+    #[error("request is {size} bytes, over the limit of {limit}")]
+    TooLarge {
+        /// Its size.
+        size: usize,
+        /// The limit.
+        limit: usize,
+    },
+    /// The bytes are not JSON.
+    #[error("request is not valid JSON at line {line}, column {column}")]
+    Json {
+        /// 1-based line.
+        line: usize,
+        /// 1-based column.
+        column: usize,
+        /// The parser's error.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// The JSON is not an object of the expected shape.
+    #[error("request {field}: expected {expected}, found {found}")]
+    Shape {
+        /// Which field (or `body`).
+        field: &'static str,
+        /// What was expected.
+        expected: &'static str,
+        /// What was found.
+        found: String,
+    },
+    /// An entity reference is not `Type::"id"` nor `{"type": .., "id": ..}`.
+    #[error("request {field}: {value} is not an entity reference (Type::\"id\")")]
+    EntityUid {
+        /// Which field.
+        field: &'static str,
+        /// The offending text.
+        value: String,
+    },
+}
+
+/// Why an entity update was refused. The store is unchanged when this is returned.
+#[derive(Debug, thiserror::Error, Diagnostic)]
+pub enum EntityError {
+    /// The entities do not parse, or do not fit the schema.
+    #[error("entities do not fit the schema")]
+    Invalid {
+        /// The parser's error.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// The entities are not a JSON array of entity objects.
+    #[error("entities: expected a JSON array of entities, found {found}")]
+    Shape {
+        /// What was found.
+        found: String,
+    },
+    /// The update touches an entity that only the configuration may define.
+    #[error("{uid} comes from probity.toml and cannot be changed through the entity store")]
+    Reserved {
+        /// The entity.
+        uid: String,
+    },
+}
+
+/// Why the policy watcher could not start.
+#[derive(Debug, thiserror::Error, Diagnostic)]
+pub enum WatchError {
+    /// The engine was built from embedded defaults: there is nothing on disk to watch.
+    #[error("the engine runs on embedded defaults; there are no files to watch")]
+    NothingToWatch,
+    /// The file watcher failed.
+    #[error("cannot watch {}", path.display())]
+    Notify {
+        /// The path.
+        path: PathBuf,
+        /// notify's error.
+        #[source]
+        source: notify::Error,
+    },
+}

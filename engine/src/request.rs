@@ -1,0 +1,290 @@
+//! What callers ask: a [`Request`] naming principal, action and resource, with a
+//! context and optional request-scoped entities.
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde_json::{Map, Value};
+
+use crate::error::RequestError;
+
+/// Largest request, in bytes, that [`Request::from_json_slice`] reads.
+pub const MAX_REQUEST_BYTES: usize = 1024 * 1024;
+
+/// A reference to an entity: `Type::"id"`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct EntityUid(pub(crate) cedar_policy::EntityUid);
+
+impl EntityUid {
+    /// The uid of type `type_name` and id `id`, e.g. `("Node", "gpu-001")`.
+    pub fn new(type_name: &str, id: &str) -> Result<Self, RequestError> {
+        let t = cedar_policy::EntityTypeName::from_str(type_name).map_err(|_| {
+            RequestError::EntityUid {
+                field: "type",
+                value: truncate(type_name),
+            }
+        })?;
+        let eid = cedar_policy::EntityId::new(id);
+        Ok(Self(cedar_policy::EntityUid::from_type_name_and_id(t, eid)))
+    }
+
+    /// The uid of an action: `Action::"id"`.
+    pub fn action(id: &str) -> Result<Self, RequestError> {
+        Self::new("Action", id)
+    }
+
+    /// The type name (`Node`).
+    pub fn type_name(&self) -> String {
+        self.0.type_name().to_string()
+    }
+
+    /// The id (`gpu-001`).
+    pub fn id(&self) -> &str {
+        self.0.id().unescaped()
+    }
+
+    /// Reads `"Type::\"id\""` or `{"type": "Type", "id": "id"}` (optionally wrapped in `__entity`).
+    pub(crate) fn from_json(field: &'static str, v: &Value) -> Result<Self, RequestError> {
+        let bad = || RequestError::EntityUid {
+            field,
+            value: truncate(&v.to_string()),
+        };
+        match v {
+            Value::String(s) => s.parse().map_err(|_| bad()),
+            Value::Object(o) => {
+                let o = match o.get("__entity") {
+                    Some(Value::Object(inner)) => inner,
+                    _ => o,
+                };
+                match (o.get("type"), o.get("id")) {
+                    (Some(Value::String(t)), Some(Value::String(id))) => {
+                        Self::new(t, id).map_err(|_| bad())
+                    }
+                    _ => Err(bad()),
+                }
+            }
+            _ => Err(bad()),
+        }
+    }
+}
+
+impl FromStr for EntityUid {
+    type Err = RequestError;
+    fn from_str(s: &str) -> Result<Self, RequestError> {
+        cedar_policy::EntityUid::from_str(s)
+            .map(Self)
+            .map_err(|_| RequestError::EntityUid {
+                field: "uid",
+                value: truncate(s),
+            })
+    }
+}
+
+impl fmt::Display for EntityUid {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+/// A question for the engine: may `principal` do `action` to `resource`?
+#[derive(Debug, Clone)]
+pub struct Request {
+    pub(crate) principal: EntityUid,
+    pub(crate) action: EntityUid,
+    pub(crate) resource: EntityUid,
+    pub(crate) context: Option<Map<String, Value>>,
+    pub(crate) entities: Vec<Value>,
+}
+
+impl Request {
+    /// A request with an empty context.
+    pub fn new(principal: EntityUid, action: EntityUid, resource: EntityUid) -> Self {
+        Self {
+            principal,
+            action,
+            resource,
+            context: None,
+            entities: Vec::new(),
+        }
+    }
+
+    /// Sets the context, a JSON object whose shape the schema gives per action.
+    pub fn with_context(mut self, context: Map<String, Value>) -> Self {
+        self.context = if context.is_empty() {
+            None
+        } else {
+            Some(context)
+        };
+        self
+    }
+
+    /// Adds entities (Cedar entity JSON) that exist for this request only; they
+    /// override store entities with the same uid.
+    pub fn with_entities(mut self, entities: Vec<Value>) -> Self {
+        self.entities = entities;
+        self
+    }
+
+    /// Reads a request from JSON bytes:
+    /// `{"principal": .., "action": .., "resource": .., "context": {..}, "entities": [..]}`.
+    pub fn from_json_slice(bytes: &[u8]) -> Result<Self, RequestError> {
+        if bytes.len() > MAX_REQUEST_BYTES {
+            return Err(RequestError::TooLarge {
+                size: bytes.len(),
+                limit: MAX_REQUEST_BYTES,
+            });
+        }
+        let value: Value = serde_json::from_slice(bytes).map_err(|e| RequestError::Json {
+            line: e.line(),
+            column: e.column(),
+            source: e,
+        })?;
+        Self::from_json_value(&value)
+    }
+
+    /// Reads a request from a parsed JSON value.
+    pub fn from_json_value(value: &Value) -> Result<Self, RequestError> {
+        let Value::Object(body) = value else {
+            return Err(RequestError::Shape {
+                field: "body",
+                expected: "a JSON object",
+                found: kind(value).into(),
+            });
+        };
+        let uid = |field: &'static str| match body.get(field) {
+            Some(v) => EntityUid::from_json(field, v),
+            None => Err(RequestError::Shape {
+                field,
+                expected: "an entity reference",
+                found: "nothing".into(),
+            }),
+        };
+        let principal = uid("principal")?;
+        let resource = uid("resource")?;
+        let action = match body.get("action") {
+            // A bare action id is accepted: "schedule".
+            Some(Value::String(s)) if !s.contains("::") => EntityUid::action(s)?,
+            _ => uid("action")?,
+        };
+        let context = match body.get("context") {
+            None | Some(Value::Null) => None,
+            Some(Value::Object(m)) if m.is_empty() => None,
+            Some(Value::Object(m)) => Some(m.clone()),
+            Some(other) => {
+                return Err(RequestError::Shape {
+                    field: "context",
+                    expected: "a JSON object",
+                    found: kind(other).into(),
+                });
+            }
+        };
+        let entities = match body.get("entities") {
+            None | Some(Value::Null) => Vec::new(),
+            Some(Value::Array(a)) => a.clone(),
+            Some(other) => {
+                return Err(RequestError::Shape {
+                    field: "entities",
+                    expected: "a JSON array",
+                    found: kind(other).into(),
+                });
+            }
+        };
+        Ok(Self {
+            principal,
+            action,
+            resource,
+            context,
+            entities,
+        })
+    }
+
+    /// The principal.
+    pub fn principal(&self) -> &EntityUid {
+        &self.principal
+    }
+
+    /// The action, as `Action::"id"`.
+    pub fn action(&self) -> &EntityUid {
+        &self.action
+    }
+
+    /// The resource.
+    pub fn resource(&self) -> &EntityUid {
+        &self.resource
+    }
+}
+
+/// The JSON type of a value, for error messages.
+pub(crate) fn kind(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+fn truncate(s: &str) -> String {
+    match s.char_indices().nth(80) {
+        Some((i, _)) => format!("{}...", s.get(..i).unwrap_or(s)),
+        None => s.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_both_uid_forms_and_bare_actions() {
+        let r = Request::from_json_slice(
+            br#"{"principal": "Workload::\"w\"", "action": "schedule",
+                 "resource": {"type": "Node", "id": "n1"}}"#,
+        )
+        .unwrap();
+        assert_eq!(r.principal().to_string(), r#"Workload::"w""#);
+        assert_eq!(r.action().to_string(), r#"Action::"schedule""#);
+        assert_eq!(r.resource().id(), "n1");
+    }
+
+    #[test]
+    fn non_object_body_is_named() {
+        let err = Request::from_json_slice(b"[1, 2]").unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "request body: expected a JSON object, found an array"
+        );
+    }
+
+    #[test]
+    fn bad_json_is_located() {
+        let err = Request::from_json_slice(b"{\n  \"principal\": }").unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "request is not valid JSON at line 2, column 16"
+        );
+    }
+
+    #[test]
+    fn oversized_request_is_refused_before_parsing() {
+        let big = vec![b' '; MAX_REQUEST_BYTES + 1];
+        assert!(matches!(
+            Request::from_json_slice(&big),
+            Err(RequestError::TooLarge { .. })
+        ));
+    }
+
+    #[test]
+    fn context_must_be_an_object() {
+        let err = Request::from_json_slice(
+            br#"{"principal": "User::\"a\"", "action": "elevate", "resource": "Node::\"n\"", "context": 3}"#,
+        )
+        .unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("context: expected a JSON object, found a number")
+        );
+    }
+}
