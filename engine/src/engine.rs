@@ -493,7 +493,7 @@ impl Engine {
                 .map_or(0, |d| d.as_secs()),
             reloads: self.shared.reloads.load(Ordering::Relaxed),
             reload_errors: self.shared.reload_errors.load(Ordering::Relaxed),
-            last_error: self.last_error().map(|e| e.to_string()),
+            last_error: self.last_error().map(|e| e.detail()),
             entities: current.entities.iter().count(),
         }
     }

@@ -48,14 +48,23 @@ pub enum LoadError {
 }
 
 fn summary(problems: &[SourceDiagnostic]) -> String {
-    match problems {
-        [one] => one.to_string(),
-        [first, ..] => format!("{first} (and {} more problems)", problems.len() - 1),
-        [] => "invalid policy set".to_owned(),
+    match problems.len() {
+        1 => "policy set rejected: 1 problem".to_owned(),
+        n => format!("policy set rejected: {n} problems"),
     }
 }
 
 impl LoadError {
+    /// The error and every located problem, one per line: what status endpoints and logs show.
+    pub fn detail(&self) -> String {
+        let mut out = self.to_string();
+        for p in self.problems() {
+            out.push('\n');
+            out.push_str(&p.to_string());
+        }
+        out
+    }
+
     /// Every located problem, for callers that render them one by one.
     pub fn problems(&self) -> &[SourceDiagnostic] {
         match self {
