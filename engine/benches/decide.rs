@@ -1,1 +1,2 @@
+//! Benchmarks (written below).
 fn main() {}

@@ -76,7 +76,7 @@ impl Bundle {
     pub fn compile(sources: &Sources) -> Result<Self, LoadError> {
         let mut problems = Vec::new();
         let config = Config::parse(&sources.config.name, &sources.config.text)
-            .map_err(|d| problems.push(d))
+            .map_err(|d| problems.push(*d))
             .ok();
         let schema = match Schema::from_cedarschema_str(&sources.schema.text) {
             Ok((schema, _warnings)) => Some(schema),

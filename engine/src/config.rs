@@ -91,15 +91,13 @@ impl Checker<'_> {
         name: &str,
         value: &Spanned<i64>,
         allowed: Range<i64>,
-    ) -> Result<T, SourceDiagnostic> {
+    ) -> Result<T, Box<SourceDiagnostic>> {
         let v = *value.get_ref();
-        if allowed.contains(&v) {
-            if let Ok(ok) = T::try_from(v) {
-                return Ok(ok);
-            }
+        if let (true, Ok(ok)) = (allowed.contains(&v), T::try_from(v)) {
+            return Ok(ok);
         }
         let span = value.span();
-        Err(SourceDiagnostic::new(
+        Err(Box::new(SourceDiagnostic::new(
             self.file,
             self.text,
             span.start,
@@ -109,19 +107,23 @@ impl Checker<'_> {
                 allowed.start,
                 allowed.end - 1
             ),
-        ))
+        )))
     }
 
-    fn non_empty(&self, name: &str, value: &Spanned<String>) -> Result<String, SourceDiagnostic> {
+    fn non_empty(
+        &self,
+        name: &str,
+        value: &Spanned<String>,
+    ) -> Result<String, Box<SourceDiagnostic>> {
         if value.get_ref().trim().is_empty() {
             let span = value.span();
-            return Err(SourceDiagnostic::new(
+            return Err(Box::new(SourceDiagnostic::new(
                 self.file,
                 self.text,
                 span.start,
                 span.len(),
                 format!("{name} must not be empty"),
-            ));
+            )));
         }
         Ok(value.get_ref().clone())
     }
@@ -129,10 +131,16 @@ impl Checker<'_> {
 
 impl Config {
     /// Parses and checks `text`, the contents of `file`.
-    pub fn parse(file: &str, text: &Arc<str>) -> Result<Self, SourceDiagnostic> {
+    pub fn parse(file: &str, text: &Arc<str>) -> Result<Self, Box<SourceDiagnostic>> {
         let raw: RawConfig = toml::from_str(text).map_err(|e| {
             let (offset, len) = e.span().map_or((0, 0), |s| (s.start, s.len()));
-            SourceDiagnostic::new(file, text, offset, len, e.message().to_owned())
+            Box::new(SourceDiagnostic::new(
+                file,
+                text,
+                offset,
+                len,
+                e.message().to_owned(),
+            ))
         })?;
         let c = Checker { file, text };
         let pct = 1..101;
@@ -153,7 +161,7 @@ impl Config {
                     c.range(&format!("gpu_temp_target_c.{model}"), v, 1..150)?,
                 ))
             })
-            .collect::<Result<BTreeMap<_, _>, SourceDiagnostic>>()?;
+            .collect::<Result<BTreeMap<_, _>, Box<SourceDiagnostic>>>()?;
         Ok(Self {
             inbound_port_baseline,
             key_max_age_days: c.range("key_max_age_days", &s.key_max_age_days, 1..36_501)?,
@@ -228,7 +236,7 @@ mod tests {
 
     const DEFAULT: &str = include_str!("../../policies/probity.toml");
 
-    fn parse(text: &str) -> Result<Config, SourceDiagnostic> {
+    fn parse(text: &str) -> Result<Config, Box<SourceDiagnostic>> {
         Config::parse("probity.toml", &Arc::from(text))
     }
 

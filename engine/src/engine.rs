@@ -322,7 +322,7 @@ impl Engine {
             }
             // A block outlives telemetry: upserting a blocked node keeps it blocked.
             if is_blocked_node(&current.blocked, &uid) {
-                *e = with_blocked(e.clone(), true).map_err(invalid)?;
+                *e = with_blocked(e.clone(), true)?;
             }
         }
         let count = parsed.len();
@@ -403,7 +403,7 @@ impl Engine {
         }
         let entities = match current.entities.get(&uid.0) {
             Some(node) => {
-                let node = with_blocked(node.clone(), reason.is_some()).map_err(invalid)?;
+                let node = with_blocked(node.clone(), reason.is_some())?;
                 Entities::clone(&current.entities)
                     .upsert_entities([node], Some(&current.bundle.schema))
                     .map_err(invalid)?
@@ -450,7 +450,8 @@ impl Engine {
                 .collect();
             let entities = Entities::clone(&current.entities)
                 .remove_entities(stale)
-                .and_then(|e| e.add_entities(bundle.settings.iter().cloned(), Some(&bundle.schema)))
+                .map_err(|e| settings_error(&e))?
+                .add_entities(bundle.settings.iter().cloned(), Some(&bundle.schema))
                 .map_err(|e| settings_error(&e))?;
             self.shared.current.store(Arc::new(Snapshot {
                 bundle: Arc::new(bundle),
@@ -516,22 +517,27 @@ fn is_blocked_node(blocked: &BTreeMap<String, BlockRecord>, uid: &cedar_policy::
     uid.type_name().to_string() == "Node" && blocked.contains_key(uid.id().unescaped())
 }
 
-fn with_blocked(
-    entity: Entity,
-    blocked: bool,
-) -> Result<Entity, cedar_policy::EntityAttrEvaluationError> {
+fn with_blocked(entity: Entity, blocked: bool) -> Result<Entity, EntityError> {
     let (uid, mut attrs, parents) = entity.into_inner();
     attrs.insert(
         "blocked".to_owned(),
         RestrictedExpression::new_bool(blocked),
     );
-    Entity::new(uid, attrs, parents)
+    Entity::new(uid, attrs, parents).map_err(invalid)
 }
 
-fn invalid(e: impl std::error::Error + Send + Sync + 'static) -> EntityError {
-    EntityError::Invalid {
-        source: Box::new(e),
+fn invalid(e: impl std::error::Error) -> EntityError {
+    let mut detail = e.to_string();
+    let mut cause = e.source();
+    while let Some(inner) = cause {
+        let text = inner.to_string();
+        if !detail.contains(&text) {
+            detail.push_str(": ");
+            detail.push_str(&text);
+        }
+        cause = inner.source();
     }
+    EntityError::Invalid { detail }
 }
 
 fn parse_entities(

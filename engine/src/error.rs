@@ -120,11 +120,10 @@ pub enum RequestError {
 #[derive(Debug, thiserror::Error, Diagnostic)]
 pub enum EntityError {
     /// The entities do not parse, or do not fit the schema.
-    #[error("entities do not fit the schema")]
+    #[error("entities rejected: {detail}")]
     Invalid {
-        /// The parser's error.
-        #[source]
-        source: Box<dyn std::error::Error + Send + Sync>,
+        /// What is wrong, naming the entity and attribute (the parser's whole chain).
+        detail: String,
     },
     /// The entities are not a JSON array of entity objects.
     #[error("entities: expected a JSON array of entities, found {found}")]

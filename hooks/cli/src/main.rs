@@ -24,7 +24,11 @@ mod exit {
 const MAX_ENTITIES_BYTES: u64 = 64 * 1024 * 1024;
 
 #[derive(Parser)]
-#[command(name = "probity", version, about = "Policy, compliance and data-integrity engine for GPU clusters")]
+#[command(
+    name = "probity",
+    version,
+    about = "Policy, compliance and data-integrity engine for GPU clusters"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -183,7 +187,10 @@ fn read_limited(path: &Path, limit: u64) -> Result<Vec<u8>> {
             .with_context(|| format!("cannot read {}", path.display()))?
             .len();
         if len > limit {
-            bail!("{} is {len} bytes, over the limit of {limit}", path.display());
+            bail!(
+                "{} is {len} bytes, over the limit of {limit}",
+                path.display()
+            );
         }
         std::fs::File::open(path)
             .and_then(|f| f.take(limit + 1).read_to_end(&mut buf))
@@ -199,9 +206,8 @@ fn eval(request: &Path, entities: Option<&Path>, policies: &PolicyArgs) -> Resul
     let engine = load(policies)?;
     if let Some(path) = entities {
         let bytes = read_limited(path, MAX_ENTITIES_BYTES)?;
-        let json: serde_json::Value = serde_json::from_slice(&bytes).with_context(|| {
-            format!("{} is not valid JSON", path.display())
-        })?;
+        let json: serde_json::Value = serde_json::from_slice(&bytes)
+            .with_context(|| format!("{} is not valid JSON", path.display()))?;
         engine
             .upsert_entities(&json)
             .with_context(|| format!("cannot load entities from {}", path.display()))?;

@@ -1,0 +1,262 @@
+//! Loading, deciding and the entity store, through the public API only.
+
+use probity::{Effect, Engine, EntityError, LoadError, Request, RequestError};
+use serde_json::json;
+
+use crate::{cluster, policy_copy};
+
+fn request(json: serde_json::Value) -> Request {
+    Request::from_json_value(&json).unwrap()
+}
+
+fn schedule(workload: &str, node: &str) -> Request {
+    request(
+        json!({"principal": format!("Workload::\"{workload}\""), "action": "schedule",
+                   "resource": format!("Node::\"{node}\"")}),
+    )
+}
+
+fn loaded() -> Engine {
+    let engine = Engine::from_embedded_defaults().unwrap();
+    engine.upsert_entities(&cluster()).unwrap();
+    engine
+}
+
+fn build_err(dir: &std::path::Path) -> LoadError {
+    match Engine::builder(dir).build() {
+        Ok(_) => panic!("expected the policy set to be rejected"),
+        Err(e) => e,
+    }
+}
+
+#[test]
+fn malformed_cedar_is_located_by_file_line_and_column() {
+    let dir = policy_copy();
+    let file = dir.path().join("security/keys.cedar");
+    let mut text = std::fs::read_to_string(&file).unwrap();
+    text.push_str("\npermit (principal, action, resource) when { context.now > };\n");
+    std::fs::write(&file, &text).unwrap();
+    let err = build_err(dir.path());
+    let problems = err.problems();
+    assert_eq!(problems.len(), 1, "{}", err.detail());
+    let p = &problems[0];
+    assert!(p.file.ends_with("security/keys.cedar"), "{}", p.file);
+    assert_eq!(p.line, text.lines().count());
+    assert_eq!(p.column, 59);
+    assert!(p.to_string().contains("keys.cedar:"), "{p}");
+}
+
+#[test]
+fn schema_violation_names_the_attribute_and_place() {
+    let dir = policy_copy();
+    std::fs::write(
+        dir.path().join("thermal/extra.cedar"),
+        "\n\n@id(\"t.x\") @severity(\"low\") @message(\"m\")\nforbid (principal, action == Action::\"comply\", resource)\nwhen { resource.fanRpm > 3 };\n",
+    )
+    .unwrap();
+    let err = build_err(dir.path());
+    let p = &err.problems()[0];
+    assert!(p.message.contains("attribute `fanRpm`"), "{p}");
+    assert_eq!((p.line, p.column), (5, 8));
+}
+
+#[test]
+fn forbid_without_required_annotations_is_rejected() {
+    let dir = policy_copy();
+    std::fs::write(
+        dir.path().join("placement/bare.cedar"),
+        "// no annotations\nforbid (principal, action == Action::\"schedule\", resource);\n",
+    )
+    .unwrap();
+    let err = build_err(dir.path());
+    let p = &err.problems()[0];
+    assert!(p.message.contains("no @id annotation"), "{p}");
+    assert_eq!((p.line, p.column), (2, 1));
+}
+
+#[test]
+fn unknown_obligation_kind_is_rejected() {
+    let dir = policy_copy();
+    std::fs::write(
+        dir.path().join("placement/typo.cedar"),
+        "@id(\"p.t\") @severity(\"low\") @message(\"m\") @obligation(\"migrte\")\nforbid (principal, action == Action::\"schedule\", resource);\n",
+    )
+    .unwrap();
+    let err = build_err(dir.path());
+    assert!(
+        err.problems()[0]
+            .message
+            .contains("@obligation(\"migrte\") is not a known kind")
+    );
+}
+
+#[test]
+fn negative_threshold_is_rejected_with_its_location() {
+    let dir = policy_copy();
+    let path = dir.path().join("probity.toml");
+    let text = std::fs::read_to_string(&path)
+        .unwrap()
+        .replace("power_spike_pct = 25", "power_spike_pct = -25");
+    std::fs::write(&path, &text).unwrap();
+    let err = build_err(dir.path());
+    let p = &err.problems()[0];
+    assert!(p.file.ends_with("probity.toml"));
+    assert!(
+        p.message
+            .contains("power_spike_pct must be between 1 and 1000, found -25"),
+        "{p}"
+    );
+    let line = text.lines().position(|l| l.contains("= -25")).unwrap() + 1;
+    assert_eq!(p.line, line);
+}
+
+#[test]
+fn empty_policy_directory_denies_everything() {
+    let dir = policy_copy();
+    for sub in ["security", "placement", "thermal", "integrity"] {
+        std::fs::remove_dir_all(dir.path().join(sub)).unwrap();
+    }
+    let engine = Engine::builder(dir.path()).build().unwrap();
+    assert_eq!(engine.status().policies, 0);
+    engine.upsert_entities(&cluster()).unwrap();
+    let d = engine.decide(&schedule("train-1", "gpu-a1"));
+    assert_eq!(d.decision, Effect::Deny);
+    assert!(d.reasons.is_empty());
+}
+
+#[test]
+fn unknown_action_is_a_deny_that_says_why() {
+    let d = loaded().decide(&request(
+        json!({"principal": "Node::\"gpu-a1\"", "action": "reboot",
+        "resource": "Node::\"gpu-a1\""}),
+    ));
+    assert_eq!(d.decision, Effect::Deny);
+    assert!(
+        d.errors[0].message.contains("Action::\"reboot\""),
+        "{:?}",
+        d.errors
+    );
+}
+
+#[test]
+fn context_of_the_wrong_type_is_a_deny_that_says_why() {
+    let d = loaded().decide(&request(
+        json!({"principal": "Node::\"gpu-a1\"", "action": "listen",
+        "resource": "Node::\"gpu-a1\"", "context": {"port": "ssh", "protocol": "tcp"}}),
+    ));
+    assert_eq!(d.decision, Effect::Deny);
+    let message = &d.errors[0].message;
+    assert!(
+        message.contains("is not valid for `Action::\"listen\"`"),
+        "{message}"
+    );
+}
+
+#[test]
+fn request_that_is_not_an_object_is_refused() {
+    let err = Request::from_json_slice(b"\"schedule\"").unwrap_err();
+    assert!(matches!(err, RequestError::Shape { field: "body", .. }));
+}
+
+#[test]
+fn entity_missing_an_attribute_is_refused_and_the_store_is_unchanged() {
+    let engine = loaded();
+    let before = engine.status().entities;
+    let err = engine
+        .upsert_entities(&json!([
+            {"uid": {"type": "Zone", "id": "z-new"}, "attrs": {"powerDrawW": 1, "powerCeilingW": 2,
+              "cluster": {"__entity": {"type": "Cluster", "id": "onprem"}}}, "parents": []},
+            {"uid": {"type": "Node", "id": "n-broken"}, "attrs": {"rack": "r"}, "parents": []}
+        ]))
+        .unwrap_err();
+    let chain = err.to_string();
+    assert!(chain.contains("Node::\"n-broken\""), "{chain}");
+    assert!(chain.contains("to have attribute `"), "{chain}");
+    assert_eq!(engine.status().entities, before);
+}
+
+#[test]
+fn configuration_entities_cannot_be_overwritten_by_callers() {
+    let err = loaded()
+        .upsert_entities(&json!([{"uid": {"type": "GpuModel", "id": "A100"},
+            "attrs": {"tempTargetC": 99}, "parents": []}]))
+        .unwrap_err();
+    assert!(matches!(err, EntityError::Reserved { .. }));
+}
+
+#[test]
+fn blocking_a_node_outlives_telemetry_until_unblocked() {
+    let engine = loaded();
+    assert!(engine.decide(&schedule("train-1", "gpu-a1")).is_allowed());
+    engine
+        .block_node("gpu-a1", "integrity.unverified-read")
+        .unwrap();
+    let d = engine.decide(&schedule("train-1", "gpu-a1"));
+    assert_eq!(
+        d.reason_ids().collect::<Vec<_>>(),
+        ["placement.blocked-node"]
+    );
+    // A sidecar's routine telemetry upsert says blocked=false; the block stands.
+    let node = cluster()
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["uid"]["id"] == "gpu-a1")
+        .cloned()
+        .unwrap();
+    engine.upsert_entities(&json!([node])).unwrap();
+    assert!(!engine.decide(&schedule("train-1", "gpu-a1")).is_allowed());
+    assert_eq!(
+        engine.blocked_nodes()["gpu-a1"].reason,
+        "integrity.unverified-read"
+    );
+    engine.unblock_node("gpu-a1").unwrap();
+    assert!(engine.decide(&schedule("train-1", "gpu-a1")).is_allowed());
+    assert!(engine.blocked_nodes().is_empty());
+}
+
+#[test]
+fn batch_decides_each_request() {
+    let engine = loaded();
+    let ds = engine.decide_batch(&[
+        schedule("train-1", "gpu-a1"),
+        schedule("train-1", "gpu-blocked"),
+    ]);
+    assert_eq!(
+        ds.iter().map(|d| d.decision).collect::<Vec<_>>(),
+        [Effect::Allow, Effect::Deny]
+    );
+}
+
+#[test]
+fn evaluation_error_in_a_forbid_fails_closed_without_obligations() {
+    // Overflow in the zone-power policy: the forbid cannot be evaluated, so it denies.
+    let engine = loaded();
+    engine
+        .upsert_entities(
+            &json!([{"uid": {"type": "Zone", "id": "zone-a"}, "parents": [],
+            "attrs": {"cluster": {"__entity": {"type": "Cluster", "id": "onprem"}},
+                      "powerDrawW": i64::MAX, "powerCeilingW": 40000}}]),
+        )
+        .unwrap();
+    let d = engine.decide(&schedule("train-1", "gpu-a1"));
+    assert_eq!(d.decision, Effect::Deny);
+    assert_eq!(
+        d.reason_ids().collect::<Vec<_>>(),
+        ["thermal.zone-power-ceiling"]
+    );
+    assert!(d.obligations.is_empty());
+    assert_eq!(
+        d.errors[0].policy.as_deref(),
+        Some("thermal.zone-power-ceiling")
+    );
+}
+
+#[test]
+fn entity_lookup_returns_the_stored_json() {
+    let engine = loaded();
+    let uid = "Node::\"gpu-a1\"".parse().unwrap();
+    assert_eq!(engine.entity(&uid).unwrap()["attrs"]["rack"], "r-gpu-a1");
+    engine.remove_entities(std::slice::from_ref(&uid)).unwrap();
+    assert!(engine.entity(&uid).is_none());
+}

@@ -1,0 +1,57 @@
+//! The engine's integration tests: one binary, a module per area.
+
+// A panic in a test is a failed test, which is what we want.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
+
+mod engine;
+mod reload;
+mod scenarios;
+
+use std::path::{Path, PathBuf};
+
+/// The repository root.
+pub fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// A copy of the default policy directory in a temporary directory.
+pub fn policy_copy() -> tempfile::TempDir {
+    let tmp = tempfile::tempdir().unwrap();
+    copy_dir(&root().join("policies"), tmp.path());
+    tmp
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let target = to.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            copy_dir(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), target).unwrap();
+        }
+    }
+}
+
+/// The shared cluster fixture.
+pub fn cluster() -> serde_json::Value {
+    let text = std::fs::read_to_string(root().join("testdata/entities/cluster.json")).unwrap();
+    serde_json::from_str(&text).unwrap()
+}
+
+/// Writes `text` to `path` atomically (temp file in the same directory, then rename),
+/// as editors and ConfigMap updates do.
+pub fn write_atomic(path: &Path, text: &str) {
+    let tmp = path.with_file_name(format!(
+        ".{}.tmp",
+        path.file_name().unwrap().to_string_lossy()
+    ));
+    std::fs::write(&tmp, text).unwrap();
+    std::fs::rename(&tmp, path).unwrap();
+}
