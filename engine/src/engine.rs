@@ -362,6 +362,20 @@ impl Engine {
         current.entities.get(&uid.0)?.to_json_value().ok()
     }
 
+    /// Every stored entity of type `type_name` (all types if `None`), as Cedar entity JSON,
+    /// sorted by uid. Configuration entities (`Settings`, `GpuModel`) are included.
+    pub fn entities_json(&self, type_name: Option<&str>) -> Vec<Value> {
+        let current = self.shared.current.load();
+        let mut found: Vec<(String, Value)> = current
+            .entities
+            .iter()
+            .filter(|e| type_name.is_none_or(|t| e.uid().type_name().to_string() == t))
+            .filter_map(|e| Some((e.uid().to_string(), e.to_json_value().ok()?)))
+            .collect();
+        found.sort_by(|a, b| a.0.cmp(&b.0));
+        found.into_iter().map(|(_, v)| v).collect()
+    }
+
     /// Blocks a node: placement policies deny scheduling onto it, and a later upsert of
     /// the node keeps it blocked until [`Engine::unblock_node`]. The node need not be in
     /// the store yet.

@@ -257,6 +257,9 @@ fn entity_lookup_returns_the_stored_json() {
     let engine = loaded();
     let uid = "Node::\"gpu-a1\"".parse().unwrap();
     assert_eq!(engine.entity(&uid).unwrap()["attrs"]["rack"], "r-gpu-a1");
+    let zones = engine.entities_json(Some("Zone"));
+    assert_eq!(zones.len(), 3);
+    assert_eq!(zones[0]["uid"]["id"], "zone-a");
     engine.remove_entities(std::slice::from_ref(&uid)).unwrap();
     assert!(engine.entity(&uid).is_none());
 }
