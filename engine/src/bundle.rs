@@ -8,7 +8,8 @@ use std::sync::Arc;
 use std::time::SystemTime;
 
 use cedar_policy::{
-    Effect, Entities, Entity, PolicyId, PolicySet, Schema, ValidationMode, Validator,
+    ActionConstraint, Effect, Entities, Entity, EntityUid, PolicyId, PolicySet, Schema,
+    ValidationMode, Validator,
 };
 use sha2::{Digest, Sha256};
 
@@ -62,6 +63,10 @@ pub(crate) struct PolicyMeta {
 /// A loaded, validated policy set.
 pub(crate) struct Bundle {
     pub policies: PolicySet,
+    /// For each action in the schema, only the policies whose action scope can match it.
+    /// Cedar skips a policy whose scope fails anyway; slicing at load time spares every
+    /// decision the walk over the other actions' policies.
+    pub by_action: HashMap<EntityUid, PolicySet>,
     pub schema: Schema,
     pub meta: HashMap<PolicyId, Arc<PolicyMeta>>,
     /// `Settings::"active"` and the `GpuModel`s, from the configuration.
@@ -182,6 +187,7 @@ impl Bundle {
 
         match (schema, problems.is_empty()) {
             (Some(schema), true) => Ok(Self {
+                by_action: slice_by_action(&policies, &schema),
                 policies,
                 schema,
                 meta,
@@ -197,6 +203,37 @@ impl Bundle {
     pub fn policy_count(&self) -> usize {
         self.meta.len()
     }
+
+    /// The policies that can apply to `action`: its slice, or the whole set for an
+    /// action the schema does not know (validation then rejects the request anyway).
+    pub fn policies_for(&self, action: &EntityUid) -> &PolicySet {
+        self.by_action.get(action).unwrap_or(&self.policies)
+    }
+}
+
+fn slice_by_action(policies: &PolicySet, schema: &Schema) -> HashMap<EntityUid, PolicySet> {
+    // With action groups, `action in [group]` matches members; slicing would need the
+    // hierarchy. Keep it exact and simple: no slicing when the schema has groups.
+    if schema.action_groups().next().is_some() {
+        return HashMap::new();
+    }
+    let mut out = HashMap::new();
+    for action in schema.actions() {
+        let mut slice = PolicySet::new();
+        for p in policies.policies() {
+            let applies = match p.action_constraint() {
+                ActionConstraint::Any => true,
+                ActionConstraint::Eq(a) => &a == action,
+                ActionConstraint::In(list) => list.contains(action),
+            };
+            if applies && slice.add(p.clone()).is_err() {
+                // Cannot happen (ids are unique in the source set); fall back to the whole set.
+                return HashMap::new();
+            }
+        }
+        out.insert(action.clone(), slice);
+    }
+    out
 }
 
 fn read_meta(

@@ -238,10 +238,11 @@ impl Engine {
                 Err(e) => return Decision::error(format!("request entities: {e}")),
             }
         };
-        let response =
-            self.shared
-                .authorizer
-                .is_authorized(&cedar_request, &bundle.policies, entities);
+        let response = self.shared.authorizer.is_authorized(
+            &cedar_request,
+            bundle.policies_for(&request.action.0),
+            entities,
+        );
         let mut errors = Vec::new();
         let mut failed_forbids = Vec::new();
         for err in response.diagnostics().errors() {
