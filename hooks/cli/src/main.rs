@@ -145,11 +145,11 @@ fn load(args: &PolicyArgs) -> Result<Engine> {
     });
     match dir {
         Some(dir) => {
-            eprintln!("policies: {}", dir.display());
+            eprintln!("probity: policies from {}", dir.display());
             build(&dir, &args.files).map_err(report)
         }
         None => {
-            eprintln!("policies: embedded defaults");
+            eprintln!("probity: embedded default policies");
             Engine::from_embedded_defaults().map_err(report)
         }
     }
