@@ -263,3 +263,58 @@ fn entity_lookup_returns_the_stored_json() {
     engine.remove_entities(std::slice::from_ref(&uid)).unwrap();
     assert!(engine.entity(&uid).is_none());
 }
+
+#[test]
+fn readers_never_see_a_torn_store_while_a_writer_upserts_batches() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    // Two versions of a zone and its node, always written in one batch: either the zone
+    // is at its power ceiling (migrate) or the node runs hot (over temperature). A torn
+    // store would give both reasons or neither.
+    let version = |hot_zone: bool| {
+        let (draw, temp) = if hot_zone { (39_000, 58) } else { (10_000, 71) };
+        json!([
+            {"uid": {"type": "Zone", "id": "zone-x"}, "parents": [],
+             "attrs": {"cluster": {"__entity": {"type": "Cluster", "id": "onprem"}},
+                       "powerDrawW": draw, "powerCeilingW": 40000}},
+            {"uid": {"type": "Node", "id": "gpu-x"}, "parents": [],
+             "attrs": {"zone": {"__entity": {"type": "Zone", "id": "zone-x"}}, "rack": "r",
+               "driverVersion": "590.48.01", "cudaImage": "nvcr.io/nvidia/cuda:12.8.0-base-ubuntu24.04",
+               "gpuModel": {"__entity": {"type": "GpuModel", "id": "A100"}}, "gpuCount": 8,
+               "cpuCount": 64, "gpuMemoryMiB": 81920, "blocked": false, "hottestGpuTempC": temp,
+               "powerDrawW": 3000, "powerWindowMeanW": 2900}}
+        ])
+    };
+    let engine = loaded();
+    engine.upsert_entities(&version(true)).unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let readers: Vec<_> = (0..2)
+        .map(|_| {
+            let engine = engine.clone();
+            let stop = Arc::clone(&stop);
+            std::thread::spawn(move || {
+                let request = schedule("train-1", "gpu-x");
+                let mut seen = [0u64; 2];
+                while !stop.load(Ordering::Relaxed) {
+                    let d = engine.decide(&request);
+                    let ids: Vec<_> = d.reason_ids().collect();
+                    match ids.as_slice() {
+                        ["thermal.zone-power-ceiling"] => seen[0] += 1,
+                        ["thermal.gpu-over-temperature"] => seen[1] += 1,
+                        other => panic!("torn store: {other:?}"),
+                    }
+                }
+                seen
+            })
+        })
+        .collect();
+    for i in 0..400 {
+        engine.upsert_entities(&version(i % 2 == 1)).unwrap();
+    }
+    stop.store(true, Ordering::Relaxed);
+    let seen = readers
+        .into_iter()
+        .map(|r| r.join().unwrap())
+        .fold([0, 0], |a, b| [a[0] + b[0], a[1] + b[1]]);
+    assert!(seen[0] + seen[1] > 0);
+}
