@@ -10,7 +10,10 @@
     clippy::panic,
     clippy::indexing_slicing
 )]
-#![allow(missing_docs, reason = "criterion_group! generates an undocumented function")]
+#![allow(
+    missing_docs,
+    reason = "criterion_group! generates an undocumented function"
+)]
 
 use std::hint::black_box;
 use std::path::Path;

@@ -318,3 +318,57 @@ fn readers_never_see_a_torn_store_while_a_writer_upserts_batches() {
         .fold([0, 0], |a, b| [a[0] + b[0], a[1] + b[1]]);
     assert!(seen[0] + seen[1] > 0);
 }
+
+/// Deterministic byte mutations (xorshift): flips, truncations, insertions.
+fn mutations(seed: &[u8], count: usize) -> Vec<Vec<u8>> {
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    (0..count)
+        .map(|_| {
+            let mut v = seed.to_vec();
+            for _ in 0..(1 + next() % 4) {
+                let at = (next() as usize) % (v.len() + 1);
+                match next() % 4 {
+                    0 if at < v.len() => v[at] ^= 1 << (next() % 8),
+                    1 => v.truncate(at),
+                    2 => {
+                        let alphabet = b"{}[]\",:\\09e-\xff";
+                        v.insert(at, alphabet[(next() as usize) % alphabet.len()]);
+                    }
+                    _ if at < v.len() => {
+                        v.remove(at);
+                    }
+                    _ => {}
+                }
+            }
+            v
+        })
+        .collect()
+}
+
+#[test]
+fn parsers_and_decide_never_panic_on_mutated_input() {
+    let engine = loaded();
+    let request = br#"{"principal": "Node::\"gpu-a1\"", "action": "read", "resource": "Checkpoint::\"ckpt-epoch-7\"", "context": {"verified": true}, "entities": []}"#;
+    let mut decided = 0;
+    for bytes in mutations(request, 3000) {
+        if let Ok(r) = Request::from_json_slice(&bytes) {
+            let _ = engine.decide(&r);
+            decided += 1;
+        }
+    }
+    assert!(decided > 0);
+    let config = std::fs::read(crate::root().join("policies/probity.toml")).unwrap();
+    for bytes in mutations(&config, 3000) {
+        if let Ok(text) = std::str::from_utf8(&bytes) {
+            if let Err(e) = probity::Config::parse("probity.toml", &std::sync::Arc::from(text)) {
+                assert!(e.line >= 1 && e.column >= 1);
+            }
+        }
+    }
+}
