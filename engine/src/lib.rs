@@ -1,1 +1,3 @@
 //! probity
+pub mod integrity;
+pub mod state;

@@ -1,0 +1,3 @@
+//! Integration tests of the probity crate: one binary, one module per area.
+
+mod integrity;
