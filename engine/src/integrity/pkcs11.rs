@@ -266,6 +266,9 @@ impl Pkcs11Anchor {
             Attribute::KeyType(KeyType::EC),
             Attribute::EcParams(P256_PARAMS.to_vec()),
             Attribute::Verify(true),
+            Attribute::Encrypt(false),
+            Attribute::Wrap(false),
+            Attribute::Derive(false),
             Attribute::Label(label.clone()),
             Attribute::Id(id.clone()),
         ];
@@ -275,6 +278,9 @@ impl Pkcs11Anchor {
             Attribute::Sensitive(true),
             Attribute::Extractable(false),
             Attribute::Sign(true),
+            Attribute::Decrypt(false),
+            Attribute::Unwrap(false),
+            Attribute::Derive(false),
             Attribute::Label(label),
             Attribute::Id(id),
         ];
