@@ -76,7 +76,7 @@ fn bench(c: &mut Criterion) {
                         threads: NonZeroUsize::new(threads).unwrap(),
                         ..HashOptions::default()
                     },
-                    node: None,
+                    ..VerifyOptions::default()
                 };
                 black_box(
                     integrity::verify_object(&path, &signed, &verifier, &store, &options).unwrap(),

@@ -90,7 +90,7 @@ fn main() {
                     threads: NonZeroUsize::new(threads).unwrap(),
                     ..HashOptions::default()
                 },
-                node: None,
+                ..VerifyOptions::default()
             };
             let times = (0..runs(5))
                 .map(|_| {

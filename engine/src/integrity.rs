@@ -205,6 +205,14 @@ pub enum IntegrityError {
         /// The chunk whose signed content was found there.
         found_chunk: u64,
     },
+    /// The manifest is for another object than the one expected.
+    #[error("manifest is for object {found:?}, expected {expected:?}")]
+    ObjectMismatch {
+        /// The object id expected.
+        expected: String,
+        /// The object id in the manifest.
+        found: String,
+    },
     /// A verified reader refuses every read after a failure.
     #[error(
         "{path}: reads refused after integrity failure at chunk {index} (byte offset {offset})"
@@ -235,6 +243,7 @@ impl IntegrityError {
             Self::Extended { .. } => "extended",
             Self::ChunkMismatch { .. } => "chunk-mismatch",
             Self::ChunkReordered { .. } => "chunk-reordered",
+            Self::ObjectMismatch { .. } => "object-mismatch",
             Self::Poisoned { .. } => "poisoned",
         }
     }
@@ -315,6 +324,12 @@ pub fn seal(
     options: &HashOptions<'_>,
 ) -> Result<SignedManifest, IntegrityError> {
     let state_err = |e| IntegrityError::from_state(object_id, e);
+    let invalid = |source| IntegrityError::Manifest {
+        object_id: object_id.to_owned(),
+        source,
+    };
+    manifest::check_object_id(object_id.as_bytes()).map_err(invalid)?;
+    manifest::check_chunk_size(options.chunk_size).map_err(invalid)?;
     if let Some(entry) = registry.registry_entry(object_id).map_err(state_err)?
         && version < entry.version
     {
@@ -365,6 +380,10 @@ pub struct VerifyOptions<'a> {
     /// The node doing the verification. When set, a content mismatch blocks this node in the
     /// state store. Default: none.
     pub node: Option<&'a str>,
+    /// The object id the caller expects. When set, a validly signed manifest of another
+    /// object is refused ([`IntegrityError::ObjectMismatch`]): set it whenever the caller
+    /// knows what the file should be, to stop manifest substitution. Default: none.
+    pub expected_object_id: Option<&'a str>,
 }
 
 /// What a successful verification established.
@@ -421,8 +440,16 @@ fn verify_inner(
     registry: &StateStore,
     options: &VerifyOptions<'_>,
 ) -> Result<VerifyReport, IntegrityError> {
-    check_manifest(signed, verifier, registry)?;
     let m = signed.manifest();
+    if let Some(expected) = options.expected_object_id
+        && expected != m.object_id()
+    {
+        return Err(IntegrityError::ObjectMismatch {
+            expected: expected.to_owned(),
+            found: m.object_id().to_owned(),
+        });
+    }
+    check_manifest(signed, verifier, registry)?;
     let (file, actual) = hash::open_sized(path)?;
     compare_size(path, m, actual)?;
     let hash_options = HashOptions {

@@ -503,6 +503,44 @@ mod tests {
         assert!(s.check_version("o", 4, &[2; 32]).is_ok());
     }
 
+    /// The registry against a simple model: a map from object to (highest version, digest).
+    #[test]
+    fn registry_matches_model_on_random_operations() {
+        use std::collections::HashMap;
+        let dir = tempfile::tempdir().unwrap();
+        let s = StateStore::open(dir.path()).unwrap();
+        let mut model: HashMap<String, (u64, [u8; 32])> = HashMap::new();
+        let mut x: u64 = 0x2545_f491_4f6c_dd1d;
+        let mut next = |m: u64| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % m
+        };
+        for _ in 0..300 {
+            let id = format!("obj-{}", next(4));
+            let version = next(6);
+            let digest = [next(3) as u8; 32];
+            let expected = match model.get(&id) {
+                Some(&(v, _)) if version < v => Err("rollback"),
+                Some(&(v, d)) if version == v && d != digest => Err("conflict"),
+                _ => Ok(()),
+            };
+            let got = s.accept(&id, version, &digest, &digest);
+            match (expected, &got) {
+                (Ok(()), Ok(())) => {
+                    let e = model.entry(id.clone()).or_insert((version, digest));
+                    *e = (version, digest);
+                }
+                (Err("rollback"), Err(StateError::Rollback { .. }))
+                | (Err("conflict"), Err(StateError::DigestConflict { .. })) => {}
+                (e, g) => panic!("model {e:?}, store {g:?} for {id} v{version}"),
+            }
+            let entry = s.registry_entry(&id).unwrap().map(|e| (e.version, e.digest));
+            assert_eq!(entry, model.get(&id).copied());
+        }
+    }
+
     #[test]
     fn blocklist_and_events_persist() {
         let dir = tempfile::tempdir().unwrap();

@@ -376,7 +376,7 @@ pub fn merkle_root(leaves: &[Hash]) -> Hash {
     level.first().copied().unwrap_or_default()
 }
 
-fn check_object_id(id: &[u8]) -> Result<&str, ManifestError> {
+pub(crate) fn check_object_id(id: &[u8]) -> Result<&str, ManifestError> {
     if id.is_empty() {
         return Err(ManifestError::InvalidObjectId { reason: "empty" });
     }
@@ -396,7 +396,7 @@ fn check_object_id(id: &[u8]) -> Result<&str, ManifestError> {
     Ok(s)
 }
 
-fn check_chunk_size(chunk_size: u32) -> Result<(), ManifestError> {
+pub(crate) fn check_chunk_size(chunk_size: u32) -> Result<(), ManifestError> {
     if (MIN_CHUNK_SIZE..=MAX_CHUNK_SIZE).contains(&chunk_size) {
         Ok(())
     } else {

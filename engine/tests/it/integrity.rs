@@ -352,6 +352,20 @@ fn tamper_suite(anchor: &dyn Anchor, other: &dyn Anchor, dir: &Path) {
     let r = VerifiedReader::new(fs::File::open(&path).unwrap(), &foreign, &verifier, &store);
     assert!(matches!(r, Err(IntegrityError::WrongKey { .. })));
 
+    // A validly signed manifest of another object, substituted: refused when the caller says
+    // which object it expects.
+    let substitute = integrity::seal(&path, "suite/impostor", 1, anchor, &sealer, &opts()).unwrap();
+    let options = VerifyOptions {
+        expected_object_id: Some("suite/object"),
+        ..VerifyOptions::default()
+    };
+    let err = integrity::verify_object(&path, &substitute, &verifier, &fresh_node(), &options)
+        .unwrap_err();
+    assert!(
+        matches!(err, IntegrityError::ObjectMismatch { .. }),
+        "{err:?}"
+    );
+
     // An edited manifest keeping the signature: a valid encoding, a different digest.
     let m = signed.manifest();
     for edited in [
@@ -544,6 +558,16 @@ fn progress_hook_reports_every_byte() {
     let store = StateStore::open(&dir.path().join("s")).unwrap();
     integrity::seal(&path, "obj", 1, &anchor, &store, &o).unwrap();
     assert_eq!(max.load(Ordering::Relaxed), 50_000);
+    // A bad chunk size or object id is refused before any hashing.
+    for (id, chunk_size) in [("obj", 512), ("obj", 0), ("", 1024), ("a\u{7}b", 1024)] {
+        let o = HashOptions {
+            chunk_size,
+            progress: Some(&hook),
+            ..HashOptions::default()
+        };
+        let err = integrity::seal(&path, id, 2, &anchor, &store, &o).unwrap_err();
+        assert!(matches!(err, IntegrityError::Manifest { .. }), "{err:?}");
+    }
     assert_eq!(calls.load(Ordering::Relaxed), 49);
 }
 
