@@ -68,6 +68,7 @@ fn main() {
     match arg(1).as_str() {
         "seal" => {
             let (file, state) = (PathBuf::from(arg(2)), PathBuf::from(arg(3)));
+            std::fs::create_dir_all(&state).unwrap();
             let anchor = SoftwareAnchor::load_or_generate(&state.join("anchor.key")).unwrap();
             let store = StateStore::open(&state.join("sealer")).unwrap();
             let t = Instant::now();
@@ -190,10 +191,9 @@ fn main() {
                 store.push(t.elapsed());
             }
             println!(
-                "{} via {}: sign median {:?} (includes a ring self-check), ring verify median {:?}, \
+                "{}: sign median {:?} (includes a ring self-check), ring verify median {:?}, \
                  store_digest median {:?} over {n} runs",
                 anchor.describe(),
-                config.module.display(),
                 median(sign),
                 median(verify),
                 median(store)
