@@ -48,9 +48,11 @@ mod decision;
 mod diagnostic;
 mod engine;
 mod error;
+pub mod integrity;
 mod request;
 pub mod scenario;
 mod source;
+pub mod state;
 mod watch;
 
 pub use bundle::OBLIGATION_KINDS;

@@ -9,6 +9,7 @@
 )]
 
 mod engine;
+mod integrity;
 mod reload;
 mod scenarios;
 

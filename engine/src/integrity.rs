@@ -1,0 +1,548 @@
+//! Data integrity: seal an object (file or block device) into a signed manifest, and verify it
+//! before use, whole or chunk by chunk.
+//!
+//! Why this module exists: a GPU node must never load model weights or datasets that differ,
+//! by one bit, from what an operator sealed. Sealing hashes the object into a
+//! [`Manifest`] (chunk leaves and an RFC 6962 Merkle root), has an [`Anchor`] sign its digest
+//! (an HSM over PKCS#11, or a software key that is clearly not an HSM), and records the version
+//! in the [`StateStore`] registry. Verifying checks the signature against a pinned key
+//! ([`Verifier`], no HSM round trip), refuses rollbacks, then re-hashes in parallel
+//! ([`verify_object`]) or chunk by chunk as bytes are read ([`VerifiedReader`]).
+//!
+//! Code map:
+//! * `manifest` — the manifest, its Merkle construction and canonical encoding;
+//! * `hash` — parallel positioned-read hashing with bounded memory;
+//! * `anchor` — the [`Anchor`] trait, keys, signatures and the [`Verifier`];
+//! * `software`, `pkcs11` — the two anchors;
+//! * `signed` — the signed manifest file;
+//! * `reader` — the [`VerifiedReader`].
+//!
+//! ```no_run
+//! use probity::integrity::{self, HashOptions, SoftwareAnchor, Anchor, Verifier, VerifyOptions};
+//! use probity::state::StateStore;
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let store = StateStore::open("/var/lib/probity".as_ref())?;
+//! let anchor = SoftwareAnchor::load_or_generate("/var/lib/probity/anchor.key".as_ref())?;
+//! let signed = integrity::seal(
+//!     "/models/llama.safetensors".as_ref(), "models/llama", 1, &anchor, &store,
+//!     &HashOptions::default(),
+//! )?;
+//! std::fs::write("/models/llama.manifest", signed.encode())?;
+//!
+//! let verifier = Verifier::new(anchor.public_key().clone());
+//! let report = integrity::verify_object(
+//!     "/models/llama.safetensors".as_ref(), &signed, &verifier, &store,
+//!     &VerifyOptions::default(),
+//! )?;
+//! println!("{} v{} verified", report.object_id, report.version);
+//! # Ok(()) }
+//! ```
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use thiserror::Error;
+
+use crate::state::{StateError, StateStore};
+
+mod anchor;
+mod hash;
+mod manifest;
+mod pkcs11;
+mod reader;
+mod signed;
+mod software;
+
+pub use anchor::{
+    Anchor, AnchorDescription, AnchorError, AnchorKind, KeyId, PUBLIC_KEY_LEN, PublicKey,
+    SIGNATURE_LEN, Signature, Verifier, hex,
+};
+pub use hash::{HashError, HashOptions, HashedObject, Progress, hash_file};
+pub use manifest::{
+    Algorithm, DEFAULT_CHUNK_SIZE, Hash, MANIFEST_FORMAT, MANIFEST_MAGIC, MAX_CHUNK_SIZE,
+    MAX_OBJECT_ID_LEN, MIN_CHUNK_SIZE, Manifest, ManifestError, chunk_count, merkle_root, sha256,
+};
+pub use pkcs11::{DATA_APPLICATION, Pin, Pkcs11Anchor, Pkcs11Config};
+pub use reader::VerifiedReader;
+pub use signed::{
+    SIGNED_FORMAT, SIGNED_MAGIC, SignatureProblem, SignedManifest, SignedManifestError,
+};
+pub use software::SoftwareAnchor;
+
+/// Why sealing or verification failed. Each tamper case has its own variant.
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum IntegrityError {
+    /// The object could not be read.
+    #[error(transparent)]
+    Hash(#[from] HashError),
+    /// The manifest could not be built.
+    #[error("cannot build a manifest for {object_id:?}")]
+    Manifest {
+        /// Object id.
+        object_id: String,
+        /// Why.
+        #[source]
+        source: ManifestError,
+    },
+    /// The anchor failed to sign or store the digest.
+    #[error("anchor failed for {object_id:?} version {version}")]
+    Anchor {
+        /// Object id.
+        object_id: String,
+        /// Version.
+        version: u64,
+        /// Why.
+        #[source]
+        source: AnchorError,
+    },
+    /// The state store failed.
+    #[error("state store failed for {object_id:?}")]
+    State {
+        /// Object id.
+        object_id: String,
+        /// Why.
+        #[source]
+        source: StateError,
+    },
+    /// The manifest is signed by a key other than the pinned one.
+    #[error(
+        "manifest of {object_id:?} version {version} is signed by key {found}, not the pinned key {expected}"
+    )]
+    WrongKey {
+        /// Object id.
+        object_id: String,
+        /// Version.
+        version: u64,
+        /// Pinned key id.
+        expected: KeyId,
+        /// Key id in the signed manifest.
+        found: KeyId,
+    },
+    /// The signature does not match the manifest: the manifest (or signature) was edited.
+    #[error(
+        "signature of the manifest of {object_id:?} version {version} does not verify: manifest or signature altered"
+    )]
+    BadSignature {
+        /// Object id.
+        object_id: String,
+        /// Version.
+        version: u64,
+    },
+    /// A version older than the accepted one.
+    #[error(
+        "refusing rollback of {object_id:?} to version {offered}: version {accepted} was already accepted"
+    )]
+    Rollback {
+        /// Object id.
+        object_id: String,
+        /// Version offered.
+        offered: u64,
+        /// Version accepted.
+        accepted: u64,
+    },
+    /// The accepted version, but with a different manifest.
+    #[error(
+        "manifest of {object_id:?} version {version} differs from the one accepted for that version"
+    )]
+    VersionConflict {
+        /// Object id.
+        object_id: String,
+        /// Version.
+        version: u64,
+    },
+    /// The object is shorter than the manifest says.
+    #[error(
+        "{path} is truncated: {actual} bytes, manifest says {expected}; chunk {index} at byte offset {offset} is short"
+    )]
+    Truncated {
+        /// Object path.
+        path: PathBuf,
+        /// Size in the manifest.
+        expected: u64,
+        /// Size found.
+        actual: u64,
+        /// First chunk affected.
+        index: u64,
+        /// Byte offset where data ends.
+        offset: u64,
+    },
+    /// The object is longer than the manifest says.
+    #[error(
+        "{path} is extended: {actual} bytes, manifest says {expected}; unexpected data from byte offset {offset}"
+    )]
+    Extended {
+        /// Object path.
+        path: PathBuf,
+        /// Size in the manifest.
+        expected: u64,
+        /// Size found.
+        actual: u64,
+        /// Byte offset where extra data starts.
+        offset: u64,
+    },
+    /// A chunk's bytes differ from the signed leaf.
+    #[error("{path}: chunk {index} at byte offset {offset} does not match the signed manifest")]
+    ChunkMismatch {
+        /// Object path.
+        path: PathBuf,
+        /// Chunk index.
+        index: u64,
+        /// Byte offset of the chunk.
+        offset: u64,
+    },
+    /// A chunk holds the signed content of another chunk: chunks were reordered.
+    #[error(
+        "{path}: chunk {index} at byte offset {offset} holds the content of chunk {found_chunk}: chunks reordered"
+    )]
+    ChunkReordered {
+        /// Object path.
+        path: PathBuf,
+        /// Chunk index.
+        index: u64,
+        /// Byte offset of the chunk.
+        offset: u64,
+        /// The chunk whose signed content was found there.
+        found_chunk: u64,
+    },
+    /// The manifest is for another object than the one expected.
+    #[error("manifest is for object {found:?}, expected {expected:?}")]
+    ObjectMismatch {
+        /// The object id expected.
+        expected: String,
+        /// The object id in the manifest.
+        found: String,
+    },
+    /// A verified reader refuses every read after a failure.
+    #[error(
+        "{path}: reads refused after integrity failure at chunk {index} (byte offset {offset})"
+    )]
+    Poisoned {
+        /// Object path.
+        path: PathBuf,
+        /// The chunk that failed.
+        index: u64,
+        /// Its byte offset.
+        offset: u64,
+    },
+}
+
+impl IntegrityError {
+    /// A short machine-readable kind, as recorded in the event log (e.g. `chunk-mismatch`).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::Hash(_) => "read-error",
+            Self::Manifest { .. } => "manifest-invalid",
+            Self::Anchor { .. } => "anchor-error",
+            Self::State { .. } => "state-error",
+            Self::WrongKey { .. } => "wrong-key",
+            Self::BadSignature { .. } => "bad-signature",
+            Self::Rollback { .. } => "rollback",
+            Self::VersionConflict { .. } => "version-conflict",
+            Self::Truncated { .. } => "truncated",
+            Self::Extended { .. } => "extended",
+            Self::ChunkMismatch { .. } => "chunk-mismatch",
+            Self::ChunkReordered { .. } => "chunk-reordered",
+            Self::ObjectMismatch { .. } => "object-mismatch",
+            Self::Poisoned { .. } => "poisoned",
+        }
+    }
+
+    /// Whether the object's bytes differ from the signed manifest (as opposed to a problem
+    /// with the manifest, its signature, its version, or the environment).
+    pub fn is_content_mismatch(&self) -> bool {
+        matches!(
+            self,
+            Self::Truncated { .. }
+                | Self::Extended { .. }
+                | Self::ChunkMismatch { .. }
+                | Self::ChunkReordered { .. }
+        )
+    }
+
+    fn from_state(object_id: &str, e: StateError) -> Self {
+        match e {
+            StateError::Rollback {
+                object_id,
+                offered,
+                accepted,
+            } => Self::Rollback {
+                object_id,
+                offered,
+                accepted,
+            },
+            StateError::DigestConflict { object_id, version } => {
+                Self::VersionConflict { object_id, version }
+            }
+            source => Self::State {
+                object_id: object_id.to_owned(),
+                source,
+            },
+        }
+    }
+}
+
+/// Checks a signed manifest's signature and its version against the registry (no hashing).
+pub fn check_manifest(
+    signed: &SignedManifest,
+    verifier: &Verifier,
+    registry: &StateStore,
+) -> Result<(), IntegrityError> {
+    let m = signed.manifest();
+    match signed.check_signature(verifier) {
+        Ok(()) => {}
+        Err(SignatureProblem::WrongKey { expected, found }) => {
+            return Err(IntegrityError::WrongKey {
+                object_id: m.object_id().to_owned(),
+                version: m.version(),
+                expected,
+                found,
+            });
+        }
+        Err(SignatureProblem::Invalid) => {
+            return Err(IntegrityError::BadSignature {
+                object_id: m.object_id().to_owned(),
+                version: m.version(),
+            });
+        }
+    }
+    registry
+        .check_version(m.object_id(), m.version(), signed.digest())
+        .map_err(|e| IntegrityError::from_state(m.object_id(), e))
+}
+
+/// Seals the object at `path` as `object_id` version `version`: hashes it in parallel, signs
+/// the manifest digest with `anchor`, stores the digest in the anchor (a `CKO_DATA` object on
+/// an HSM), and records the version in the registry. Refuses a version lower than the one
+/// already accepted, before hashing.
+pub fn seal(
+    path: &Path,
+    object_id: &str,
+    version: u64,
+    anchor: &dyn Anchor,
+    registry: &StateStore,
+    options: &HashOptions<'_>,
+) -> Result<SignedManifest, IntegrityError> {
+    let state_err = |e| IntegrityError::from_state(object_id, e);
+    let invalid = |source| IntegrityError::Manifest {
+        object_id: object_id.to_owned(),
+        source,
+    };
+    manifest::check_object_id(object_id.as_bytes()).map_err(invalid)?;
+    manifest::check_chunk_size(options.chunk_size).map_err(invalid)?;
+    if let Some(entry) = registry.registry_entry(object_id).map_err(state_err)?
+        && version < entry.version
+    {
+        return Err(IntegrityError::Rollback {
+            object_id: object_id.to_owned(),
+            offered: version,
+            accepted: entry.version,
+        });
+    }
+    let hashed = hash_file(path, options)?;
+    let manifest = Manifest::new(
+        object_id,
+        version,
+        hashed.size,
+        options.chunk_size,
+        hashed.leaves,
+    )
+    .map_err(|source| IntegrityError::Manifest {
+        object_id: object_id.to_owned(),
+        source,
+    })?;
+    let digest = manifest.digest();
+    let anchor_err = |source| IntegrityError::Anchor {
+        object_id: object_id.to_owned(),
+        version,
+        source,
+    };
+    let signature = anchor.sign(&digest).map_err(anchor_err)?;
+    registry
+        .check_version(object_id, version, &digest)
+        .map_err(state_err)?;
+    anchor
+        .store_digest(object_id, version, &digest)
+        .map_err(anchor_err)?;
+    let signed = SignedManifest::new(manifest, signature, anchor.public_key().key_id());
+    registry
+        .accept(object_id, version, &digest, &signed.encode())
+        .map_err(state_err)?;
+    Ok(signed)
+}
+
+/// How to verify an object.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct VerifyOptions<'a> {
+    /// Threads and progress hook (the chunk size always comes from the manifest).
+    /// Default: [`HashOptions::default`].
+    pub hash: HashOptions<'a>,
+    /// The node doing the verification. When set, a content mismatch blocks this node in the
+    /// state store. Default: none.
+    pub node: Option<&'a str>,
+    /// The object id the caller expects. When set, a validly signed manifest of another
+    /// object is refused ([`IntegrityError::ObjectMismatch`]): set it whenever the caller
+    /// knows what the file should be, to stop manifest substitution. Default: none.
+    pub expected_object_id: Option<&'a str>,
+}
+
+/// What a successful verification established.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VerifyReport {
+    /// Object id.
+    pub object_id: String,
+    /// Version.
+    pub version: u64,
+    /// Size in bytes.
+    pub size: u64,
+    /// Number of chunks checked.
+    pub chunks: u64,
+    /// Merkle root.
+    pub root: Hash,
+    /// Manifest digest.
+    pub digest: Hash,
+    /// Key that signed it.
+    pub key_id: KeyId,
+    /// Whether this verification raised the registry's accepted version.
+    pub newly_accepted: bool,
+}
+
+/// Verifies the object at `path` against `signed`: the signature under the pinned key, the
+/// version against the registry (refusing rollbacks), then the size and every chunk, hashed in
+/// parallel. On success the version is recorded as accepted. Every failure is appended to the
+/// registry's event log before returning; a content mismatch also blocks `options.node`.
+pub fn verify_object(
+    path: &Path,
+    signed: &SignedManifest,
+    verifier: &Verifier,
+    registry: &StateStore,
+    options: &VerifyOptions<'_>,
+) -> Result<VerifyReport, IntegrityError> {
+    let result = verify_inner(path, signed, verifier, registry, options);
+    if let Err(err) = &result {
+        let object_id = signed.manifest().object_id();
+        let detail = err.to_string();
+        // Recording is best effort here: the verification error is what the caller must see.
+        let _ = registry.record_event(object_id, options.node, err.kind(), &detail);
+        if let Some(node) = options.node
+            && err.is_content_mismatch()
+        {
+            let _ = registry.block_node(node, &detail);
+        }
+    }
+    result
+}
+
+fn verify_inner(
+    path: &Path,
+    signed: &SignedManifest,
+    verifier: &Verifier,
+    registry: &StateStore,
+    options: &VerifyOptions<'_>,
+) -> Result<VerifyReport, IntegrityError> {
+    let m = signed.manifest();
+    if let Some(expected) = options.expected_object_id
+        && expected != m.object_id()
+    {
+        return Err(IntegrityError::ObjectMismatch {
+            expected: expected.to_owned(),
+            found: m.object_id().to_owned(),
+        });
+    }
+    check_manifest(signed, verifier, registry)?;
+    let (file, actual) = hash::open_sized(path)?;
+    compare_size(path, m, actual)?;
+    let hash_options = HashOptions {
+        chunk_size: m.chunk_size(),
+        ..options.hash
+    };
+    let leaves = hash::hash_chunks(&file, path, actual, &hash_options)?;
+    if let Some(err) = first_mismatch(path, m, &leaves) {
+        return Err(err);
+    }
+    let before = registry
+        .registry_entry(m.object_id())
+        .map_err(|e| IntegrityError::from_state(m.object_id(), e))?;
+    registry
+        .accept(
+            m.object_id(),
+            m.version(),
+            signed.digest(),
+            &signed.encode(),
+        )
+        .map_err(|e| IntegrityError::from_state(m.object_id(), e))?;
+    Ok(VerifyReport {
+        object_id: m.object_id().to_owned(),
+        version: m.version(),
+        size: m.size(),
+        chunks: m.chunk_count(),
+        root: *m.root(),
+        digest: *signed.digest(),
+        key_id: signed.key_id(),
+        newly_accepted: before.is_none_or(|e| e.version < m.version()),
+    })
+}
+
+pub(crate) fn compare_size(path: &Path, m: &Manifest, actual: u64) -> Result<(), IntegrityError> {
+    let expected = m.size();
+    if actual < expected {
+        let cs = u64::from(m.chunk_size());
+        return Err(IntegrityError::Truncated {
+            path: path.to_owned(),
+            expected,
+            actual,
+            index: actual / cs,
+            offset: actual,
+        });
+    }
+    if actual > expected {
+        return Err(IntegrityError::Extended {
+            path: path.to_owned(),
+            expected,
+            actual,
+            offset: expected,
+        });
+    }
+    Ok(())
+}
+
+/// The first chunk whose hash differs from the signed leaf, as an error.
+fn first_mismatch(path: &Path, m: &Manifest, leaves: &[Hash]) -> Option<IntegrityError> {
+    let (index, found) = m
+        .leaves()
+        .iter()
+        .zip(leaves)
+        .enumerate()
+        .find(|(_, (signed, found))| signed != found)
+        .map(|(i, (_, found))| (i as u64, found))?;
+    let by_leaf: HashMap<&Hash, u64> = m
+        .leaves()
+        .iter()
+        .enumerate()
+        .map(|(i, h)| (h, i as u64))
+        .collect();
+    Some(mismatch_error(path, m, index, found, &by_leaf))
+}
+
+pub(crate) fn mismatch_error(
+    path: &Path,
+    m: &Manifest,
+    index: u64,
+    found: &Hash,
+    by_leaf: &HashMap<&Hash, u64>,
+) -> IntegrityError {
+    let offset = m.chunk_offset(index);
+    match by_leaf.get(found) {
+        Some(&other) if other != index => IntegrityError::ChunkReordered {
+            path: path.to_owned(),
+            index,
+            offset,
+            found_chunk: other,
+        },
+        _ => IntegrityError::ChunkMismatch {
+            path: path.to_owned(),
+            index,
+            offset,
+        },
+    }
+}

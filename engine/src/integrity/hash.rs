@@ -1,0 +1,255 @@
+//! Parallel chunk hashing of a file or block device with bounded memory.
+//!
+//! Worker threads take chunk indices from a shared counter and read each chunk with a
+//! positioned read (`pread`), so no thread shares a file offset and memory stays at one chunk
+//! buffer per thread (plus 32 bytes per leaf).
+
+use std::fs::File;
+use std::io::{self, Seek, SeekFrom};
+use std::num::NonZeroUsize;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use sha2::{Digest as _, Sha256};
+use thiserror::Error;
+
+use super::manifest::{DEFAULT_CHUNK_SIZE, Hash, chunk_count};
+
+/// A progress hook: called with the total number of bytes hashed so far.
+pub type Progress<'a> = &'a (dyn Fn(u64) + Sync);
+
+/// How to hash an object.
+#[derive(Clone, Copy)]
+pub struct HashOptions<'a> {
+    /// Chunk size in bytes. Default: 4 MiB ([`DEFAULT_CHUNK_SIZE`]).
+    pub chunk_size: u32,
+    /// Worker threads. Default: `std::thread::available_parallelism()` (1 if unknown).
+    pub threads: NonZeroUsize,
+    /// Called after each chunk with the cumulative bytes hashed. Default: none.
+    pub progress: Option<Progress<'a>>,
+}
+
+impl std::fmt::Debug for HashOptions<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HashOptions")
+            .field("chunk_size", &self.chunk_size)
+            .field("threads", &self.threads)
+            .field("progress", &self.progress.is_some())
+            .finish()
+    }
+}
+
+impl Default for HashOptions<'_> {
+    fn default() -> Self {
+        Self {
+            chunk_size: DEFAULT_CHUNK_SIZE,
+            threads: std::thread::available_parallelism().unwrap_or(NonZeroUsize::MIN),
+            progress: None,
+        }
+    }
+}
+
+/// Why an object could not be hashed.
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum HashError {
+    /// The file could not be opened or its size read.
+    #[error("cannot open {path} for hashing")]
+    Open {
+        /// The path.
+        path: PathBuf,
+        /// The I/O error.
+        #[source]
+        source: io::Error,
+    },
+    /// A chunk could not be read (the object may have shrunk while being read).
+    #[error("cannot read chunk {index} at byte offset {offset} of {path}")]
+    Read {
+        /// The path.
+        path: PathBuf,
+        /// Chunk index.
+        index: u64,
+        /// Byte offset of the chunk.
+        offset: u64,
+        /// The I/O error.
+        #[source]
+        source: io::Error,
+    },
+    /// The object has more chunks than this platform can index in memory.
+    #[error("{path} is too large to hash ({size} bytes)")]
+    TooLarge {
+        /// The path.
+        path: PathBuf,
+        /// Its size.
+        size: u64,
+    },
+}
+
+/// The size and chunk leaves of a hashed object.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HashedObject {
+    /// Size in bytes.
+    pub size: u64,
+    /// SHA-256 of each chunk, in order.
+    pub leaves: Vec<Hash>,
+}
+
+/// Opens `path` and returns the file with its size (seeking to the end, which also works
+/// for block devices whose metadata length is 0).
+pub(crate) fn open_sized(path: &Path) -> Result<(File, u64), HashError> {
+    let open_err = |source| HashError::Open {
+        path: path.to_owned(),
+        source,
+    };
+    let mut file = File::open(path).map_err(open_err)?;
+    let size = file.seek(SeekFrom::End(0)).map_err(open_err)?;
+    Ok((file, size))
+}
+
+/// Hashes the whole file or block device at `path` in parallel.
+pub fn hash_file(path: &Path, options: &HashOptions<'_>) -> Result<HashedObject, HashError> {
+    let (file, size) = open_sized(path)?;
+    let leaves = hash_chunks(&file, path, size, options)?;
+    Ok(HashedObject { size, leaves })
+}
+
+/// Hashes `size` bytes of `file` in chunks; `path` is only used in errors.
+pub(crate) fn hash_chunks(
+    file: &File,
+    path: &Path,
+    size: u64,
+    options: &HashOptions<'_>,
+) -> Result<Vec<Hash>, HashError> {
+    let chunk_size = options.chunk_size.max(1);
+    let count = chunk_count(size, chunk_size);
+    let n = usize::try_from(count).map_err(|_| HashError::TooLarge {
+        path: path.to_owned(),
+        size,
+    })?;
+    let threads = options.threads.get().min(n.max(1)).max(1);
+    let next = AtomicU64::new(0);
+    let done = AtomicU64::new(0);
+    let failed = AtomicBool::new(false);
+    let first_error: Mutex<Option<HashError>> = Mutex::new(None);
+    let results: Vec<Vec<(u64, Hash)>> = std::thread::scope(|s| {
+        let workers: Vec<_> = (0..threads)
+            .map(|_| {
+                s.spawn(|| {
+                    let mut out = Vec::new();
+                    let mut buf = vec![0u8; chunk_size as usize];
+                    loop {
+                        if failed.load(Ordering::Relaxed) {
+                            break;
+                        }
+                        let index = next.fetch_add(1, Ordering::Relaxed);
+                        if index >= count {
+                            break;
+                        }
+                        let offset = index * u64::from(chunk_size);
+                        let len = (size - offset).min(u64::from(chunk_size)) as usize;
+                        let Some(chunk) = buf.get_mut(..len) else {
+                            break;
+                        };
+                        if let Err(source) = file.read_exact_at(chunk, offset) {
+                            failed.store(true, Ordering::Relaxed);
+                            if let Ok(mut slot) = first_error.lock() {
+                                slot.get_or_insert(HashError::Read {
+                                    path: path.to_owned(),
+                                    index,
+                                    offset,
+                                    source,
+                                });
+                            }
+                            break;
+                        }
+                        out.push((index, Sha256::digest(&*chunk).into()));
+                        let total = done.fetch_add(len as u64, Ordering::Relaxed) + len as u64;
+                        if let Some(progress) = options.progress {
+                            progress(total);
+                        }
+                    }
+                    out
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .map(|w| w.join().unwrap_or_default())
+            .collect()
+    });
+    if let Some(err) = first_error.into_inner().ok().flatten() {
+        return Err(err);
+    }
+    let mut leaves = vec![[0u8; 32]; n];
+    let mut filled = 0usize;
+    for (index, hash) in results.into_iter().flatten() {
+        if let Some(slot) = usize::try_from(index).ok().and_then(|i| leaves.get_mut(i)) {
+            *slot = hash;
+            filled += 1;
+        }
+    }
+    if filled != n {
+        // Only possible if a worker panicked; report it as a read failure of the object.
+        return Err(HashError::Read {
+            path: path.to_owned(),
+            index: filled as u64,
+            offset: 0,
+            source: io::Error::other("a hashing thread stopped unexpectedly"),
+        });
+    }
+    Ok(leaves)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    #[test]
+    fn hashes_match_sequential() {
+        let mut f = tempfile::NamedTempFile::new().unwrap();
+        let data: Vec<u8> = (0..10_000u32).map(|i| (i * 7 % 251) as u8).collect();
+        f.write_all(&data).unwrap();
+        for threads in [1, 2, 3, 8] {
+            let opts = HashOptions {
+                chunk_size: 1024,
+                threads: NonZeroUsize::new(threads).unwrap(),
+                progress: None,
+            };
+            let h = hash_file(f.path(), &opts).unwrap();
+            assert_eq!(h.size, 10_000);
+            let expected: Vec<Hash> = data
+                .chunks(1024)
+                .map(|c| Sha256::digest(c).into())
+                .collect();
+            assert_eq!(h.leaves, expected);
+        }
+    }
+
+    #[test]
+    fn empty_file_has_no_leaves() {
+        let f = tempfile::NamedTempFile::new().unwrap();
+        let h = hash_file(f.path(), &HashOptions::default()).unwrap();
+        assert_eq!(h.size, 0);
+        assert!(h.leaves.is_empty());
+    }
+
+    #[test]
+    fn progress_reaches_size() {
+        let mut f = tempfile::NamedTempFile::new().unwrap();
+        f.write_all(&[1u8; 5000]).unwrap();
+        let last = AtomicU64::new(0);
+        let hook = |n: u64| {
+            last.fetch_max(n, Ordering::Relaxed);
+        };
+        let opts = HashOptions {
+            chunk_size: 1024,
+            threads: NonZeroUsize::new(2).unwrap(),
+            progress: Some(&hook),
+        };
+        hash_file(f.path(), &opts).unwrap();
+        assert_eq!(last.load(Ordering::Relaxed), 5000);
+    }
+}

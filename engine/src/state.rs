@@ -1,0 +1,571 @@
+//! Durable local state on redb: the manifest registry, the node blocklist and the integrity
+//! event log.
+//!
+//! Invariants:
+//! * the registry never goes back: a version lower than the accepted one is refused
+//!   ([`StateError::Rollback`]), and so is a different digest for the accepted version
+//!   ([`StateError::DigestConflict`]);
+//! * every write is committed with immediate durability before the call returns;
+//! * the event log is append-only: there is no API to change or delete an event.
+//!
+//! The store is generic over what a node is (a string id) so servers can use the blocklist.
+
+use std::path::{Path, PathBuf};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use redb::{Database, ReadableDatabase as _, ReadableTable as _, TableDefinition};
+use thiserror::Error;
+
+/// Object id -> registry record (version, digest, signed manifest).
+const MANIFESTS: TableDefinition<&str, &[u8]> = TableDefinition::new("manifests");
+/// Node id -> blocklist record (time, reason).
+const BLOCKLIST: TableDefinition<&str, &[u8]> = TableDefinition::new("blocklist");
+/// Sequence number -> event record.
+const EVENTS: TableDefinition<u64, &[u8]> = TableDefinition::new("events");
+
+/// File name of the database inside the state directory.
+pub const STATE_FILE: &str = "state.redb";
+
+/// Why the state store failed or refused a change.
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum StateError {
+    /// The state directory could not be created.
+    #[error("cannot create state directory {path}")]
+    CreateDir {
+        /// The directory.
+        path: PathBuf,
+        /// I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The database failed.
+    #[error("state database {path} failed while {operation}")]
+    Database {
+        /// Database file.
+        path: PathBuf,
+        /// What was being done.
+        operation: &'static str,
+        /// The database error.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// A record in the database is malformed.
+    #[error("state database {path} holds a malformed {table} record for {key:?}")]
+    Corrupt {
+        /// Database file.
+        path: PathBuf,
+        /// Table name.
+        table: &'static str,
+        /// Record key.
+        key: String,
+    },
+    /// A lower version than the accepted one.
+    #[error(
+        "refusing rollback of {object_id:?} to version {offered}: version {accepted} was already accepted"
+    )]
+    Rollback {
+        /// Object id.
+        object_id: String,
+        /// Version offered.
+        offered: u64,
+        /// Highest version accepted.
+        accepted: u64,
+    },
+    /// The accepted version with a different manifest digest.
+    #[error(
+        "refusing a different manifest for {object_id:?} version {version}: another digest was accepted for it"
+    )]
+    DigestConflict {
+        /// Object id.
+        object_id: String,
+        /// Version.
+        version: u64,
+    },
+}
+
+/// The registry entry of an object: the latest accepted version.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RegistryEntry {
+    /// The highest accepted version.
+    pub version: u64,
+    /// Its manifest digest.
+    pub digest: [u8; 32],
+    /// Its encoded signed manifest.
+    pub signed_manifest: Vec<u8>,
+}
+
+/// A blocked node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BlockedNode {
+    /// Node id.
+    pub node: String,
+    /// Why it was blocked.
+    pub reason: String,
+    /// When, in seconds since the Unix epoch.
+    pub since_unix: u64,
+}
+
+/// An integrity failure, as recorded in the event log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Event {
+    /// Sequence number (assigned on append, increasing from 0).
+    pub seq: u64,
+    /// When, in seconds since the Unix epoch.
+    pub time_unix: u64,
+    /// Object id concerned.
+    pub object_id: String,
+    /// Node concerned, if known.
+    pub node: Option<String>,
+    /// Short machine-readable kind, e.g. `chunk-mismatch`.
+    pub kind: String,
+    /// Human-readable detail (the error message).
+    pub detail: String,
+}
+
+/// The durable state store under a state directory.
+#[derive(Debug)]
+pub struct StateStore {
+    db: Database,
+    path: PathBuf,
+}
+
+fn now_unix() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+impl StateStore {
+    /// Opens (creating if needed) the store in directory `dir` (file [`STATE_FILE`]).
+    pub fn open(dir: &Path) -> Result<Self, StateError> {
+        std::fs::create_dir_all(dir).map_err(|source| StateError::CreateDir {
+            path: dir.to_owned(),
+            source,
+        })?;
+        let path = dir.join(STATE_FILE);
+        let db = Database::create(&path).map_err(|e| StateError::Database {
+            path: path.clone(),
+            operation: "opening",
+            source: Box::new(e),
+        })?;
+        let store = Self { db, path };
+        // Create the tables so that read transactions find them.
+        store.write("creating tables", |txn| {
+            txn.open_table(MANIFESTS)?;
+            txn.open_table(BLOCKLIST)?;
+            txn.open_table(EVENTS)?;
+            Ok(())
+        })?;
+        Ok(store)
+    }
+
+    /// The database file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn db_err(&self, operation: &'static str) -> impl FnOnce(redb::Error) -> StateError + '_ {
+        move |e| StateError::Database {
+            path: self.path.clone(),
+            operation,
+            source: Box::new(e),
+        }
+    }
+
+    /// Runs `f` in a write transaction committed durably before returning.
+    fn write<T>(
+        &self,
+        operation: &'static str,
+        f: impl FnOnce(&redb::WriteTransaction) -> Result<T, redb::Error>,
+    ) -> Result<T, StateError> {
+        let run = || -> Result<T, redb::Error> {
+            let txn = self.db.begin_write()?;
+            let out = f(&txn)?;
+            txn.commit()?;
+            Ok(out)
+        };
+        run().map_err(self.db_err(operation))
+    }
+
+    fn corrupt(&self, table: &'static str, key: &str) -> StateError {
+        StateError::Corrupt {
+            path: self.path.clone(),
+            table,
+            key: key.to_owned(),
+        }
+    }
+
+    /// The registry entry of `object_id`, if any version was accepted.
+    pub fn registry_entry(&self, object_id: &str) -> Result<Option<RegistryEntry>, StateError> {
+        let read = || -> Result<Option<Vec<u8>>, redb::Error> {
+            let txn = self.db.begin_read()?;
+            let table = txn.open_table(MANIFESTS)?;
+            Ok(table.get(object_id)?.map(|g| g.value().to_vec()))
+        };
+        match read().map_err(self.db_err("reading the registry"))? {
+            None => Ok(None),
+            Some(raw) => decode_entry(&raw)
+                .map(Some)
+                .ok_or_else(|| self.corrupt("manifests", object_id)),
+        }
+    }
+
+    /// Checks, without changing anything, that `version` with `digest` may be accepted.
+    pub fn check_version(
+        &self,
+        object_id: &str,
+        version: u64,
+        digest: &[u8; 32],
+    ) -> Result<(), StateError> {
+        match self.registry_entry(object_id)? {
+            Some(entry) => check_against(object_id, version, digest, &entry),
+            None => Ok(()),
+        }
+    }
+
+    /// Records `version` as accepted for `object_id`, atomically refusing a rollback or a
+    /// different digest for the accepted version. Accepting the same version and digest again
+    /// is a no-op.
+    pub fn accept(
+        &self,
+        object_id: &str,
+        version: u64,
+        digest: &[u8; 32],
+        signed_manifest: &[u8],
+    ) -> Result<(), StateError> {
+        let txn = self
+            .db
+            .begin_write()
+            .map_err(|e| self.db_err("accepting a manifest")(e.into()))?;
+        let outcome = (|| -> Result<Result<(), StateError>, redb::Error> {
+            let mut table = txn.open_table(MANIFESTS)?;
+            let existing = table.get(object_id)?.map(|g| g.value().to_vec());
+            if let Some(raw) = existing {
+                let Some(entry) = decode_entry(&raw) else {
+                    return Ok(Err(self.corrupt("manifests", object_id)));
+                };
+                if let Err(refusal) = check_against(object_id, version, digest, &entry) {
+                    return Ok(Err(refusal));
+                }
+                if entry.version == version {
+                    return Ok(Ok(()));
+                }
+            }
+            let record = encode_entry(version, digest, signed_manifest);
+            table.insert(object_id, record.as_slice())?;
+            Ok(Ok(()))
+        })()
+        .map_err(self.db_err("accepting a manifest"))?;
+        match outcome {
+            Ok(()) => txn
+                .commit()
+                .map_err(|e| self.db_err("accepting a manifest")(e.into())),
+            Err(refusal) => {
+                let _ = txn.abort();
+                Err(refusal)
+            }
+        }
+    }
+
+    /// Blocks `node` with `reason` (replacing an earlier reason).
+    pub fn block_node(&self, node: &str, reason: &str) -> Result<(), StateError> {
+        let mut record = now_unix().to_be_bytes().to_vec();
+        record.extend_from_slice(reason.as_bytes());
+        self.write("blocking a node", |txn| {
+            txn.open_table(BLOCKLIST)?.insert(node, record.as_slice())?;
+            Ok(())
+        })
+    }
+
+    /// Unblocks `node`; returns whether it was blocked.
+    pub fn unblock_node(&self, node: &str) -> Result<bool, StateError> {
+        self.write("unblocking a node", |txn| {
+            Ok(txn.open_table(BLOCKLIST)?.remove(node)?.is_some())
+        })
+    }
+
+    /// The block record of `node`, if blocked.
+    pub fn blocked(&self, node: &str) -> Result<Option<BlockedNode>, StateError> {
+        let read = || -> Result<Option<Vec<u8>>, redb::Error> {
+            let txn = self.db.begin_read()?;
+            let table = txn.open_table(BLOCKLIST)?;
+            Ok(table.get(node)?.map(|g| g.value().to_vec()))
+        };
+        match read().map_err(self.db_err("reading the blocklist"))? {
+            None => Ok(None),
+            Some(raw) => decode_block(node, &raw)
+                .map(Some)
+                .ok_or_else(|| self.corrupt("blocklist", node)),
+        }
+    }
+
+    /// All blocked nodes, by node id.
+    pub fn blocked_nodes(&self) -> Result<Vec<BlockedNode>, StateError> {
+        let read = || -> Result<Vec<(String, Vec<u8>)>, redb::Error> {
+            let txn = self.db.begin_read()?;
+            let table = txn.open_table(BLOCKLIST)?;
+            let mut out = Vec::new();
+            for row in table.iter()? {
+                let (k, v) = row?;
+                out.push((k.value().to_owned(), v.value().to_vec()));
+            }
+            Ok(out)
+        };
+        read()
+            .map_err(self.db_err("reading the blocklist"))?
+            .into_iter()
+            .map(|(node, raw)| {
+                decode_block(&node, &raw).ok_or_else(|| self.corrupt("blocklist", &node))
+            })
+            .collect()
+    }
+
+    /// Appends an integrity failure to the event log, durably; returns its sequence number.
+    pub fn record_event(
+        &self,
+        object_id: &str,
+        node: Option<&str>,
+        kind: &str,
+        detail: &str,
+    ) -> Result<u64, StateError> {
+        let time = now_unix();
+        self.write("appending an event", |txn| {
+            let mut table = txn.open_table(EVENTS)?;
+            let seq = table.last()?.map(|(k, _)| k.value() + 1).unwrap_or(0);
+            let record = encode_event(time, object_id, node, kind, detail);
+            table.insert(seq, record.as_slice())?;
+            Ok(seq)
+        })
+    }
+
+    /// All events with sequence number `from` or later, in order.
+    pub fn events(&self, from: u64) -> Result<Vec<Event>, StateError> {
+        let read = || -> Result<Vec<(u64, Vec<u8>)>, redb::Error> {
+            let txn = self.db.begin_read()?;
+            let table = txn.open_table(EVENTS)?;
+            let mut out = Vec::new();
+            for row in table.range(from..)? {
+                let (k, v) = row?;
+                out.push((k.value(), v.value().to_vec()));
+            }
+            Ok(out)
+        };
+        read()
+            .map_err(self.db_err("reading events"))?
+            .into_iter()
+            .map(|(seq, raw)| {
+                decode_event(seq, &raw).ok_or_else(|| self.corrupt("events", &seq.to_string()))
+            })
+            .collect()
+    }
+}
+
+fn check_against(
+    object_id: &str,
+    version: u64,
+    digest: &[u8; 32],
+    entry: &RegistryEntry,
+) -> Result<(), StateError> {
+    if version < entry.version {
+        return Err(StateError::Rollback {
+            object_id: object_id.to_owned(),
+            offered: version,
+            accepted: entry.version,
+        });
+    }
+    if version == entry.version && digest != &entry.digest {
+        return Err(StateError::DigestConflict {
+            object_id: object_id.to_owned(),
+            version,
+        });
+    }
+    Ok(())
+}
+
+fn encode_entry(version: u64, digest: &[u8; 32], signed: &[u8]) -> Vec<u8> {
+    let mut v = Vec::with_capacity(40 + signed.len());
+    v.extend_from_slice(&version.to_be_bytes());
+    v.extend_from_slice(digest);
+    v.extend_from_slice(signed);
+    v
+}
+
+fn decode_entry(raw: &[u8]) -> Option<RegistryEntry> {
+    let version = u64::from_be_bytes(raw.get(..8)?.try_into().ok()?);
+    let digest: [u8; 32] = raw.get(8..40)?.try_into().ok()?;
+    Some(RegistryEntry {
+        version,
+        digest,
+        signed_manifest: raw.get(40..)?.to_vec(),
+    })
+}
+
+fn decode_block(node: &str, raw: &[u8]) -> Option<BlockedNode> {
+    let since_unix = u64::from_be_bytes(raw.get(..8)?.try_into().ok()?);
+    let reason = String::from_utf8(raw.get(8..)?.to_vec()).ok()?;
+    Some(BlockedNode {
+        node: node.to_owned(),
+        reason,
+        since_unix,
+    })
+}
+
+fn push_str(v: &mut Vec<u8>, s: &str) {
+    v.extend_from_slice(&(s.len() as u32).to_be_bytes());
+    v.extend_from_slice(s.as_bytes());
+}
+
+fn encode_event(
+    time: u64,
+    object_id: &str,
+    node: Option<&str>,
+    kind: &str,
+    detail: &str,
+) -> Vec<u8> {
+    let mut v = time.to_be_bytes().to_vec();
+    push_str(&mut v, object_id);
+    match node {
+        Some(n) => {
+            v.push(1);
+            push_str(&mut v, n);
+        }
+        None => v.push(0),
+    }
+    push_str(&mut v, kind);
+    push_str(&mut v, detail);
+    v
+}
+
+fn decode_event(seq: u64, raw: &[u8]) -> Option<Event> {
+    fn string(raw: &[u8], pos: &mut usize) -> Option<String> {
+        let len = u32::from_be_bytes(raw.get(*pos..*pos + 4)?.try_into().ok()?) as usize;
+        let start = *pos + 4;
+        let s = String::from_utf8(raw.get(start..start.checked_add(len)?)?.to_vec()).ok()?;
+        *pos = start + len;
+        Some(s)
+    }
+    let time_unix = u64::from_be_bytes(raw.get(..8)?.try_into().ok()?);
+    let mut pos = 8;
+    let object_id = string(raw, &mut pos)?;
+    let has_node = *raw.get(pos)?;
+    pos += 1;
+    let node = if has_node == 1 {
+        Some(string(raw, &mut pos)?)
+    } else {
+        None
+    };
+    let kind = string(raw, &mut pos)?;
+    let detail = string(raw, &mut pos)?;
+    Some(Event {
+        seq,
+        time_unix,
+        object_id,
+        node,
+        kind,
+        detail,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn registry_refuses_rollback_and_conflicts() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = StateStore::open(dir.path()).unwrap();
+        assert!(s.registry_entry("o").unwrap().is_none());
+        s.accept("o", 2, &[1; 32], b"m2").unwrap();
+        s.accept("o", 2, &[1; 32], b"m2").unwrap();
+        assert!(matches!(
+            s.accept("o", 1, &[1; 32], b"m1"),
+            Err(StateError::Rollback {
+                offered: 1,
+                accepted: 2,
+                ..
+            })
+        ));
+        assert!(matches!(
+            s.accept("o", 2, &[2; 32], b"x"),
+            Err(StateError::DigestConflict { version: 2, .. })
+        ));
+        s.accept("o", 3, &[3; 32], b"m3").unwrap();
+        drop(s);
+        let s = StateStore::open(dir.path()).unwrap();
+        let e = s.registry_entry("o").unwrap().unwrap();
+        assert_eq!(
+            (e.version, e.digest, e.signed_manifest.as_slice()),
+            (3, [3; 32], &b"m3"[..])
+        );
+        assert!(s.check_version("o", 2, &[2; 32]).is_err());
+        assert!(s.check_version("o", 4, &[2; 32]).is_ok());
+    }
+
+    /// The registry against a simple model: a map from object to (highest version, digest).
+    #[test]
+    fn registry_matches_model_on_random_operations() {
+        use std::collections::HashMap;
+        let dir = tempfile::tempdir().unwrap();
+        let s = StateStore::open(dir.path()).unwrap();
+        let mut model: HashMap<String, (u64, [u8; 32])> = HashMap::new();
+        let mut x: u64 = 0x2545_f491_4f6c_dd1d;
+        let mut next = |m: u64| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % m
+        };
+        for _ in 0..300 {
+            let id = format!("obj-{}", next(4));
+            let version = next(6);
+            let digest = [next(3) as u8; 32];
+            let expected = match model.get(&id) {
+                Some(&(v, _)) if version < v => Err("rollback"),
+                Some(&(v, d)) if version == v && d != digest => Err("conflict"),
+                _ => Ok(()),
+            };
+            let got = s.accept(&id, version, &digest, &digest);
+            match (expected, &got) {
+                (Ok(()), Ok(())) => {
+                    let e = model.entry(id.clone()).or_insert((version, digest));
+                    *e = (version, digest);
+                }
+                (Err("rollback"), Err(StateError::Rollback { .. }))
+                | (Err("conflict"), Err(StateError::DigestConflict { .. })) => {}
+                (e, g) => panic!("model {e:?}, store {g:?} for {id} v{version}"),
+            }
+            let entry = s.registry_entry(&id).unwrap().map(|e| (e.version, e.digest));
+            assert_eq!(entry, model.get(&id).copied());
+        }
+    }
+
+    #[test]
+    fn blocklist_and_events_persist() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let s = StateStore::open(dir.path()).unwrap();
+            s.block_node("node-1", "chunk 3 mismatch").unwrap();
+            assert_eq!(
+                s.record_event("o", Some("node-1"), "chunk-mismatch", "d")
+                    .unwrap(),
+                0
+            );
+            assert_eq!(s.record_event("o", None, "rollback", "e").unwrap(), 1);
+        }
+        let s = StateStore::open(dir.path()).unwrap();
+        assert_eq!(
+            s.blocked("node-1").unwrap().unwrap().reason,
+            "chunk 3 mismatch"
+        );
+        assert_eq!(s.blocked_nodes().unwrap().len(), 1);
+        let ev = s.events(0).unwrap();
+        assert_eq!(ev.len(), 2);
+        assert_eq!(ev[0].node.as_deref(), Some("node-1"));
+        assert_eq!(ev[1].kind, "rollback");
+        assert_eq!(s.events(1).unwrap().len(), 1);
+        assert!(s.unblock_node("node-1").unwrap());
+        assert!(s.blocked("node-1").unwrap().is_none());
+    }
+}
