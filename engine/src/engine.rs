@@ -19,6 +19,7 @@ use crate::decision::{Decision, DecisionError, Effect, Obligation, Reason};
 use crate::error::{EntityError, LoadError};
 use crate::request::{EntityUid, Request, kind};
 use crate::source::Origin;
+use crate::state::StateStore;
 
 /// Entity types that only the configuration defines.
 const RESERVED_TYPES: &[&str] = &["Settings", "GpuModel"];
@@ -48,6 +49,8 @@ struct Shared {
     reloads: AtomicU64,
     reload_errors: AtomicU64,
     authorizer: Authorizer,
+    /// Where blocks are made durable, once attached.
+    state: std::sync::OnceLock<Arc<StateStore>>,
 }
 
 /// The policy engine. Cheap to clone: clones share one state.
@@ -159,6 +162,7 @@ impl Engine {
                 reloads: AtomicU64::new(0),
                 reload_errors: AtomicU64::new(0),
                 authorizer: Authorizer::new(),
+                state: std::sync::OnceLock::new(),
             }),
         })
     }
@@ -377,9 +381,28 @@ impl Engine {
         found.into_iter().map(|(_, v)| v).collect()
     }
 
+    /// Makes blocks durable in `state`: the nodes it holds as blocked are blocked in the
+    /// engine now, and every later block and unblock is written there first. Attach once;
+    /// a second call is refused.
+    pub fn attach_state(&self, state: Arc<StateStore>) -> Result<(), EntityError> {
+        let blocked = state.blocked_nodes().map_err(EntityError::State)?;
+        if self.shared.state.set(Arc::clone(&state)).is_err() {
+            return Err(EntityError::StateAlreadyAttached);
+        }
+        for node in blocked {
+            self.set_blocked_in_memory(&node.node, Some((&node.reason, node.since_unix)))?;
+        }
+        Ok(())
+    }
+
+    /// The attached state store, if any.
+    pub fn state(&self) -> Option<&Arc<StateStore>> {
+        self.shared.state.get()
+    }
+
     /// Blocks a node: placement policies deny scheduling onto it, and a later upsert of
     /// the node keeps it blocked until [`Engine::unblock_node`]. The node need not be in
-    /// the store yet.
+    /// the store yet. With a state store attached, the block is durable before this returns.
     pub fn block_node(&self, node_id: &str, reason: &str) -> Result<(), EntityError> {
         self.set_blocked(node_id, Some(reason))
     }
@@ -395,15 +418,30 @@ impl Engine {
     }
 
     fn set_blocked(&self, node_id: &str, reason: Option<&str>) -> Result<(), EntityError> {
+        if let Some(state) = self.shared.state.get() {
+            match reason {
+                Some(r) => state.block_node(node_id, r),
+                None => state.unblock_node(node_id).map(|_| ()),
+            }
+            .map_err(EntityError::State)?;
+        }
+        let since = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        self.set_blocked_in_memory(node_id, reason.map(|r| (r, since)))
+    }
+
+    fn set_blocked_in_memory(
+        &self,
+        node_id: &str,
+        block: Option<(&str, u64)>,
+    ) -> Result<(), EntityError> {
         let uid = EntityUid::new("Node", node_id).map_err(invalid)?;
         let _guard = self.write_lock();
         let current = self.shared.current.load_full();
         let mut blocked = BTreeMap::clone(&current.blocked);
-        match reason {
-            Some(r) => {
-                let since = SystemTime::now()
-                    .duration_since(SystemTime::UNIX_EPOCH)
-                    .map_or(0, |d| d.as_secs());
+        match block {
+            Some((r, since)) => {
                 blocked.insert(
                     node_id.to_owned(),
                     BlockRecord {
@@ -418,7 +456,7 @@ impl Engine {
         }
         let entities = match current.entities.get(&uid.0) {
             Some(node) => {
-                let node = with_blocked(node.clone(), reason.is_some())?;
+                let node = with_blocked(node.clone(), block.is_some())?;
                 Entities::clone(&current.entities)
                     .upsert_entities([node], Some(&current.bundle.schema))
                     .map_err(invalid)?

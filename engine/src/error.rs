@@ -131,6 +131,12 @@ pub enum EntityError {
         /// What was found.
         found: String,
     },
+    /// The durable state store refused the change (a block or unblock); nothing changed.
+    #[error("cannot record the change in the state store")]
+    State(#[source] crate::state::StateError),
+    /// A state store is already attached to this engine.
+    #[error("a state store is already attached to this engine")]
+    StateAlreadyAttached,
     /// The update touches an entity that only the configuration may define.
     #[error("{uid} comes from probity.toml and cannot be changed through the entity store")]
     Reserved {

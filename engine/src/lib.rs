@@ -48,6 +48,7 @@ mod decision;
 mod diagnostic;
 mod engine;
 mod error;
+mod guard;
 pub mod integrity;
 mod request;
 pub mod scenario;

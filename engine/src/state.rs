@@ -536,7 +536,10 @@ mod tests {
                 | (Err("conflict"), Err(StateError::DigestConflict { .. })) => {}
                 (e, g) => panic!("model {e:?}, store {g:?} for {id} v{version}"),
             }
-            let entry = s.registry_entry(&id).unwrap().map(|e| (e.version, e.digest));
+            let entry = s
+                .registry_entry(&id)
+                .unwrap()
+                .map(|e| (e.version, e.digest));
             assert_eq!(entry, model.get(&id).copied());
         }
     }

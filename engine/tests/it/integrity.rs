@@ -69,13 +69,13 @@ fn integrity_err(e: &io::Error) -> &IntegrityError {
 // ---------------------------------------------------------------- SoftHSM2 harness
 
 /// A throwaway SoftHSM2 token, as seen from inside the child process.
-struct Hsm {
+pub(crate) struct Hsm {
     token: String,
     pin_file: PathBuf,
 }
 
 impl Hsm {
-    fn config(&self, key: &str) -> Pkcs11Config {
+    pub(crate) fn config(&self, key: &str) -> Pkcs11Config {
         Pkcs11Config {
             module: MODULE.into(),
             token_label: self.token.clone(),
@@ -93,7 +93,7 @@ impl Hsm {
 
 /// Runs `body` against a fresh SoftHSM2 token: in the parent, creates the token and re-runs
 /// test `name` alone in a child process with `SOFTHSM2_CONF` set; in that child, runs `body`.
-fn with_softhsm(name: &str, body: impl FnOnce(&Hsm, &Path)) {
+pub(crate) fn with_softhsm(name: &str, body: impl FnOnce(&Hsm, &Path)) {
     if let Some(dir) = std::env::var_os(CHILD_ENV) {
         let dir = PathBuf::from(dir);
         let hsm = Hsm {

@@ -10,6 +10,7 @@
 
 mod engine;
 mod integrity;
+mod read_guard;
 mod reload;
 mod scenarios;
 

@@ -1,0 +1,90 @@
+//! Verify before read, with consequences: a verification outcome becomes a `read`
+//! decision through the policies, and the decision's obligations are carried out.
+//!
+//! This is where an integrity failure turns into a blocked node: the policy
+//! `integrity.unverified-read` denies the read and carries `block_node` for the reader;
+//! [`Engine::decide_read`] blocks it (durably, with a state store attached), so the
+//! placement policies then refuse to schedule onto it, and records the event.
+
+use serde_json::{Map, Value};
+
+use crate::decision::{Decision, DecisionError};
+use crate::engine::Engine;
+use crate::integrity::{IntegrityError, VerifyReport};
+use crate::request::{EntityUid, Request};
+
+impl Engine {
+    /// Decides whether `node` may read checkpoint `checkpoint` given the outcome of its
+    /// verification, then carries out the decision's `block_node` obligations and records
+    /// a denied read in the attached state store's event log.
+    ///
+    /// Fails closed: if the request cannot be built or an obligation cannot be carried
+    /// out, the decision is a deny that says so.
+    pub fn decide_read(
+        &self,
+        node: &str,
+        checkpoint: &str,
+        verification: Result<&VerifyReport, &IntegrityError>,
+    ) -> Decision {
+        let mut context = Map::new();
+        context.insert("verified".into(), Value::Bool(verification.is_ok()));
+        if let Err(e) = verification {
+            context.insert("failure".into(), Value::String(e.to_string()));
+        }
+        let request = match (
+            EntityUid::new("Node", node),
+            EntityUid::action("read"),
+            EntityUid::new("Checkpoint", checkpoint),
+        ) {
+            (Ok(p), Ok(a), Ok(r)) => Request::new(p, a, r).with_context(context),
+            _ => return Decision::error(format!("cannot build a read request for node {node:?}")),
+        };
+        let mut decision = self.decide(&request);
+        let reason = decision
+            .reasons
+            .first()
+            .map(|r| r.policy.clone())
+            .unwrap_or_else(|| "integrity".into());
+        for obligation in &decision.obligations {
+            if obligation.kind != "block_node" {
+                continue;
+            }
+            let Some(target) = obligation.target.as_deref() else {
+                continue;
+            };
+            let Ok(uid) = target.parse::<EntityUid>() else {
+                continue;
+            };
+            if uid.type_name() != "Node" {
+                continue;
+            }
+            let detail = match verification {
+                Err(e) => format!("{reason}: {e}"),
+                Ok(_) => reason.clone(),
+            };
+            if let Err(e) = self.block_node(uid.id(), &detail) {
+                decision.errors.push(DecisionError {
+                    policy: Some(obligation.policy.clone()),
+                    message: format!("could not block {target}: {e}"),
+                });
+            }
+        }
+        if !decision.is_allowed() {
+            if let Some(state) = self.state() {
+                let detail = decision
+                    .reasons
+                    .iter()
+                    .map(|r| format!("{}: {}", r.policy, r.message))
+                    .collect::<Vec<_>>()
+                    .join("; ");
+                if let Err(e) = state.record_event(checkpoint, Some(node), "read-denied", &detail) {
+                    decision.errors.push(DecisionError {
+                        policy: None,
+                        message: format!("could not record the denied read: {e}"),
+                    });
+                }
+            }
+        }
+        decision
+    }
+}

@@ -1,0 +1,145 @@
+//! Verify before read, end to end: seal under a SoftHSM2 key, corrupt one byte, verify
+//! as a node; the read is denied with block_node, the node is blocked durably, and the
+//! placement policy then refuses to schedule onto it.
+
+use std::sync::Arc;
+
+use probity::integrity::Anchor;
+use probity::integrity::{
+    self, HashOptions, Pkcs11Anchor, SoftwareAnchor, Verifier, VerifyOptions,
+};
+use probity::state::StateStore;
+use probity::{Effect, Engine, Request};
+use serde_json::json;
+
+use crate::cluster;
+use crate::integrity::with_softhsm;
+
+fn schedule_onto(node: &str) -> Request {
+    Request::from_json_value(
+        &json!({"principal": "Workload::\"train-1\"", "action": "schedule",
+        "resource": {"type": "Node", "id": node}}),
+    )
+    .unwrap()
+}
+
+fn corrupt_read_blocks_the_node(anchor: &dyn Anchor, dir: &std::path::Path) {
+    let path = dir.join("epoch-7.ckpt");
+    let data: Vec<u8> = (0..3 * 4096 + 17).map(|i| (i * 31 % 251) as u8).collect();
+    std::fs::write(&path, &data).unwrap();
+    let options = HashOptions {
+        chunk_size: 4096,
+        ..HashOptions::default()
+    };
+    let state = Arc::new(StateStore::open(&dir.join("state")).unwrap());
+    let signed = integrity::seal(&path, "llm/epoch-7", 7, anchor, &state, &options).unwrap();
+    let verifier = Verifier::new(anchor.public_key().clone());
+
+    let engine = Engine::from_embedded_defaults().unwrap();
+    engine.attach_state(Arc::clone(&state)).unwrap();
+    engine.upsert_entities(&cluster()).unwrap();
+    let verify = |node| {
+        let opts = VerifyOptions {
+            node: Some(node),
+            expected_object_id: Some("llm/epoch-7"),
+            ..VerifyOptions::default()
+        };
+        integrity::verify_object(&path, &signed, &verifier, &state, &opts)
+    };
+
+    // Intact: the read is allowed and nothing is blocked.
+    let report = verify("gpu-h1").unwrap();
+    let d = engine.decide_read("gpu-h1", "llm/epoch-7", Ok(&report));
+    assert_eq!(d.decision, Effect::Allow, "{d:?}");
+    assert!(engine.blocked_nodes().is_empty());
+
+    // One flipped byte in chunk 2.
+    let mut bad = data.clone();
+    bad[2 * 4096 + 5] ^= 0x40;
+    std::fs::write(&path, &bad).unwrap();
+    let err = verify("gpu-a1").unwrap_err();
+    assert!(err.to_string().contains("chunk 2"), "{err}");
+    assert!(engine.decide(&schedule_onto("gpu-a1")).is_allowed());
+    let d = engine.decide_read("gpu-a1", "llm/epoch-7", Err(&err));
+    assert_eq!(d.decision, Effect::Deny);
+    assert_eq!(
+        d.reason_ids().collect::<Vec<_>>(),
+        ["integrity.unverified-read"]
+    );
+    assert_eq!(d.obligations[0].kind, "block_node");
+    assert_eq!(d.obligations[0].target.as_deref(), Some("Node::\"gpu-a1\""));
+    assert!(d.errors.is_empty(), "{:?}", d.errors);
+
+    // The placement policy now refuses the node; other nodes still take work.
+    let s = engine.decide(&schedule_onto("gpu-a1"));
+    assert_eq!(
+        s.reason_ids().collect::<Vec<_>>(),
+        ["placement.blocked-node"]
+    );
+    assert!(engine.decide(&schedule_onto("gpu-h1")).is_allowed());
+
+    // Durable: the block and the denied read are in the state store, and a new engine on
+    // the same state refuses the node too.
+    let blocked = state.blocked("gpu-a1").unwrap().unwrap();
+    assert!(
+        blocked.reason.contains("integrity.unverified-read"),
+        "{}",
+        blocked.reason
+    );
+    let events = state.events(0).unwrap();
+    assert!(
+        events
+            .iter()
+            .any(|e| e.kind == "read-denied" && e.node.as_deref() == Some("gpu-a1"))
+    );
+    drop(engine);
+    let restarted = Engine::from_embedded_defaults().unwrap();
+    restarted.attach_state(Arc::clone(&state)).unwrap();
+    restarted.upsert_entities(&cluster()).unwrap();
+    assert!(!restarted.decide(&schedule_onto("gpu-a1")).is_allowed());
+    // A blocked node may not read even a verified checkpoint.
+    std::fs::write(&path, &data).unwrap();
+    let report = verify("gpu-a1").unwrap();
+    let d = restarted.decide_read("gpu-a1", "llm/epoch-7", Ok(&report));
+    assert_eq!(
+        d.reason_ids().collect::<Vec<_>>(),
+        ["integrity.blocked-reader"]
+    );
+
+    // Unblocking is explicit.
+    restarted.unblock_node("gpu-a1").unwrap();
+    assert!(state.blocked("gpu-a1").unwrap().is_none());
+    assert!(restarted.decide(&schedule_onto("gpu-a1")).is_allowed());
+}
+
+#[test]
+fn corrupt_checkpoint_read_blocks_the_node_softhsm() {
+    with_softhsm(
+        "read_guard::corrupt_checkpoint_read_blocks_the_node_softhsm",
+        |hsm, dir| {
+            let anchor = Pkcs11Anchor::open_or_generate(&hsm.config("probity-read-guard")).unwrap();
+            corrupt_read_blocks_the_node(&anchor, dir);
+        },
+    );
+}
+
+#[test]
+fn corrupt_checkpoint_read_blocks_the_node_software_anchor() {
+    let tmp = tempfile::tempdir().unwrap();
+    let anchor = SoftwareAnchor::load_or_generate(&tmp.path().join("anchor.key")).unwrap();
+    corrupt_read_blocks_the_node(&anchor, tmp.path());
+}
+
+#[test]
+fn attaching_a_second_state_store_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let engine = Engine::from_embedded_defaults().unwrap();
+    engine
+        .attach_state(Arc::new(StateStore::open(&tmp.path().join("a")).unwrap()))
+        .unwrap();
+    assert!(
+        engine
+            .attach_state(Arc::new(StateStore::open(&tmp.path().join("b")).unwrap()))
+            .is_err()
+    );
+}
