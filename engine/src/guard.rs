@@ -69,20 +69,18 @@ impl Engine {
                 });
             }
         }
-        if !decision.is_allowed() {
-            if let Some(state) = self.state() {
-                let detail = decision
-                    .reasons
-                    .iter()
-                    .map(|r| format!("{}: {}", r.policy, r.message))
-                    .collect::<Vec<_>>()
-                    .join("; ");
-                if let Err(e) = state.record_event(checkpoint, Some(node), "read-denied", &detail) {
-                    decision.errors.push(DecisionError {
-                        policy: None,
-                        message: format!("could not record the denied read: {e}"),
-                    });
-                }
+        if let (false, Some(state)) = (decision.is_allowed(), self.state()) {
+            let detail = decision
+                .reasons
+                .iter()
+                .map(|r| format!("{}: {}", r.policy, r.message))
+                .collect::<Vec<_>>()
+                .join("; ");
+            if let Err(e) = state.record_event(checkpoint, Some(node), "read-denied", &detail) {
+                decision.errors.push(DecisionError {
+                    policy: None,
+                    message: format!("could not record the denied read: {e}"),
+                });
             }
         }
         decision
