@@ -10,7 +10,7 @@ use serde_json::{Map, Value};
 
 use crate::decision::{Decision, DecisionError};
 use crate::engine::Engine;
-use crate::integrity::{IntegrityError, VerifyReport};
+use crate::integrity::VerifyReport;
 use crate::request::{EntityUid, Request};
 
 impl Engine {
@@ -24,7 +24,7 @@ impl Engine {
         &self,
         node: &str,
         checkpoint: &str,
-        verification: Result<&VerifyReport, &IntegrityError>,
+        verification: Result<&VerifyReport, &dyn std::error::Error>,
     ) -> Decision {
         let mut context = Map::new();
         context.insert("verified".into(), Value::Bool(verification.is_ok()));

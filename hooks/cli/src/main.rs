@@ -2,7 +2,9 @@
 //!
 //! Exit codes (also in README.md):
 //! 0 allow / success, 1 deny, 2 usage error, 3 invalid policy set,
-//! 4 failed policy tests, 8 unreadable or malformed input.
+//! 4 failed policy tests, 5 integrity failure (verify), 8 unreadable or malformed input.
+
+mod integrity;
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -17,6 +19,7 @@ mod exit {
     pub const DENY: u8 = 1;
     pub const INVALID_POLICIES: u8 = 3;
     pub const TESTS_FAILED: u8 = 4;
+    pub const INTEGRITY_FAILURE: u8 = 5;
     pub const BAD_INPUT: u8 = 8;
 }
 
@@ -54,6 +57,59 @@ enum Command {
         entities: Option<PathBuf>,
         #[command(flatten)]
         policies: PolicyArgs,
+    },
+    /// Seal a file or block device: manifest, HSM signature, registry entry.
+    Seal {
+        /// The object to seal.
+        file: PathBuf,
+        /// Its object id.
+        #[arg(long)]
+        id: String,
+        /// Its version [default: the registry's latest + 1].
+        #[arg(long)]
+        version: Option<u64>,
+        /// Where to write the signed manifest [default: FILE.manifest].
+        #[arg(long)]
+        manifest: Option<PathBuf>,
+        /// Chunk size in bytes.
+        #[arg(long, default_value_t = probity::integrity::DEFAULT_CHUNK_SIZE)]
+        chunk_size: u32,
+        #[command(flatten)]
+        state: integrity::StateArgs,
+        #[command(flatten)]
+        anchor: integrity::AnchorArgs,
+    },
+    /// Verify a file against its signed manifest before it is read; with --node, decide
+    /// the read through the policies and block the node on a mismatch (exit 5).
+    Verify {
+        /// The object to verify.
+        file: PathBuf,
+        /// The object id it must be.
+        #[arg(long)]
+        id: String,
+        /// The signed manifest [default: FILE.manifest].
+        #[arg(long)]
+        manifest: Option<PathBuf>,
+        /// The node that reads the object.
+        #[arg(long)]
+        node: Option<String>,
+        /// The pinned public key (hex, SEC1) [default: STATE_DIR/trusted.pub].
+        #[arg(long)]
+        public_key: Option<PathBuf>,
+        /// Cluster facts to load first (Cedar entity JSON).
+        #[arg(long)]
+        entities: Option<PathBuf>,
+        #[command(flatten)]
+        state: integrity::StateArgs,
+        #[command(flatten)]
+        policies: PolicyArgs,
+    },
+    /// List, block and unblock nodes in the state directory.
+    Nodes {
+        #[command(subcommand)]
+        command: integrity::NodesCommand,
+        #[command(flatten)]
+        state: integrity::StateArgs,
     },
     /// Run policy test cases (scenario files) and report each.
     Test {
@@ -119,6 +175,45 @@ fn run(cli: Cli) -> Result<u8> {
             policies,
         } => eval(&request, entities.as_deref(), &policies),
         Command::Test { path, policies } => test(&path, &policies),
+        Command::Seal {
+            file,
+            id,
+            version,
+            manifest,
+            chunk_size,
+            state,
+            anchor,
+        } => integrity::seal(
+            &file,
+            &id,
+            version,
+            manifest.as_deref(),
+            chunk_size,
+            &state,
+            &anchor,
+        ),
+        Command::Verify {
+            file,
+            id,
+            manifest,
+            node,
+            public_key,
+            entities,
+            state,
+            policies,
+        } => integrity::verify(
+            &integrity::VerifyArgs {
+                file: &file,
+                id: &id,
+                manifest: manifest.as_deref(),
+                node: node.as_deref(),
+                public_key: public_key.as_deref(),
+                entities: entities.as_deref(),
+            },
+            &state,
+            &policies,
+        ),
+        Command::Nodes { command, state } => integrity::nodes(&command, &state),
     }
 }
 
@@ -222,6 +317,17 @@ fn eval(request: &Path, entities: Option<&Path>, policies: &PolicyArgs) -> Resul
     } else {
         exit::DENY
     })
+}
+
+/// Loads a Cedar entity JSON file into the engine's store.
+fn load_entities(engine: &Engine, path: &Path) -> Result<()> {
+    let bytes = read_limited(path, MAX_ENTITIES_BYTES)?;
+    let json: serde_json::Value = serde_json::from_slice(&bytes)
+        .with_context(|| format!("{} is not valid JSON", path.display()))?;
+    engine
+        .upsert_entities(&json)
+        .with_context(|| format!("cannot load entities from {}", path.display()))?;
+    Ok(())
 }
 
 fn test(path: &Path, policies: &PolicyArgs) -> Result<u8> {

@@ -193,3 +193,162 @@ fn serve_is_not_built_yet_and_says_so() {
     assert_eq!(out.status.code(), Some(2));
     assert!(text(&out.stderr).contains("serve"), "{}", text(&out.stderr));
 }
+
+fn probity_env(args: &[&str], env: &[(&str, &std::ffi::OsStr)]) -> Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_probity"));
+    cmd.args(args).current_dir(root());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.output().unwrap()
+}
+
+#[test]
+fn seal_verify_and_a_flipped_byte_blocks_the_reading_node() {
+    let tmp = tempfile::tempdir().unwrap();
+    let state = tmp.path().join("state");
+    let env = [("PROBITY_STATE_DIR", state.as_os_str())];
+    let file = tmp.path().join("epoch-3.ckpt");
+    let data: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
+    std::fs::write(&file, &data).unwrap();
+    let f = file.to_str().unwrap();
+
+    let out = probity_env(
+        &["seal", f, "--id", "llm/epoch-3", "--chunk-size", "65536"],
+        &env,
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let sealed: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(sealed["version"], 1);
+    assert_eq!(sealed["chunks"], 5);
+    assert_eq!(sealed["hsm"], false);
+    assert!(text(&out.stderr).contains("not an HSM"));
+
+    let out = probity_env(&["verify", f, "--id", "llm/epoch-3"], &env);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+
+    // The manifest of another object does not pass for this one.
+    let out = probity_env(&["verify", f, "--id", "llm/epoch-4"], &env);
+    assert_eq!(out.status.code(), Some(5));
+
+    let mut bad = data.clone();
+    bad[3 * 65536 + 10] ^= 1;
+    std::fs::write(&file, &bad).unwrap();
+    let out = probity_env(
+        &[
+            "verify",
+            f,
+            "--id",
+            "llm/epoch-3",
+            "--node",
+            "gpu-a1",
+            "--entities",
+            "testdata/entities/cluster.json",
+            "--policies",
+            "policies",
+        ],
+        &env,
+    );
+    assert_eq!(out.status.code(), Some(5), "{}", text(&out.stderr));
+    let d: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(d["decision"], "deny");
+    assert_eq!(d["reasons"][0]["policy"], "integrity.unverified-read");
+    assert_eq!(d["obligations"][0]["kind"], "block_node");
+    assert_eq!(d["obligations"][0]["target"], "Node::\"gpu-a1\"");
+
+    let out = probity_env(&["nodes", "list"], &env);
+    let list: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(list[0]["node"], "gpu-a1");
+    assert!(
+        list[0]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("chunk 3 at byte offset 196608"),
+        "{list}"
+    );
+
+    let out = probity_env(&["nodes", "unblock", "gpu-a1"], &env);
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(text(&out.stdout).trim(), "[]");
+}
+
+#[test]
+fn a_corrupt_manifest_fails_verification_and_a_missing_one_is_an_error() {
+    let tmp = tempfile::tempdir().unwrap();
+    let state = tmp.path().join("state");
+    let env = [("PROBITY_STATE_DIR", state.as_os_str())];
+    let file = tmp.path().join("obj");
+    std::fs::write(&file, b"weights").unwrap();
+    let f = file.to_str().unwrap();
+    assert_eq!(
+        probity_env(&["seal", f, "--id", "o"], &env).status.code(),
+        Some(0)
+    );
+    let manifest = tmp.path().join("obj.manifest");
+    let mut bytes = std::fs::read(&manifest).unwrap();
+    bytes.truncate(bytes.len() - 3);
+    std::fs::write(&manifest, &bytes).unwrap();
+    let out = probity_env(&["verify", f, "--id", "o"], &env);
+    assert_eq!(out.status.code(), Some(5));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["verified"], false);
+    std::fs::remove_file(&manifest).unwrap();
+    let out = probity_env(&["verify", f, "--id", "o"], &env);
+    assert_eq!(out.status.code(), Some(8));
+    assert!(
+        text(&out.stderr).contains("obj.manifest"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
+#[test]
+fn seal_and_verify_against_a_softhsm2_token_with_the_pin_from_a_file() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = Command::new("sh")
+        .arg(root().join("scripts/softhsm-token.sh"))
+        .arg(tmp.path().join("hsm"))
+        .arg("probity-cli-test")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let vars: Vec<(String, String)> = text(&out.stdout)
+        .lines()
+        .filter_map(|l| l.strip_prefix("export "))
+        .filter_map(|l| l.split_once('='))
+        .map(|(k, v)| (k.to_owned(), v.trim_matches('\'').to_owned()))
+        .collect();
+    assert_eq!(vars.len(), 4, "{vars:?}");
+    let state = tmp.path().join("state");
+    let mut env: Vec<(&str, &std::ffi::OsStr)> = vars
+        .iter()
+        .map(|(k, v)| (k.as_str(), std::ffi::OsStr::new(v.as_str())))
+        .collect();
+    env.push(("PROBITY_STATE_DIR", state.as_os_str()));
+    let file = tmp.path().join("obj");
+    std::fs::write(&file, vec![7u8; 100_000]).unwrap();
+    let f = file.to_str().unwrap();
+    let out = probity_env(&["seal", f, "--id", "hsm/obj"], &env);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let sealed: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(sealed["hsm"], true);
+    assert!(
+        sealed["anchor"]
+            .as_str()
+            .unwrap()
+            .contains("probity-cli-test")
+    );
+    let out = probity_env(&["verify", f, "--id", "hsm/obj"], &env);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    // A wrong PIN is a clear error, and nothing is sealed.
+    let bad_pin = tmp.path().join("bad.pin");
+    std::fs::write(&bad_pin, "000000\n").unwrap();
+    let mut env_bad = env.clone();
+    env_bad.retain(|(k, _)| *k != "PROBITY_HSM_PIN_FILE");
+    env_bad.push(("PROBITY_HSM_PIN_FILE", bad_pin.as_os_str()));
+    let out = probity_env(&["seal", f, "--id", "hsm/obj2"], &env_bad);
+    assert_eq!(out.status.code(), Some(8));
+    let err = text(&out.stderr);
+    assert!(err.to_lowercase().contains("pin"), "{err}");
+    assert!(!err.contains("000000"), "the PIN leaked: {err}");
+}
