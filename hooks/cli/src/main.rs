@@ -55,6 +55,9 @@ enum Command {
         /// Cluster facts to load into the entity store first (Cedar entity JSON).
         #[arg(long)]
         entities: Option<PathBuf>,
+        /// A state directory whose blocked nodes apply to the decision.
+        #[arg(long, env = "PROBITY_STATE_DIR")]
+        state_dir: Option<PathBuf>,
         #[command(flatten)]
         policies: PolicyArgs,
     },
@@ -172,8 +175,14 @@ fn run(cli: Cli) -> Result<u8> {
         Command::Eval {
             request,
             entities,
+            state_dir,
             policies,
-        } => eval(&request, entities.as_deref(), &policies),
+        } => eval(
+            &request,
+            entities.as_deref(),
+            state_dir.as_deref(),
+            &policies,
+        ),
         Command::Test { path, policies } => test(&path, &policies),
         Command::Seal {
             file,
@@ -297,8 +306,18 @@ fn read_limited(path: &Path, limit: u64) -> Result<Vec<u8>> {
     Ok(buf)
 }
 
-fn eval(request: &Path, entities: Option<&Path>, policies: &PolicyArgs) -> Result<u8> {
+fn eval(
+    request: &Path,
+    entities: Option<&Path>,
+    state_dir: Option<&Path>,
+    policies: &PolicyArgs,
+) -> Result<u8> {
     let engine = load(policies)?;
+    if let Some(dir) = state_dir {
+        let state = probity::state::StateStore::open(dir)
+            .with_context(|| format!("cannot open the state directory {}", dir.display()))?;
+        engine.attach_state(std::sync::Arc::new(state))?;
+    }
     if let Some(path) = entities {
         let bytes = read_limited(path, MAX_ENTITIES_BYTES)?;
         let json: serde_json::Value = serde_json::from_slice(&bytes)

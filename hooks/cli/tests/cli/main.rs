@@ -267,9 +267,24 @@ fn seal_verify_and_a_flipped_byte_blocks_the_reading_node() {
         "{list}"
     );
 
+    // The block applies to placement decisions that read the same state directory.
+    let req = tmp.path().join("schedule.json");
+    std::fs::write(&req, r#"{"principal": "Workload::\"train-1\"", "action": "schedule", "resource": "Node::\"gpu-a1\""}"#).unwrap();
+    let schedule = [
+        "eval",
+        "--request",
+        req.to_str().unwrap(),
+        "--entities",
+        "testdata/entities/cluster.json",
+    ];
+    let out = probity_env(&schedule, &env);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stdout));
+    assert!(text(&out.stdout).contains("placement.blocked-node"));
+
     let out = probity_env(&["nodes", "unblock", "gpu-a1"], &env);
     assert_eq!(out.status.code(), Some(0));
     assert_eq!(text(&out.stdout).trim(), "[]");
+    assert_eq!(probity_env(&schedule, &env).status.code(), Some(0));
 }
 
 #[test]
