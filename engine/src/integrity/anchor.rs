@@ -187,7 +187,7 @@ impl Verifier {
 #[non_exhaustive]
 pub enum AnchorError {
     /// The PKCS#11 module could not be loaded.
-    #[error("cannot load PKCS#11 module {module}")]
+    #[error("cannot load or initialize PKCS#11 module {module}")]
     ModuleLoad {
         /// Module path.
         module: PathBuf,
@@ -221,8 +221,8 @@ pub enum AnchorError {
         /// Variable name.
         var: String,
     },
-    /// The PIN file could not be read.
-    #[error("cannot read PIN file {path}")]
+    /// The PIN file could not be read, or its first line is empty.
+    #[error("cannot read a PIN from file {path}")]
     PinFile {
         /// File path.
         path: PathBuf,
