@@ -68,6 +68,13 @@ fn bench(c: &mut Criterion) {
             black_box(h.finalize())
         });
     });
+    g.bench_function("hash_file (1 thread, no signature or registry)", |b| {
+        let options = HashOptions {
+            threads: NonZeroUsize::MIN,
+            ..HashOptions::default()
+        };
+        b.iter(|| black_box(integrity::hash_file(&path, &options).unwrap()));
+    });
     for threads in [1usize, 2] {
         g.bench_function(format!("verify_object ({threads} thread)"), |b| {
             b.iter(|| {

@@ -420,17 +420,30 @@ pub fn verify_object(
 ) -> Result<VerifyReport, IntegrityError> {
     let result = verify_inner(path, signed, verifier, registry, options);
     if let Err(err) = &result {
-        let object_id = signed.manifest().object_id();
-        let detail = err.to_string();
         // Recording is best effort here: the verification error is what the caller must see.
-        let _ = registry.record_event(object_id, options.node, err.kind(), &detail);
-        if let Some(node) = options.node
-            && err.is_content_mismatch()
-        {
-            let _ = registry.block_node(node, &detail);
-        }
+        let _ = record_failure(registry, signed.manifest().object_id(), options.node, err);
     }
     result
+}
+
+/// Records an integrity failure: appends it to the event log (durably) and, when `node` is
+/// given and the object's bytes differ from the manifest, blocks that node. This is what
+/// [`verify_object`] does on failure; call it from a [`VerifiedReader::on_failure`] hook to
+/// treat reader failures the same way.
+pub fn record_failure(
+    registry: &StateStore,
+    object_id: &str,
+    node: Option<&str>,
+    err: &IntegrityError,
+) -> Result<(), StateError> {
+    let detail = err.to_string();
+    registry.record_event(object_id, node, err.kind(), &detail)?;
+    if let Some(node) = node
+        && err.is_content_mismatch()
+    {
+        registry.block_node(node, &detail)?;
+    }
+    Ok(())
 }
 
 fn verify_inner(

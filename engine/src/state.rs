@@ -239,30 +239,38 @@ impl StateStore {
             .db
             .begin_write()
             .map_err(|e| self.db_err("accepting a manifest")(e.into()))?;
-        let outcome = (|| -> Result<Result<(), StateError>, redb::Error> {
+        // Ok(Some(refusal)) refuses, Ok(None) with `changed` false leaves the store as is.
+        let mut changed = false;
+        let outcome = (|| -> Result<Option<StateError>, redb::Error> {
             let mut table = txn.open_table(MANIFESTS)?;
             let existing = table.get(object_id)?.map(|g| g.value().to_vec());
             if let Some(raw) = existing {
                 let Some(entry) = decode_entry(&raw) else {
-                    return Ok(Err(self.corrupt("manifests", object_id)));
+                    return Ok(Some(self.corrupt("manifests", object_id)));
                 };
                 if let Err(refusal) = check_against(object_id, version, digest, &entry) {
-                    return Ok(Err(refusal));
+                    return Ok(Some(refusal));
                 }
                 if entry.version == version {
-                    return Ok(Ok(()));
+                    return Ok(None);
                 }
             }
             let record = encode_entry(version, digest, signed_manifest);
             table.insert(object_id, record.as_slice())?;
-            Ok(Ok(()))
+            changed = true;
+            Ok(None)
         })()
         .map_err(self.db_err("accepting a manifest"))?;
         match outcome {
-            Ok(()) => txn
+            None if changed => txn
                 .commit()
                 .map_err(|e| self.db_err("accepting a manifest")(e.into())),
-            Err(refusal) => {
+            // Nothing to write: no commit, no fsync.
+            None => {
+                let _ = txn.abort();
+                Ok(())
+            }
+            Some(refusal) => {
                 let _ = txn.abort();
                 Err(refusal)
             }

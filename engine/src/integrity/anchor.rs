@@ -34,6 +34,31 @@ impl PublicKey {
         }
         Ok(Self(point))
     }
+    /// Parses the hex form of an uncompressed SEC1 point (130 hex digits, surrounding
+    /// whitespace ignored), as pinned in configuration files.
+    pub fn from_hex(text: &str) -> Result<Self, AnchorError> {
+        let text = text.trim();
+        let invalid = AnchorError::InvalidPublicKey {
+            len: text.len() / 2,
+        };
+        if text.len() != 2 * PUBLIC_KEY_LEN || !text.is_ascii() {
+            return Err(invalid);
+        }
+        let mut bytes = [0u8; PUBLIC_KEY_LEN];
+        for (byte, pair) in bytes.iter_mut().zip(text.as_bytes().chunks_exact(2)) {
+            let digits = std::str::from_utf8(pair).map_err(|_| AnchorError::InvalidPublicKey {
+                len: text.len() / 2,
+            })?;
+            *byte = u8::from_str_radix(digits, 16).map_err(|_| AnchorError::InvalidPublicKey {
+                len: text.len() / 2,
+            })?;
+        }
+        Self::from_sec1(&bytes)
+    }
+    /// The hex form of the uncompressed point (see [`PublicKey::from_hex`]).
+    pub fn to_hex(&self) -> String {
+        hex(&self.0)
+    }
     /// The uncompressed SEC1 point.
     pub fn as_sec1(&self) -> &[u8; PUBLIC_KEY_LEN] {
         &self.0
@@ -162,7 +187,7 @@ impl Verifier {
 #[non_exhaustive]
 pub enum AnchorError {
     /// The PKCS#11 module could not be loaded.
-    #[error("cannot load PKCS#11 module {module}")]
+    #[error("cannot load or initialize PKCS#11 module {module}")]
     ModuleLoad {
         /// Module path.
         module: PathBuf,
@@ -196,8 +221,8 @@ pub enum AnchorError {
         /// Variable name.
         var: String,
     },
-    /// The PIN file could not be read.
-    #[error("cannot read PIN file {path}")]
+    /// The PIN file could not be read, or its first line is empty.
+    #[error("cannot read a PIN from file {path}")]
     PinFile {
         /// File path.
         path: PathBuf,

@@ -1,8 +1,9 @@
 //! Parallel chunk hashing of a file or block device with bounded memory.
 //!
-//! Worker threads take chunk indices from a shared counter and read each chunk with a
-//! positioned read (`pread`), so no thread shares a file offset and memory stays at one chunk
-//! buffer per thread (plus 32 bytes per leaf).
+//! Worker threads take chunk indices from a shared counter and read each chunk with
+//! positioned reads (`pread`), so no thread shares a file offset. A chunk is read and hashed
+//! in pieces of at most [`READ_PIECE`] bytes, which stay in the core's L2 cache between the
+//! copy and the hash; memory is one piece buffer per thread plus 32 bytes per leaf.
 
 use std::fs::File;
 use std::io::{self, Seek, SeekFrom};
@@ -16,6 +17,9 @@ use sha2::{Digest as _, Sha256};
 use thiserror::Error;
 
 use super::manifest::{DEFAULT_CHUNK_SIZE, Hash, chunk_count};
+
+/// Bytes read and hashed at a time within a chunk (1 MiB, half a typical L2 cache).
+pub const READ_PIECE: u32 = 1024 * 1024;
 
 /// A progress hook: called with the total number of bytes hashed so far.
 pub type Progress<'a> = &'a (dyn Fn(u64) + Sync);
@@ -138,8 +142,8 @@ pub(crate) fn hash_chunks(
             .map(|_| {
                 s.spawn(|| {
                     let mut out = Vec::new();
-                    let mut buf = vec![0u8; chunk_size as usize];
-                    loop {
+                    let mut buf = vec![0u8; chunk_size.min(READ_PIECE) as usize];
+                    'chunks: loop {
                         if failed.load(Ordering::Relaxed) {
                             break;
                         }
@@ -148,24 +152,31 @@ pub(crate) fn hash_chunks(
                             break;
                         }
                         let offset = index * u64::from(chunk_size);
-                        let len = (size - offset).min(u64::from(chunk_size)) as usize;
-                        let Some(chunk) = buf.get_mut(..len) else {
-                            break;
-                        };
-                        if let Err(source) = file.read_exact_at(chunk, offset) {
-                            failed.store(true, Ordering::Relaxed);
-                            if let Ok(mut slot) = first_error.lock() {
-                                slot.get_or_insert(HashError::Read {
-                                    path: path.to_owned(),
-                                    index,
-                                    offset,
-                                    source,
-                                });
+                        let len = (size - offset).min(u64::from(chunk_size));
+                        let mut hasher = Sha256::new();
+                        let mut at = 0u64;
+                        while at < len {
+                            let piece_len = (len - at).min(buf.len() as u64) as usize;
+                            let Some(piece) = buf.get_mut(..piece_len) else {
+                                break 'chunks;
+                            };
+                            if let Err(source) = file.read_exact_at(piece, offset + at) {
+                                failed.store(true, Ordering::Relaxed);
+                                if let Ok(mut slot) = first_error.lock() {
+                                    slot.get_or_insert(HashError::Read {
+                                        path: path.to_owned(),
+                                        index,
+                                        offset,
+                                        source,
+                                    });
+                                }
+                                break 'chunks;
                             }
-                            break;
+                            hasher.update(&*piece);
+                            at += piece_len as u64;
                         }
-                        out.push((index, Sha256::digest(&*chunk).into()));
-                        let total = done.fetch_add(len as u64, Ordering::Relaxed) + len as u64;
+                        out.push((index, hasher.finalize().into()));
+                        let total = done.fetch_add(len, Ordering::Relaxed) + len;
                         if let Some(progress) = options.progress {
                             progress(total);
                         }

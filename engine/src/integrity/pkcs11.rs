@@ -54,6 +54,15 @@ impl Pin {
             source,
         })?;
         let line = text.lines().next().unwrap_or_default().to_owned();
+        if line.is_empty() {
+            return Err(AnchorError::PinFile {
+                path: path.to_owned(),
+                source: std::io::Error::new(
+                    std::io::ErrorKind::InvalidData,
+                    "the first line is empty",
+                ),
+            });
+        }
         Ok(Self(AuthPin::from(line)))
     }
     /// Wraps a PIN obtained some other way (a prompt, a secret store). Never pass a PIN on a
@@ -431,6 +440,19 @@ mod tests {
             point.as_slice()
         );
         assert!(ec_point(&[1, 2, 3]).is_err());
+    }
+
+    #[test]
+    fn pin_file_first_line_and_empty_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("pin");
+        std::fs::write(&path, "1234\r\nignored\n").unwrap();
+        assert!(Pin::from_file(&path).is_ok());
+        std::fs::write(&path, "\n").unwrap();
+        assert!(matches!(
+            Pin::from_file(&path),
+            Err(AnchorError::PinFile { .. })
+        ));
     }
 
     #[test]

@@ -18,9 +18,11 @@ use super::signed::SignedManifest;
 use super::{IntegrityError, check_manifest, compare_size, mismatch_error};
 use crate::state::StateStore;
 
+/// A hook called once with the first integrity failure of a [`VerifiedReader`].
+type FailureHook = Box<dyn FnMut(&IntegrityError) + Send>;
+
 /// A `Read + Seek` over an object that verifies each chunk against the signed manifest before
 /// returning any of its bytes.
-#[derive(Debug)]
 pub struct VerifiedReader<R> {
     inner: R,
     manifest: Manifest,
@@ -30,6 +32,20 @@ pub struct VerifiedReader<R> {
     buf: Vec<u8>,
     loaded: Option<u64>,
     failure: Option<(u64, u64, String)>,
+    on_failure: Option<FailureHook>,
+}
+
+impl<R> std::fmt::Debug for VerifiedReader<R> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("VerifiedReader")
+            .field("object_id", &self.manifest.object_id())
+            .field("version", &self.manifest.version())
+            .field("name", &self.name)
+            .field("pos", &self.pos)
+            .field("loaded", &self.loaded)
+            .field("failure", &self.failure)
+            .finish_non_exhaustive()
+    }
 }
 
 impl<R: Read + Seek> VerifiedReader<R> {
@@ -61,12 +77,20 @@ impl<R: Read + Seek> VerifiedReader<R> {
             buf: Vec::new(),
             loaded: None,
             failure: None,
+            on_failure: None,
         })
     }
 
     /// Names the object in errors by `path` instead of its object id.
     pub fn with_path(mut self, path: impl Into<PathBuf>) -> Self {
         self.name = path.into();
+        self
+    }
+
+    /// Calls `hook` with the first integrity failure (not with plain I/O errors), e.g. to
+    /// record it and block the node with [`super::record_failure`].
+    pub fn on_failure(mut self, hook: impl FnMut(&IntegrityError) + Send + 'static) -> Self {
+        self.on_failure = Some(Box::new(hook));
         self
     }
 
@@ -89,6 +113,9 @@ impl<R: Read + Seek> VerifiedReader<R> {
     fn poison(&mut self, err: IntegrityError, index: u64) -> io::Error {
         let offset = self.manifest.chunk_offset(index);
         self.failure = Some((index, offset, err.to_string()));
+        if let Some(hook) = self.on_failure.as_mut() {
+            hook(&err);
+        }
         self.loaded = None;
         io::Error::new(io::ErrorKind::InvalidData, err)
     }
@@ -195,5 +222,78 @@ impl<R: Read + Seek> Seek for VerifiedReader<R> {
                 "seek to a negative or overflowing position",
             )),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::integrity::anchor::Anchor as _;
+    use crate::integrity::manifest::sha256;
+    use crate::integrity::software::SoftwareAnchor;
+    use std::io::Cursor;
+    use std::sync::{Arc, Mutex};
+
+    fn setup(data: &[u8]) -> (SignedManifest, Verifier, StateStore, tempfile::TempDir) {
+        let dir = tempfile::tempdir().unwrap();
+        let anchor = SoftwareAnchor::generate(&dir.path().join("k")).unwrap();
+        let leaves = data.chunks(1024).map(sha256).collect();
+        let m = Manifest::new("r", 1, data.len() as u64, 1024, leaves).unwrap();
+        let sig = anchor.sign(&m.digest()).unwrap();
+        let signed = SignedManifest::new(m, sig, anchor.public_key().key_id());
+        let store = StateStore::open(&dir.path().join("s")).unwrap();
+        (
+            signed,
+            Verifier::new(anchor.public_key().clone()),
+            store,
+            dir,
+        )
+    }
+
+    #[test]
+    fn odd_reads_and_seeks_return_the_exact_bytes() {
+        let data: Vec<u8> = (0..5000u32).map(|i| (i % 253) as u8).collect();
+        let (signed, verifier, store, _dir) = setup(&data);
+        let mut r =
+            VerifiedReader::new(Cursor::new(data.clone()), &signed, &verifier, &store).unwrap();
+        let mut out = Vec::new();
+        let mut buf = [0u8; 333];
+        loop {
+            let n = r.read(&mut buf).unwrap();
+            if n == 0 {
+                break;
+            }
+            out.extend_from_slice(&buf[..n]);
+        }
+        assert_eq!(out, data);
+        assert_eq!(r.seek(SeekFrom::Current(-10)).unwrap(), 4990);
+        assert!(r.seek(SeekFrom::Current(-5000)).is_err());
+        assert_eq!(r.seek(SeekFrom::End(100)).unwrap(), 5100);
+        assert_eq!(r.read(&mut buf).unwrap(), 0);
+        r.seek(SeekFrom::Start(1023)).unwrap();
+        let mut two = [0u8; 2];
+        r.read_exact(&mut two).unwrap();
+        assert_eq!(two, [data[1023], data[1024]]);
+    }
+
+    #[test]
+    fn failure_hook_runs_once_and_reads_stay_refused() {
+        let data = vec![7u8; 3000];
+        let (signed, verifier, store, _dir) = setup(&data);
+        let mut bad = data.clone();
+        bad[2500] = 8;
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let sink = Arc::clone(&seen);
+        let mut r = VerifiedReader::new(Cursor::new(bad), &signed, &verifier, &store)
+            .unwrap()
+            .with_path("/data/r.bin")
+            .on_failure(move |e| sink.lock().unwrap().push(e.kind()));
+        r.seek(SeekFrom::Start(2048)).unwrap();
+        let e = r.read(&mut [0u8; 4]).unwrap_err();
+        assert!(e.to_string().contains("/data/r.bin"));
+        assert!(e.to_string().contains("chunk 2"));
+        r.seek(SeekFrom::Start(0)).unwrap();
+        assert!(r.read(&mut [0u8; 4]).is_err());
+        assert_eq!(*seen.lock().unwrap(), vec!["chunk-mismatch"]);
     }
 }

@@ -691,6 +691,59 @@ fn corrupt_signed_manifest_bytes_never_panic() {
     }
 }
 
+/// The manifest format and signature scheme, pinned by fixtures made with independent tools
+/// (Python hashlib for the encoding and RFC 6962 root, OpenSSL for the signature): see
+/// testdata/integrity/gen_*.
+#[test]
+fn known_answer_fixtures_from_independent_implementations() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../testdata/integrity");
+    let encoded = fs::read(dir.join("manifest-v1.bin")).unwrap();
+    let m = Manifest::decode(&encoded).unwrap();
+    assert_eq!(
+        (m.object_id(), m.version(), m.size(), m.chunk_size()),
+        ("testdata/known-answer", 42, 6644, 1024)
+    );
+    assert_eq!(
+        hex(m.root()),
+        "66e36ad713a4f25a4d942965b694bdd2de6ed9f070336ef20413b2868540b172"
+    );
+    assert_eq!(
+        hex(&m.digest()),
+        "51c94f839d9ee836953d727991a9f0bf6f71bda88ffb84489fe56b7a46cb4fad"
+    );
+    assert_eq!(m.encode(), encoded);
+    // Hashing the object reproduces the manifest byte for byte.
+    let o = HashOptions {
+        chunk_size: 1024,
+        ..HashOptions::default()
+    };
+    let h = integrity::hash_file(&dir.join("object-7chunks.bin"), &o).unwrap();
+    let rebuilt = Manifest::new("testdata/known-answer", 42, h.size, 1024, h.leaves).unwrap();
+    assert_eq!(rebuilt.encode(), encoded);
+
+    // An OpenSSL signature over the digest verifies with the pinned key, and the object too.
+    let key = fs::read_to_string(dir.join("signer-public-key.hex")).unwrap();
+    let key = probity::integrity::PublicKey::from_hex(&key).unwrap();
+    assert_eq!(key.to_hex().len(), 130);
+    let verifier = Verifier::new(key);
+    let signed =
+        SignedManifest::decode(&fs::read(dir.join("signed-manifest-v1.bin")).unwrap()).unwrap();
+    assert_eq!(signed.manifest(), &m);
+    signed.check_signature(&verifier).unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let store = StateStore::open(tmp.path()).unwrap();
+    let report = integrity::verify_object(
+        &dir.join("object-7chunks.bin"),
+        &signed,
+        &verifier,
+        &store,
+        &VerifyOptions::default(),
+    )
+    .unwrap();
+    assert_eq!(report.chunks, 7);
+    assert!(probity::integrity::PublicKey::from_hex("04zz").is_err());
+}
+
 // ---------------------------------------------------------------- SoftHSM2 anchor
 
 #[test]
