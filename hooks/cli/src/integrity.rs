@@ -106,23 +106,8 @@ fn trusted_key_path(state: &StateArgs) -> PathBuf {
 fn read_public_key(path: &Path) -> Result<PublicKey> {
     let text = std::fs::read_to_string(path)
         .with_context(|| format!("cannot read the public key {}", path.display()))?;
-    let bytes = unhex(text.trim())
-        .with_context(|| format!("{} is not a hex-encoded public key", path.display()))?;
-    Ok(PublicKey::from_sec1(&bytes)?)
-}
-
-fn unhex(s: &str) -> Result<Vec<u8>> {
-    if !s.len().is_multiple_of(2) {
-        bail!("odd number of hex digits");
-    }
-    (0..s.len())
-        .step_by(2)
-        .map(|i| {
-            s.get(i..i + 2)
-                .and_then(|pair| u8::from_str_radix(pair, 16).ok())
-                .with_context(|| format!("bad hex digit at offset {i}"))
-        })
-        .collect()
+    PublicKey::from_hex(&text)
+        .with_context(|| format!("{} is not a hex-encoded SEC1 public key", path.display()))
 }
 
 /// A progress bar on a terminal, nothing otherwise.
@@ -189,7 +174,7 @@ pub fn seal(
     // Pin the signing key on first use, so that `verify` on this host needs no flag.
     let pinned = trusted_key_path(state_args);
     if !pinned.exists() {
-        std::fs::write(&pinned, hex(anchor.public_key().as_sec1()))
+        std::fs::write(&pinned, anchor.public_key().to_hex())
             .with_context(|| format!("cannot write {}", pinned.display()))?;
     }
     let m = signed.manifest();
