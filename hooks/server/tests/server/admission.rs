@@ -386,3 +386,30 @@ async fn delete_and_missing_objects_are_allowed() {
     );
     assert_eq!(validate(&s, &r).await["allowed"], true);
 }
+
+fn yaml_pods(name: &str) -> Vec<Value> {
+    let text = std::fs::read_to_string(root().join("testdata/k8s").join(name)).unwrap();
+    serde_norway::Deserializer::from_str(&text)
+        .map(|d| serde::Deserialize::deserialize(d).unwrap())
+        .collect()
+}
+
+#[tokio::test]
+async fn the_chainsaw_pods_in_inference_are_denied_exactly_when_they_want_gpus_without_cpus() {
+    let s = state();
+    let good = yaml_pods("chainsaw-test-pods-good.yaml");
+    let bad = yaml_pods("chainsaw-test-pods-bad.yaml");
+    assert!(good.len() >= 3 && bad.len() >= 2);
+    for (pods, allowed) in [(good, true), (bad, false)] {
+        for pod in pods {
+            let name = pod["metadata"]["name"].clone();
+            let r = validate(&s, &review("Pod", "inference", pod.clone())).await;
+            assert_eq!(r["allowed"], allowed, "{name}: {r}");
+            // In their own namespace the ratio rule does not apply.
+            let mut own = review("Pod", "", pod);
+            own["request"].as_object_mut().unwrap().remove("namespace");
+            let r = validate(&s, &own).await;
+            assert_eq!(r["allowed"], true, "{name}: {r}");
+        }
+    }
+}

@@ -503,3 +503,41 @@ async fn no_request_fails_while_policies_reload_under_load() {
     assert_eq!(status.last_error, None);
     running.stop().await;
 }
+
+#[tokio::test]
+async fn shutdown_finishes_a_request_in_flight_and_then_refuses_connections() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut config = no_socket();
+    config.server.listen = Some("127.0.0.1:0".parse().unwrap());
+    config.server.insecure = true;
+    let mut running = Running::start(config).await;
+    let addr = running.addr.unwrap();
+    let body = serde_json::to_vec(&json!({"principal": "Workload::\"train-1\"", "action": "schedule", "resource": "Node::\"gpu-blocked\""})).unwrap();
+    let (first, rest) = body.split_at(body.len() / 2);
+    let mut tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let head = format!(
+        "POST /v1/decide HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+        body.len()
+    );
+    tcp.write_all(head.as_bytes()).await.unwrap();
+    tcp.write_all(first).await.unwrap();
+    tcp.flush().await.unwrap();
+    // Let the server read the head and start the handler, which now waits for the body.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let _ = running.stop.take().unwrap().send(());
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    tcp.write_all(rest).await.unwrap();
+    let mut response = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), tcp.read_to_end(&mut response))
+        .await
+        .unwrap()
+        .unwrap();
+    let response = String::from_utf8_lossy(&response);
+    assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+    assert!(response.contains("\"decision\":\"deny\""), "{response}");
+    tokio::time::timeout(Duration::from_secs(20), running.task)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(tokio::net::TcpStream::connect(addr).await.is_err());
+}
