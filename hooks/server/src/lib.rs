@@ -179,17 +179,13 @@ async fn timeout(State(state): State<AppState>, req: HttpRequest, next: Next) ->
 
 async fn observe(State(state): State<AppState>, req: HttpRequest, next: Next) -> Response {
     let start = Instant::now();
-    let route = req
-        .extensions()
-        .get::<MatchedPath>()
-        .map_or("unmatched", |p| p.as_str())
-        .to_owned();
-    let method = req.method().clone();
+    let route = req.extensions().get::<MatchedPath>().cloned();
+    let route = route.as_ref().map_or("unmatched", MatchedPath::as_str);
     let response = next.run(req).await;
     let took = start.elapsed();
     let status = response.status().as_u16();
-    state.metrics().record_response(&route, status, took);
-    tracing::debug!(%method, route, status, micros = took.as_micros() as u64, "request");
+    state.metrics().record_response(route, status, took);
+    tracing::trace!(route, status, micros = took.as_micros() as u64, "request");
     response
 }
 

@@ -1,10 +1,10 @@
 //! Prometheus metrics in the text exposition format, hand-written: a few counters and
 //! fixed-bucket latency histograms kept in atomics, so recording never blocks deciding.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, RwLock};
+use std::sync::{Mutex, PoisonError, RwLock};
 use std::time::Duration;
 
 use probity::{Decision, Effect, PolicyStatus};
@@ -14,6 +14,13 @@ const BUCKETS: [f64; 14] = [
     0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
     5.0,
 ];
+
+#[derive(Default)]
+struct RouteStats {
+    latency: Histogram,
+    /// Responses by status class: 1xx..5xx.
+    classes: [AtomicU64; 5],
+}
 
 #[derive(Default)]
 struct Histogram {
@@ -41,14 +48,12 @@ impl Histogram {
 pub(crate) struct Metrics {
     allow: AtomicU64,
     deny: AtomicU64,
-    /// (outcome, policy) -> count of decisions that policy determined.
-    by_policy: Mutex<BTreeMap<(&'static str, String), u64>>,
+    /// policy -> decisions it determined, [allow, deny]. Read-locked on the hot path.
+    by_policy: RwLock<HashMap<String, [AtomicU64; 2]>>,
     /// (endpoint, allowed) -> admission reviews answered.
     reviews: Mutex<BTreeMap<(&'static str, bool), u64>>,
-    /// (route, status) -> HTTP responses.
-    responses: Mutex<BTreeMap<(String, u16), u64>>,
-    /// route -> request latency.
-    latency: RwLock<BTreeMap<String, Histogram>>,
+    /// route -> request latency and responses by status class.
+    routes: RwLock<HashMap<String, RouteStats>>,
     decide_latency: Histogram,
 }
 
@@ -58,21 +63,35 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 impl Metrics {
     pub fn record_decision(&self, d: &Decision, took: Duration) {
-        let outcome = match d.decision {
+        let index = match d.decision {
             Effect::Allow => {
                 self.allow.fetch_add(1, Ordering::Relaxed);
-                "allow"
+                0
             }
             Effect::Deny => {
                 self.deny.fetch_add(1, Ordering::Relaxed);
-                "deny"
+                1
             }
         };
         self.decide_latency.observe(took);
-        if !d.reasons.is_empty() {
-            let mut map = lock(&self.by_policy);
-            for r in &d.reasons {
-                *map.entry((outcome, r.policy.clone())).or_default() += 1;
+        for r in &d.reasons {
+            let read = self
+                .by_policy
+                .read()
+                .unwrap_or_else(PoisonError::into_inner);
+            if let Some(counts) = read.get(&r.policy) {
+                if let Some(c) = counts.get(index) {
+                    c.fetch_add(1, Ordering::Relaxed);
+                }
+            } else {
+                drop(read);
+                let mut write = self
+                    .by_policy
+                    .write()
+                    .unwrap_or_else(PoisonError::into_inner);
+                if let Some(c) = write.entry(r.policy.clone()).or_default().get(index) {
+                    c.fetch_add(1, Ordering::Relaxed);
+                }
             }
         }
     }
@@ -82,25 +101,21 @@ impl Metrics {
     }
 
     pub fn record_response(&self, route: &str, status: u16, took: Duration) {
-        {
-            let read = self
-                .latency
-                .read()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            if let Some(h) = read.get(route) {
-                h.observe(took);
-            } else {
-                drop(read);
-                let mut write = self
-                    .latency
-                    .write()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner);
-                write.entry(route.to_owned()).or_default().observe(took);
+        let class = usize::from(status / 100).saturating_sub(1).min(4);
+        let note = |r: &RouteStats| {
+            r.latency.observe(took);
+            if let Some(c) = r.classes.get(class) {
+                c.fetch_add(1, Ordering::Relaxed);
             }
+        };
+        let read = self.routes.read().unwrap_or_else(PoisonError::into_inner);
+        if let Some(r) = read.get(route) {
+            note(r);
+        } else {
+            drop(read);
+            let mut write = self.routes.write().unwrap_or_else(PoisonError::into_inner);
+            note(write.entry(route.to_owned()).or_default());
         }
-        *lock(&self.responses)
-            .entry((route.to_owned(), status))
-            .or_default() += 1;
     }
 
     /// The text exposition.
@@ -120,12 +135,28 @@ impl Metrics {
             out,
             "# HELP probity_decision_reasons_total Decisions by the policy that determined them.\n# TYPE probity_decision_reasons_total counter"
         );
-        for ((outcome, policy), n) in lock(&self.by_policy).iter() {
-            let _ = writeln!(
-                out,
-                "probity_decision_reasons_total{{outcome=\"{outcome}\",policy=\"{}\"}} {n}",
-                escape(policy)
-            );
+        let by_policy: BTreeMap<String, [u64; 2]> = self
+            .by_policy
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .map(|(p, [a, d])| {
+                (
+                    p.clone(),
+                    [a.load(Ordering::Relaxed), d.load(Ordering::Relaxed)],
+                )
+            })
+            .collect();
+        for (policy, counts) in &by_policy {
+            for (outcome, n) in ["allow", "deny"].iter().zip(counts) {
+                if *n > 0 {
+                    let _ = writeln!(
+                        out,
+                        "probity_decision_reasons_total{{outcome=\"{outcome}\",policy=\"{}\"}} {n}",
+                        escape(policy)
+                    );
+                }
+            }
         }
         let _ = writeln!(
             out,
@@ -141,12 +172,21 @@ impl Metrics {
             out,
             "# HELP probity_http_responses_total HTTP responses, by route and status.\n# TYPE probity_http_responses_total counter"
         );
-        for ((route, code), n) in lock(&self.responses).iter() {
-            let _ = writeln!(
-                out,
-                "probity_http_responses_total{{route=\"{}\",status=\"{code}\"}} {n}",
-                escape(route)
-            );
+        let routes = self.routes.read().unwrap_or_else(PoisonError::into_inner);
+        let mut sorted: Vec<(&String, &RouteStats)> = routes.iter().collect();
+        sorted.sort_by(|a, b| a.0.cmp(b.0));
+        for (route, stats) in &sorted {
+            for (i, c) in stats.classes.iter().enumerate() {
+                let n = c.load(Ordering::Relaxed);
+                if n > 0 {
+                    let _ = writeln!(
+                        out,
+                        "probity_http_responses_total{{route=\"{}\",status=\"{}xx\"}} {n}",
+                        escape(route),
+                        i + 1
+                    );
+                }
+            }
         }
         let _ = writeln!(
             out,
@@ -162,15 +202,16 @@ impl Metrics {
             out,
             "# HELP probity_http_request_duration_seconds HTTP request latency, by route.\n# TYPE probity_http_request_duration_seconds histogram"
         );
-        for (route, h) in self
-            .latency
-            .read()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .iter()
-        {
+        for (route, stats) in &sorted {
             let label = format!("route=\"{}\",", escape(route));
-            write_histogram(&mut out, "probity_http_request_duration_seconds", &label, h);
+            write_histogram(
+                &mut out,
+                "probity_http_request_duration_seconds",
+                &label,
+                &stats.latency,
+            );
         }
+        drop(routes);
         let gauges: [(&str, &str, &str, u64); 6] = [
             (
                 "probity_policy_reloads_total",
