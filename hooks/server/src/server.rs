@@ -13,7 +13,7 @@ use std::time::Duration;
 use axum::Router;
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
-use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::server::graceful::{GracefulShutdown, Watcher};
 use probity::{Engine, ReloadWatcher};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
@@ -195,11 +195,14 @@ impl Server {
             let _ = std::fs::remove_file(p);
         }
         let grace = Duration::from_millis(self.state.config().server.shutdown_grace_ms);
-        let graceful = Arc::try_unwrap(graceful).map_err(|_| ()).ok();
-        if let Some(g) = graceful
-            && tokio::time::timeout(grace, g.shutdown()).await.is_err()
-        {
-            tracing::warn!("shutdown grace period over; closing remaining connections");
+        // The accept loops have ended, so this is the last reference.
+        match Arc::try_unwrap(graceful) {
+            Ok(g) => {
+                if tokio::time::timeout(grace, g.shutdown()).await.is_err() {
+                    tracing::warn!("shutdown grace period over; closing remaining connections");
+                }
+            }
+            Err(_) => tracing::warn!("connections still referenced at shutdown; not waiting"),
         }
         tracing::info!("stopped");
         Ok(())
@@ -293,7 +296,7 @@ async fn accept_unix(
         match accepted {
             Ok((stream, _)) => {
                 let caller = stream.peer_cred().ok().map(|c| Caller::unix_uid(c.uid()));
-                serve_connection(stream, caller, router.clone(), &graceful);
+                serve_connection(stream, caller, router.clone(), graceful.watcher());
             }
             Err(e) => {
                 tracing::warn!(error = %e, "accept failed");
@@ -325,11 +328,12 @@ async fn accept_tcp(
         };
         let _ = stream.set_nodelay(true);
         match &acceptor {
-            None => serve_connection(stream, None, router.clone(), &graceful),
+            None => serve_connection(stream, None, router.clone(), graceful.watcher()),
             Some(acceptor) => {
                 let acceptor = acceptor.clone();
                 let router = router.clone();
-                let graceful = Arc::clone(&graceful);
+                // Watched from accept on, so a shutdown waits for the handshake too.
+                let watcher = graceful.watcher();
                 tokio::spawn(async move {
                     let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream))
                         .await
@@ -351,14 +355,14 @@ async fn accept_tcp(
                         .and_then(|c| c.first())
                         .and_then(|c| certificate_common_name(c))
                         .map(|cn| Caller::common_name(&cn));
-                    serve_connection(tls, caller, router, &graceful);
+                    serve_connection(tls, caller, router, watcher);
                 });
             }
         }
     }
 }
 
-fn serve_connection<I>(io: I, caller: Option<Caller>, router: Router, graceful: &GracefulShutdown)
+fn serve_connection<I>(io: I, caller: Option<Caller>, router: Router, watcher: Watcher)
 where
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
@@ -372,7 +376,7 @@ where
         .timer(hyper_util::rt::TokioTimer::new())
         .header_read_timeout(Duration::from_secs(30))
         .serve_connection(TokioIo::new(io), service);
-    let conn = graceful.watch(conn);
+    let conn = watcher.watch(conn);
     tokio::spawn(async move {
         if let Err(e) = conn.await {
             tracing::debug!(error = %e, "connection ended with an error");
