@@ -2,8 +2,10 @@
 //! any JSON-over-HTTP decision server such as cedar-agent).
 //!
 //! Closed loop (each connection sends its next request when the last one is answered) or
-//! fixed rate (requests scheduled at `--rate` per second in total; latency counted from
-//! the scheduled time, so a stalled server cannot hide its queueing). Always bounded:
+//! fixed rate (requests scheduled at `--rate` per second in total; a request sent late
+//! because the previous one on its connection was slow is timed from its scheduled time,
+//! so a stalled server cannot hide its queueing; one sent on time is timed from the send,
+//! since tokio's 1 ms timer would otherwise add its own lag). Always bounded:
 //! it stops at `--requests` or `--duration`, whichever comes first.
 //!
 //! ```text
@@ -206,9 +208,14 @@ async fn run(o: Opts) {
                         let at = start + off + iv * n;
                         n += 1;
                         if at > now {
+                            // On time: wait, and measure from the actual send, since
+                            // tokio's timer wakes up to 1 ms late and that lag is ours.
                             tokio::time::sleep_until(at.into()).await;
+                            Instant::now()
+                        } else {
+                            // Behind schedule: the backlog counts against the server.
+                            at
                         }
-                        at
                     }
                     _ => now,
                 };
