@@ -21,6 +21,23 @@
 //! | `POST /v1/admission/validate`, `/v1/admission/mutate` | AdmissionReview v1 |
 //! | `GET /healthz`, `/readyz`, `/metrics` | liveness, readiness, Prometheus |
 //!
+//! Running it: `cargo run -p probity-cli -- serve` serves the embedded default policies
+//! on `/run/probity/probity.sock` (mode 0660; the directory is created), where root is an
+//! administrator; `probity serve --listen 127.0.0.1:8181 --insecure` adds plain HTTP on
+//! loopback (refused on any other address); `--listen 0.0.0.0:8443 --tls-cert C --tls-key K
+//! [--client-ca CA]` serves TLS (mTLS). `--policies DIR` hot-reloads a policy directory;
+//! `--config FILE` reads every option (see `probity-server.toml`).
+//!
+//! ```sh
+//! curl --unix-socket /run/probity/probity.sock http://probity/v1/decide \
+//!   -d '{"principal": "Workload::\"w\"", "action": "admit", "resource": "Namespace::\"default\""}'
+//! ```
+//!
+//! Who may change state is itself policy: the server asks the engine
+//! `ApiCaller::"<identity>"` / `Action::"manage"` / `Api::"entities"` or `Api::"nodes"`,
+//! with the caller's groups (from the configuration) as request-scoped parents. A policy
+//! directory without the `api/` policies therefore permits no state change.
+//!
 //! ```
 //! use probity_server::{AppState, Config, app};
 //! use tower::ServiceExt;

@@ -413,3 +413,59 @@ async fn the_chainsaw_pods_in_inference_are_denied_exactly_when_they_want_gpus_w
         }
     }
 }
+
+#[tokio::test]
+async fn every_prefix_and_retyping_of_a_real_review_gets_an_answer_not_a_crash() {
+    let s = state();
+    let text =
+        std::fs::read(root().join("testdata/k8s/admissionreview-pod-create-replicaset.json"))
+            .unwrap();
+    // Truncations: bounded, one every 97 bytes.
+    for end in (0..text.len()).step_by(97) {
+        let (status, body) = call_raw(
+            &s,
+            Method::POST,
+            "/v1/admission/validate",
+            text[..end].to_vec(),
+            None,
+        )
+        .await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "prefix {end}: {body}");
+        assert_eq!(body["code"], 400);
+    }
+    // Every field replaced by values of the wrong type.
+    let review = fixture("admissionreview-pod-create-replicaset.json");
+    let mut paths = Vec::new();
+    fn walk(v: &Value, path: String, out: &mut Vec<String>) {
+        out.push(path.clone());
+        if let Value::Object(m) = v {
+            for (k, c) in m {
+                walk(
+                    c,
+                    format!("{path}/{}", k.replace('~', "~0").replace('/', "~1")),
+                    out,
+                );
+            }
+        } else if let Value::Array(a) = v {
+            for (i, c) in a.iter().enumerate() {
+                walk(c, format!("{path}/{i}"), out);
+            }
+        }
+    }
+    walk(&review, String::new(), &mut paths);
+    for path in paths.iter().filter(|p| !p.is_empty()) {
+        for replacement in [json!(null), json!(7), json!("x"), json!([]), json!({})] {
+            let mut r = review.clone();
+            *r.pointer_mut(path).unwrap() = replacement.clone();
+            let (status, body) =
+                call(&s, Method::POST, "/v1/admission/mutate", Some(&r), None).await;
+            assert!(
+                status == StatusCode::OK || status == StatusCode::BAD_REQUEST,
+                "{path} = {replacement}: {status} {body}"
+            );
+            if status == StatusCode::OK {
+                assert_eq!(body["response"]["uid"], r["request"]["uid"], "{path}");
+            }
+        }
+    }
+}
