@@ -172,8 +172,9 @@ pub fn app(state: AppState) -> Router {
         .route("/metrics", get(metrics_text))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
-        .layer(middleware::from_fn_with_state(state.clone(), timeout))
+        // Innermost first: a request waiting for a concurrency slot is inside its timeout.
         .layer(tower::limit::GlobalConcurrencyLimitLayer::new(concurrency))
+        .layer(middleware::from_fn_with_state(state.clone(), timeout))
         .layer(DefaultBodyLimit::max(limit))
         .layer(middleware::from_fn_with_state(state.clone(), observe))
         .with_state(state)

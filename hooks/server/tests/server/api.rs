@@ -315,3 +315,34 @@ async fn unknown_routes_methods_and_oversized_bodies_are_json_errors() {
         json!({"error": "request body is over the limit of 1024 bytes", "code": 413})
     );
 }
+
+/// A request body that never arrives.
+struct Never;
+
+impl hyper::body::Body for Never {
+    type Data = hyper::body::Bytes;
+    type Error = std::convert::Infallible;
+    fn poll_frame(
+        self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Self::Data>, Self::Error>>> {
+        std::task::Poll::Pending
+    }
+}
+
+#[tokio::test]
+async fn a_stalled_request_times_out_with_a_json_error() {
+    use http_body_util::BodyExt;
+    use tower::ServiceExt;
+    let mut config = Config::default();
+    config.server.request_timeout_ms = 100;
+    let router = probity_server::app(state_with(config));
+    let stalled = axum::http::Request::post("/v1/decide")
+        .body(axum::body::Body::new(Never))
+        .unwrap();
+    let response = router.oneshot(stalled).await.unwrap();
+    assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    let body: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(body, json!({"error": "request timed out", "code": 503}));
+}
