@@ -54,25 +54,33 @@ pub fn init_logging(log: &LogConfig) {
     };
 }
 
-/// Resolves at SIGTERM or SIGINT.
-pub async fn shutdown_signal() {
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
+/// Resolves at SIGTERM or SIGINT. The handlers are installed when this is called (inside
+/// a tokio runtime), so a signal that comes before the future is first polled still counts.
+pub fn shutdown_signal() -> impl Future<Output = ()> {
+    use tokio::signal::unix::{Signal, SignalKind, signal};
+    let term = signal(SignalKind::terminate()).ok();
+    let int = signal(SignalKind::interrupt()).ok();
+    async fn recv(s: Option<Signal>) {
+        match s {
+            Some(mut s) => {
                 s.recv().await;
             }
-            Err(_) => std::future::pending::<()>().await,
+            None => std::future::pending::<()>().await,
         }
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        () = term => {}
+    }
+    async move {
+        tokio::select! {
+            () = recv(term) => {}
+            () = recv(int) => {}
+        }
     }
 }
 
 /// Binds as configured and serves until SIGTERM or SIGINT.
 pub async fn serve(config: Config) -> Result<(), ServeError> {
-    Server::bind(config).await?.run(shutdown_signal()).await
+    // Before binding: a signal as soon as the socket exists must stop the server cleanly.
+    let stop = shutdown_signal();
+    Server::bind(config).await?.run(stop).await
 }
 
 fn load_engine(config: &Config) -> Result<Engine, ServeError> {
