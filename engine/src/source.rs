@@ -44,6 +44,7 @@ macro_rules! embedded {
 /// The default policies, compiled in so that a first run needs no files.
 /// A test checks this list against the policies/ directory.
 pub(crate) const EMBEDDED_POLICIES: &[(&str, &str)] = embedded![
+    "api/manage.cedar",
     "integrity/checkpoints.cedar",
     "placement/admission.cedar",
     "placement/scheduling.cedar",

@@ -113,7 +113,7 @@ fn negative_threshold_is_rejected_with_its_location() {
 #[test]
 fn empty_policy_directory_denies_everything() {
     let dir = policy_copy();
-    for sub in ["security", "placement", "thermal", "integrity"] {
+    for sub in ["api", "security", "placement", "thermal", "integrity"] {
         std::fs::remove_dir_all(dir.path().join(sub)).unwrap();
     }
     let engine = Engine::builder(dir.path()).build().unwrap();

@@ -1,8 +1,9 @@
-//! `probity`: check, evaluate and test policies from the command line.
+//! `probity`: serve, check, evaluate and test policies from the command line.
 //!
 //! Exit codes (also in README.md):
 //! 0 allow / success, 1 deny, 2 usage error, 3 invalid policy set,
-//! 4 failed policy tests, 5 integrity failure (verify), 8 unreadable or malformed input.
+//! 4 failed policy tests, 5 integrity failure (verify), 8 unreadable or malformed input,
+//! 9 the server could not start or failed (bad server configuration, listener, TLS material).
 
 mod integrity;
 
@@ -21,6 +22,7 @@ mod exit {
     pub const TESTS_FAILED: u8 = 4;
     pub const INTEGRITY_FAILURE: u8 = 5;
     pub const BAD_INPUT: u8 = 8;
+    pub const SERVE_FAILED: u8 = 9;
 }
 
 /// Largest entities file `probity eval` reads.
@@ -39,6 +41,9 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Serve the sidecar API and the Kubernetes admission webhook (see
+    /// hooks/server/probity-server.toml for every option and its default).
+    Serve(ServeArgs),
     /// Parse and validate a policy directory (policies, schema, thresholds).
     Check {
         /// The policy directory.
@@ -125,6 +130,43 @@ enum Command {
 }
 
 #[derive(Args)]
+struct ServeArgs {
+    /// Configuration file (TOML); flags override it.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Policy directory, hot-reloaded on change [default: the embedded policies].
+    #[arg(long)]
+    policies: Option<PathBuf>,
+    /// Cedar entity JSON to load into the store at start.
+    #[arg(long)]
+    entities: Option<PathBuf>,
+    /// Unix socket path [default: /run/probity/probity.sock].
+    #[arg(long, conflicts_with = "no_socket")]
+    socket: Option<PathBuf>,
+    /// Listen on no Unix socket (only on --listen).
+    #[arg(long)]
+    no_socket: bool,
+    /// TCP address to listen on, with TLS unless --insecure (e.g. 0.0.0.0:8443).
+    #[arg(long)]
+    listen: Option<std::net::SocketAddr>,
+    /// Plain HTTP on --listen; allowed only on loopback addresses.
+    #[arg(long)]
+    insecure: bool,
+    /// PEM certificate chain for TLS.
+    #[arg(long)]
+    tls_cert: Option<PathBuf>,
+    /// PEM private key for TLS.
+    #[arg(long)]
+    tls_key: Option<PathBuf>,
+    /// PEM CA bundle: require client certificates it signed (mTLS).
+    #[arg(long)]
+    client_ca: Option<PathBuf>,
+    /// Log format: text or json.
+    #[arg(long, value_parser = ["text", "json"])]
+    log_format: Option<String>,
+}
+
+#[derive(Args)]
 struct SchemaConfig {
     /// Schema file [default: DIR/probity.cedarschema].
     #[arg(long)]
@@ -171,6 +213,7 @@ fn main() -> ExitCode {
 
 fn run(cli: Cli) -> Result<u8> {
     match cli.command {
+        Command::Serve(args) => serve(args),
         Command::Check { dir, files } => check(&dir, &files),
         Command::Eval {
             request,
@@ -223,6 +266,57 @@ fn run(cli: Cli) -> Result<u8> {
             &policies,
         ),
         Command::Nodes { command, state } => integrity::nodes(&command, &state),
+    }
+}
+
+fn serve(args: ServeArgs) -> Result<u8> {
+    use probity_server::{Config, LogFormat};
+    let mut config = match &args.config {
+        Some(path) => match Config::from_file(path) {
+            Ok(c) => c,
+            Err(e) => {
+                eprintln!("error: {e}");
+                return Ok(exit::SERVE_FAILED);
+            }
+        },
+        None => Config::default(),
+    };
+    let s = &mut config.server;
+    if let Some(p) = args.socket {
+        s.socket = p;
+    }
+    if args.no_socket {
+        s.socket = PathBuf::new();
+    }
+    if args.listen.is_some() {
+        s.listen = args.listen;
+    }
+    s.insecure |= args.insecure;
+    s.tls_cert = args.tls_cert.or(s.tls_cert.take());
+    s.tls_key = args.tls_key.or(s.tls_key.take());
+    s.client_ca = args.client_ca.or(s.client_ca.take());
+    if args.policies.is_some() {
+        config.policies.dir = args.policies;
+    }
+    if args.entities.is_some() {
+        config.policies.entities = args.entities;
+    }
+    match args.log_format.as_deref() {
+        Some("json") => config.log.format = LogFormat::Json,
+        Some(_) => config.log.format = LogFormat::Text,
+        None => {}
+    }
+    probity_server::init_logging(&config.log);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    match runtime.block_on(probity_server::serve(config)) {
+        Ok(()) => Ok(exit::ALLOW),
+        Err(e) => {
+            eprintln!("error: {:#}", anyhow::Error::new(e));
+            Ok(exit::SERVE_FAILED)
+        }
     }
 }
 

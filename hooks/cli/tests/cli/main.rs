@@ -43,7 +43,7 @@ fn check_passes_on_the_shipped_policies() {
     let out = probity(&["check", "policies"]);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     assert!(
-        text(&out.stdout).starts_with("ok: 22 policies in 7 files"),
+        text(&out.stdout).starts_with("ok: 27 policies in 8 files"),
         "{}",
         text(&out.stdout)
     );
@@ -66,7 +66,7 @@ fn check_names_file_line_and_column_of_a_broken_file() {
 #[test]
 fn check_refuses_an_empty_directory() {
     let dir = copy_policies();
-    for sub in ["security", "placement", "thermal", "integrity"] {
+    for sub in ["api", "security", "placement", "thermal", "integrity"] {
         std::fs::remove_dir_all(dir.path().join(sub)).unwrap();
     }
     let out = probity(&["check", dir.path().to_str().unwrap()]);
@@ -188,10 +188,96 @@ fn test_fails_with_its_own_exit_code_when_a_case_fails() {
 }
 
 #[test]
-fn serve_is_not_built_yet_and_says_so() {
-    let out = probity(&["serve"]);
-    assert_eq!(out.status.code(), Some(2));
-    assert!(text(&out.stderr).contains("serve"), "{}", text(&out.stderr));
+fn serve_help_documents_its_flags() {
+    let out = probity(&["serve", "--help"]);
+    assert_eq!(out.status.code(), Some(0));
+    let help = text(&out.stdout);
+    for flag in [
+        "--config",
+        "--policies",
+        "--entities",
+        "--socket",
+        "--no-socket",
+        "--listen",
+        "--insecure",
+        "--tls-cert",
+        "--tls-key",
+        "--client-ca",
+        "--log-format",
+    ] {
+        assert!(
+            help.contains(flag),
+            "serve --help does not mention {flag}:\n{help}"
+        );
+    }
+}
+
+#[test]
+fn serve_with_a_bad_config_file_exits_9_naming_the_file_and_the_option() {
+    let tmp = tempfile::tempdir().unwrap();
+    let config = tmp.path().join("probity-server.toml");
+    std::fs::write(&config, "[server]\nsockett = \"/tmp/x.sock\"\n").unwrap();
+    let out = probity(&["serve", "--config", config.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(9));
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("probity-server.toml") && err.contains("sockett"),
+        "{err}"
+    );
+}
+
+#[test]
+fn serve_refuses_plain_http_off_loopback() {
+    let out = probity(&[
+        "serve",
+        "--no-socket",
+        "--listen",
+        "0.0.0.0:0",
+        "--insecure",
+    ]);
+    assert_eq!(out.status.code(), Some(9));
+    assert!(
+        text(&out.stderr).contains("only on loopback"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
+#[test]
+fn serve_listens_on_its_socket_and_stops_cleanly_on_sigterm() {
+    let tmp = tempfile::tempdir().unwrap();
+    let socket = tmp.path().join("run/probity.sock");
+    let child = Command::new(env!("CARGO_BIN_EXE_probity"))
+        .args([
+            "serve",
+            "--socket",
+            socket.to_str().unwrap(),
+            "--log-format",
+            "json",
+        ])
+        .current_dir(root())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !socket.exists() && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert!(socket.exists(), "the server never created its socket");
+    let killed = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(!socket.exists(), "the socket outlived the server");
+    let logs = text(&out.stderr);
+    assert!(
+        logs.lines()
+            .any(|l| l.starts_with('{') && l.contains("\"shutting down")),
+        "{logs}"
+    );
 }
 
 fn probity_env(args: &[&str], env: &[(&str, &std::ffi::OsStr)]) -> Output {

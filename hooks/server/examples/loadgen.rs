@@ -1,0 +1,255 @@
+//! A small HTTP/1.1 keep-alive load generator for `probity serve` (and, for comparison,
+//! any JSON-over-HTTP decision server such as cedar-agent).
+//!
+//! Closed loop (each connection sends its next request when the last one is answered) or
+//! fixed rate (requests scheduled at `--rate` per second in total; a request sent late
+//! because the previous one on its connection was slow is timed from its scheduled time,
+//! so a stalled server cannot hide its queueing; one sent on time is timed from the send,
+//! since tokio's 1 ms timer would otherwise add its own lag). Always bounded:
+//! it stops at `--requests` or `--duration`, whichever comes first.
+//!
+//! ```text
+//! cargo run --release -p probity-server --example loadgen -- \
+//!     --tcp 127.0.0.1:8181 --path /v1/decide --body request.json \
+//!     --connections 4 --rate 10000 --duration 10 --requests 200000
+//! ```
+//!
+//! Options: `--tcp ADDR` or `--unix PATH`; `--tls-ca PEM` (TLS to `localhost`);
+//! `--path`, `--body FILE`, `--connections N` (default 1), `--rate R` (default 0:
+//! closed loop), `--requests N` (default 100000), `--duration SECS` (default 10),
+//! `--warmup N` requests per connection not counted (default 100),
+//! `--expect TEXT` (a response must contain it), `--threads N` (client threads, default 1).
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::indexing_slicing,
+    clippy::panic
+)]
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use http_body_util::{BodyExt, Full};
+use hyper::body::Bytes;
+use hyper_util::rt::TokioIo;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, ServerName};
+
+type Sender = hyper::client::conn::http1::SendRequest<Full<Bytes>>;
+
+#[derive(Clone)]
+struct Opts {
+    tcp: Option<String>,
+    unix: Option<PathBuf>,
+    tls_ca: Option<PathBuf>,
+    path: String,
+    body: Bytes,
+    connections: usize,
+    rate: f64,
+    requests: u64,
+    duration: Duration,
+    warmup: usize,
+    expect: Option<String>,
+    threads: usize,
+}
+
+fn opts() -> Opts {
+    let mut o = Opts {
+        tcp: None,
+        unix: None,
+        tls_ca: None,
+        path: "/v1/decide".into(),
+        body: Bytes::new(),
+        connections: 1,
+        rate: 0.0,
+        requests: 100_000,
+        duration: Duration::from_secs(10),
+        warmup: 100,
+        expect: None,
+        threads: 1,
+    };
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let mut i = 0;
+    while i < args.len() {
+        let v = args.get(i + 1).cloned().unwrap_or_default();
+        match args[i].as_str() {
+            "--tcp" => o.tcp = Some(v),
+            "--unix" => o.unix = Some(v.into()),
+            "--tls-ca" => o.tls_ca = Some(v.into()),
+            "--path" => o.path = v,
+            "--body" => o.body = Bytes::from(std::fs::read(&v).expect("--body file")),
+            "--connections" => o.connections = v.parse().expect("--connections"),
+            "--rate" => o.rate = v.parse().expect("--rate"),
+            "--requests" => o.requests = v.parse().expect("--requests"),
+            "--duration" => o.duration = Duration::from_secs_f64(v.parse().expect("--duration")),
+            "--warmup" => o.warmup = v.parse().expect("--warmup"),
+            "--expect" => o.expect = Some(v),
+            "--threads" => o.threads = v.parse().expect("--threads"),
+            other => panic!("unknown option {other}; see the example's doc comment"),
+        }
+        i += 2;
+    }
+    assert!(
+        o.tcp.is_some() != o.unix.is_some(),
+        "give one of --tcp or --unix"
+    );
+    o
+}
+
+async fn connect(o: &Opts) -> Sender {
+    async fn handshake<I>(io: I) -> Sender
+    where
+        I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    {
+        let (s, conn) = hyper::client::conn::http1::handshake(TokioIo::new(io))
+            .await
+            .unwrap();
+        tokio::spawn(conn);
+        s
+    }
+    if let Some(p) = &o.unix {
+        return handshake(tokio::net::UnixStream::connect(p).await.unwrap()).await;
+    }
+    let tcp = tokio::net::TcpStream::connect(o.tcp.as_deref().unwrap())
+        .await
+        .unwrap();
+    tcp.set_nodelay(true).unwrap();
+    match &o.tls_ca {
+        None => handshake(tcp).await,
+        Some(ca) => {
+            let mut roots = rustls::RootCertStore::empty();
+            for c in CertificateDer::pem_file_iter(ca).unwrap() {
+                roots.add(c.unwrap()).unwrap();
+            }
+            let config = rustls::ClientConfig::builder_with_provider(Arc::new(
+                rustls::crypto::ring::default_provider(),
+            ))
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+            let tls = tokio_rustls::TlsConnector::from(Arc::new(config))
+                .connect(ServerName::try_from("localhost").unwrap(), tcp)
+                .await
+                .unwrap();
+            handshake(tls).await
+        }
+    }
+}
+
+/// Sends one request; true if it succeeded as expected.
+async fn one(s: &mut Sender, o: &Opts) -> bool {
+    let req = hyper::Request::post(o.path.as_str())
+        .header("host", "localhost")
+        .header("content-type", "application/json")
+        .body(Full::new(o.body.clone()))
+        .unwrap();
+    if s.ready().await.is_err() {
+        return false;
+    }
+    let Ok(resp) = s.send_request(req).await else {
+        return false;
+    };
+    let ok = resp.status().is_success();
+    let Ok(body) = resp.into_body().collect().await else {
+        return false;
+    };
+    ok && o.expect.as_ref().is_none_or(|e| {
+        let b = body.to_bytes();
+        std::str::from_utf8(&b).is_ok_and(|t| t.contains(e.as_str()))
+    })
+}
+
+fn main() {
+    let o = opts();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(o.threads)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(run(o));
+}
+
+async fn run(o: Opts) {
+    let errors = Arc::new(AtomicU64::new(0));
+    let sent = Arc::new(AtomicU64::new(0));
+    // Warm up and connect first, so the measurement sees steady state.
+    let mut senders = Vec::new();
+    for _ in 0..o.connections {
+        let mut s = connect(&o).await;
+        for _ in 0..o.warmup {
+            one(&mut s, &o).await;
+        }
+        senders.push(s);
+    }
+    let start = Instant::now();
+    let deadline = start + o.duration;
+    let per_conn_interval =
+        (o.rate > 0.0).then(|| Duration::from_secs_f64(o.connections as f64 / o.rate));
+    let mut tasks = tokio::task::JoinSet::new();
+    for (i, mut s) in senders.into_iter().enumerate() {
+        let o = o.clone();
+        let errors = Arc::clone(&errors);
+        let sent = Arc::clone(&sent);
+        tasks.spawn(async move {
+            let mut lat = Vec::with_capacity(1 << 16);
+            let offset = per_conn_interval.map(|iv| iv.mul_f64(i as f64 / o.connections as f64));
+            let mut n: u32 = 0;
+            loop {
+                let now = Instant::now();
+                if now >= deadline || sent.fetch_add(1, Ordering::Relaxed) >= o.requests {
+                    break;
+                }
+                let t0 = match (per_conn_interval, offset) {
+                    (Some(iv), Some(off)) => {
+                        let at = start + off + iv * n;
+                        n += 1;
+                        if at > now {
+                            // On time: wait, and measure from the actual send, since
+                            // tokio's timer wakes up to 1 ms late and that lag is ours.
+                            tokio::time::sleep_until(at.into()).await;
+                            Instant::now()
+                        } else {
+                            // Behind schedule: the backlog counts against the server.
+                            at
+                        }
+                    }
+                    _ => now,
+                };
+                if !one(&mut s, &o).await {
+                    errors.fetch_add(1, Ordering::Relaxed);
+                }
+                lat.push(t0.elapsed().as_micros() as u32);
+            }
+            lat
+        });
+    }
+    let mut lat: Vec<u32> = Vec::new();
+    while let Some(r) = tasks.join_next().await {
+        lat.extend(r.unwrap());
+    }
+    let elapsed = start.elapsed().as_secs_f64();
+    lat.sort_unstable();
+    let pct = |p: f64| -> f64 {
+        if lat.is_empty() {
+            return 0.0;
+        }
+        let i = ((lat.len() as f64 * p).ceil() as usize).clamp(1, lat.len()) - 1;
+        f64::from(lat[i]) / 1000.0
+    };
+    println!(
+        "requests={} errors={} seconds={:.2} throughput={:.0}/s p50={:.3}ms p90={:.3}ms p99={:.3}ms p99.9={:.3}ms max={:.3}ms",
+        lat.len(),
+        errors.load(Ordering::Relaxed),
+        elapsed,
+        lat.len() as f64 / elapsed,
+        pct(0.50),
+        pct(0.90),
+        pct(0.99),
+        pct(0.999),
+        pct(1.0)
+    );
+}

@@ -1,0 +1,609 @@
+//! Kubernetes admission: AdmissionReview v1 in, AdmissionReview v1 out.
+//!
+//! A Pod, or the pod template of a Deployment, ReplicaSet, StatefulSet, DaemonSet, Job,
+//! ReplicationController or CronJob, becomes a request-scoped `Workload` entity and the
+//! Cedar requests `admit` (into its Namespace) and, when `spec.nodeName` binds it,
+//! `schedule` (onto that Node). The validating endpoint denies when any decision denies;
+//! the mutating endpoint answers with a JSONPatch adding a required node affinity that
+//! keeps the pod off blocked nodes and hot zones and pins RL-HF work to its zone.
+
+mod quantity;
+
+use std::collections::BTreeSet;
+
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::extract::rejection::BytesRejection;
+use axum::response::{IntoResponse, Response};
+use base64::Engine as _;
+use probity::{Decision, EntityUid, Request};
+use serde_json::{Map, Value, json};
+
+use crate::AppState;
+use crate::api::json_body;
+use crate::config::UnknownKinds;
+use crate::error::ApiError;
+
+const API_VERSION: &str = "admission.k8s.io/v1";
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Validate,
+    Mutate,
+}
+
+impl Mode {
+    fn name(self) -> &'static str {
+        match self {
+            Mode::Validate => "validate",
+            Mode::Mutate => "mutate",
+        }
+    }
+}
+
+pub(crate) async fn validate(
+    State(state): State<AppState>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    review(&state, body, Mode::Validate)
+}
+
+pub(crate) async fn mutate(
+    State(state): State<AppState>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    review(&state, body, Mode::Mutate)
+}
+
+/// The response part of an AdmissionReview being built.
+struct Answer {
+    uid: String,
+    allowed: bool,
+    message: Option<String>,
+    code: u16,
+    warnings: Vec<String>,
+    patch: Option<Vec<Value>>,
+}
+
+impl Answer {
+    fn allow(uid: &str) -> Self {
+        Self {
+            uid: uid.to_owned(),
+            allowed: true,
+            message: None,
+            code: 200,
+            warnings: Vec::new(),
+            patch: None,
+        }
+    }
+
+    fn deny(uid: &str, code: u16, message: String) -> Self {
+        Self {
+            allowed: false,
+            message: Some(message),
+            code,
+            ..Self::allow(uid)
+        }
+    }
+
+    fn into_review(self) -> Value {
+        let mut response = Map::new();
+        response.insert("uid".into(), Value::String(self.uid));
+        response.insert("allowed".into(), Value::Bool(self.allowed));
+        if let Some(message) = self.message {
+            response.insert(
+                "status".into(),
+                json!({"code": self.code, "message": message,
+                       "reason": if self.code == 403 { "Forbidden" } else { "BadRequest" }}),
+            );
+        }
+        if !self.warnings.is_empty() {
+            response.insert("warnings".into(), json!(self.warnings));
+        }
+        if let Some(patch) = self.patch.filter(|p| !p.is_empty()) {
+            let bytes = serde_json::to_vec(&patch).unwrap_or_default();
+            response.insert("patchType".into(), Value::String("JSONPatch".into()));
+            response.insert(
+                "patch".into(),
+                Value::String(base64::engine::general_purpose::STANDARD.encode(bytes)),
+            );
+        }
+        json!({"apiVersion": API_VERSION, "kind": "AdmissionReview", "response": response})
+    }
+}
+
+fn review(state: &AppState, body: Result<Bytes, BytesRejection>, mode: Mode) -> Response {
+    let value = match json_body(state, body, "AdmissionReview") {
+        Ok(v) => v,
+        Err(e) => return e.into_response(),
+    };
+    // Without a uid no AdmissionReview answer is possible: a plain JSON error.
+    let Some(uid) = value
+        .pointer("/request/uid")
+        .and_then(Value::as_str)
+        .filter(|u| !u.is_empty())
+    else {
+        let why = if value.get("request").is_none_or(Value::is_null) {
+            "AdmissionReview has no request"
+        } else {
+            "AdmissionReview request has no uid"
+        };
+        return ApiError::BadRequest(why.into()).into_response();
+    };
+    let answer = match (value.get("apiVersion"), value.get("kind")) {
+        (Some(Value::String(v)), Some(Value::String(k)))
+            if v == API_VERSION && k == "AdmissionReview" =>
+        {
+            match value.get("request") {
+                Some(Value::Object(request)) => admit(state, uid, request, mode),
+                _ => Answer::deny(uid, 400, "AdmissionReview request is not an object".into()),
+            }
+        }
+        (v, k) => Answer::deny(
+            uid,
+            400,
+            format!(
+                "expected apiVersion {API_VERSION} and kind AdmissionReview, found {} and {}",
+                show(v),
+                show(k)
+            ),
+        ),
+    };
+    state.metrics().record_review(mode.name(), answer.allowed);
+    if !answer.allowed {
+        tracing::info!(
+            uid,
+            endpoint = mode.name(),
+            message = answer.message.as_deref().unwrap_or(""),
+            "admission denied"
+        );
+    }
+    Json(answer.into_review()).into_response()
+}
+
+fn show(v: Option<&Value>) -> String {
+    match v {
+        Some(Value::String(s)) => format!("{s:?}"),
+        Some(other) => other.to_string(),
+        None => "nothing".into(),
+    }
+}
+
+/// Where a kind keeps its pod spec (and the metadata carrying its labels).
+fn pod_paths(kind: &str) -> Option<(&'static str, &'static str)> {
+    Some(match kind {
+        "Pod" => ("/spec", "/metadata"),
+        "Deployment"
+        | "ReplicaSet"
+        | "StatefulSet"
+        | "DaemonSet"
+        | "Job"
+        | "ReplicationController" => ("/spec/template/spec", "/spec/template/metadata"),
+        "CronJob" => (
+            "/spec/jobTemplate/spec/template/spec",
+            "/spec/jobTemplate/spec/template/metadata",
+        ),
+        _ => return None,
+    })
+}
+
+/// The facts of one pod spec that the policies read.
+struct Workload {
+    id: String,
+    namespace: String,
+    class: String,
+    node_name: Option<String>,
+    entity: Value,
+}
+
+fn admit(state: &AppState, uid: &str, request: &Map<String, Value>, mode: Mode) -> Answer {
+    let operation = request
+        .get("operation")
+        .and_then(Value::as_str)
+        .unwrap_or("");
+    let dry_run = request
+        .get("dryRun")
+        .and_then(Value::as_bool)
+        .unwrap_or(false);
+    let kind = request
+        .get("kind")
+        .and_then(|k| k.get("kind"))
+        .and_then(Value::as_str)
+        .unwrap_or("");
+    if !matches!(operation, "CREATE" | "UPDATE") {
+        return Answer::allow(uid);
+    }
+    let Some(object) = request.get("object").filter(|o| o.is_object()) else {
+        let mut a = Answer::allow(uid);
+        a.warnings.push(format!(
+            "probity: {operation} of {kind} without an object; nothing checked"
+        ));
+        return a;
+    };
+    let Some((spec_path, meta_path)) = pod_paths(kind) else {
+        let message = format!("probity: kind {kind:?} holds no pod spec; not checked");
+        return match (mode, state.config().admission.unknown_kinds) {
+            (Mode::Validate, UnknownKinds::Deny) => Answer::deny(uid, 403, message),
+            _ => {
+                let mut a = Answer::allow(uid);
+                a.warnings.push(message);
+                a
+            }
+        };
+    };
+    let Some(spec) = object.pointer(spec_path).filter(|s| s.is_object()) else {
+        return Answer::deny(uid, 400, format!("{kind} has no pod spec at {spec_path}"));
+    };
+    let workload = match workload(state, request, object, spec, meta_path) {
+        Ok(w) => w,
+        Err(message) => return Answer::deny(uid, 400, message),
+    };
+    match mode {
+        Mode::Validate => validate_workload(state, uid, &workload, dry_run),
+        Mode::Mutate => {
+            let mut a = Answer::allow(uid);
+            // A bound pod is past scheduling, and a pod's affinity cannot change after create.
+            let pod_update = kind == "Pod" && operation == "UPDATE";
+            if workload.node_name.is_none() && !pod_update {
+                let (patch, warnings) = placement_patch(state, spec, spec_path, &workload.class);
+                a.patch = Some(patch);
+                a.warnings = warnings;
+            }
+            a
+        }
+    }
+}
+
+fn workload(
+    state: &AppState,
+    request: &Map<String, Value>,
+    object: &Value,
+    spec: &Value,
+    meta_path: &str,
+) -> Result<Workload, String> {
+    let cfg = &state.config().admission;
+    let meta = object.get("metadata");
+    let text = |v: Option<&Value>| {
+        v.and_then(Value::as_str)
+            .filter(|s| !s.is_empty())
+            .map(str::to_owned)
+    };
+    let namespace = text(request.get("namespace"))
+        .or_else(|| text(meta.and_then(|m| m.get("namespace"))))
+        .unwrap_or_else(|| "default".into());
+    // Controller-made pods have no name yet, only generateName.
+    let name = text(meta.and_then(|m| m.get("name")))
+        .or_else(|| text(request.get("name")))
+        .or_else(|| text(meta.and_then(|m| m.get("generateName"))))
+        .or_else(|| text(request.get("uid")))
+        .unwrap_or_else(|| "unnamed".into());
+    let template_meta = object.pointer(meta_path);
+    let label = |m: Option<&Value>, field: &str, key: &str| {
+        text(m.and_then(|m| m.get(field)).and_then(|l| l.get(key)))
+    };
+    let class = label(template_meta, "labels", &cfg.class_label)
+        .or_else(|| label(meta, "labels", &cfg.class_label))
+        .unwrap_or_else(|| cfg.default_class.clone());
+    let gpu_memory = match label(template_meta, "annotations", &cfg.gpu_memory_annotation)
+        .or_else(|| label(meta, "annotations", &cfg.gpu_memory_annotation))
+    {
+        None => 0,
+        Some(s) => s
+            .trim()
+            .parse::<i64>()
+            .ok()
+            .filter(|n| *n >= 0)
+            .ok_or_else(|| {
+                format!(
+                    "annotation {}: {s:?} is not a whole number of MiB",
+                    cfg.gpu_memory_annotation
+                )
+            })?,
+    };
+    let containers = spec.get("containers").and_then(Value::as_array);
+    let mut gpus: i64 = 0;
+    let mut cpu_millis: i64 = 0;
+    for (i, c) in containers.into_iter().flatten().enumerate() {
+        let resources = c.get("resources");
+        let pick = |key: &str| {
+            let limits = resources
+                .and_then(|r| r.get("limits"))
+                .and_then(|l| l.get(key));
+            let requests = resources
+                .and_then(|r| r.get("requests"))
+                .and_then(|l| l.get(key));
+            (limits, requests)
+        };
+        let (gl, gr) = pick(&cfg.gpu_resource);
+        if let Some(q) = gl.or(gr) {
+            let n = quantity::count(q).ok_or_else(|| {
+                format!(
+                    "containers[{i}]: {} {q} is not a whole number",
+                    cfg.gpu_resource
+                )
+            })?;
+            gpus = gpus.saturating_add(n);
+        }
+        // Kubernetes defaults a missing cpu request to the limit.
+        let (cl, cr) = pick("cpu");
+        if let Some(q) = cr.or(cl) {
+            let m = quantity::cpu_millis(q)
+                .ok_or_else(|| format!("containers[{i}]: cpu {q} is not a CPU quantity"))?;
+            cpu_millis = cpu_millis.saturating_add(m);
+        }
+    }
+    let image = containers
+        .and_then(|c| c.first())
+        .and_then(|c| c.get("image"))
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .to_owned();
+    let id = format!("{namespace}/{name}");
+    let entity = json!({
+        "uid": {"type": "Workload", "id": id},
+        "attrs": {
+            "namespace": {"__entity": {"type": "Namespace", "id": namespace}},
+            "class": class,
+            "gpus": gpus,
+            "cpuMillis": cpu_millis,
+            "gpuMemoryMiB": gpu_memory,
+            "image": image,
+        },
+        "parents": [{"type": "Namespace", "id": namespace}],
+    });
+    let node_name = text(spec.get("nodeName"));
+    Ok(Workload {
+        id,
+        namespace,
+        class,
+        node_name,
+        entity,
+    })
+}
+
+fn validate_workload(state: &AppState, uid: &str, w: &Workload, dry_run: bool) -> Answer {
+    let request = |action: &str, resource: EntityUid| -> Result<Request, String> {
+        Ok(Request::new(
+            EntityUid::new("Workload", &w.id).map_err(|e| e.to_string())?,
+            EntityUid::action(action).map_err(|e| e.to_string())?,
+            resource,
+        )
+        .with_entities(vec![w.entity.clone()]))
+    };
+    let decide = |r: &Request| {
+        // A dry run leaves no trace: no metrics, no records.
+        if dry_run {
+            state.engine().decide(r)
+        } else {
+            state.decide(r)
+        }
+    };
+    let mut warnings = Vec::new();
+    let mut denials: Vec<String> = Vec::new();
+    let mut note = |d: &Decision, what: &str, warnings: &mut Vec<String>| {
+        if d.is_allowed() {
+            for o in &d.obligations {
+                warnings.push(format!(
+                    "probity: {what}: obligation {}{} ({})",
+                    o.kind,
+                    o.target
+                        .as_deref()
+                        .map(|t| format!(" on {t}"))
+                        .unwrap_or_default(),
+                    o.policy
+                ));
+            }
+        } else {
+            let mut why: Vec<String> = d
+                .reasons
+                .iter()
+                .map(|r| format!("{} ({})", r.message, r.policy))
+                .collect();
+            why.extend(
+                d.errors
+                    .iter()
+                    .map(|e| format!("evaluation error: {}", e.message)),
+            );
+            if why.is_empty() {
+                why.push("no policy permits it".into());
+            }
+            denials.push(format!("{what}: {}", why.join("; ")));
+        }
+    };
+    let namespace = match EntityUid::new("Namespace", &w.namespace) {
+        Ok(n) => n,
+        Err(e) => return Answer::deny(uid, 400, e.to_string()),
+    };
+    match request("admit", namespace) {
+        Ok(r) => note(
+            &decide(&r),
+            &format!("admit into namespace {}", w.namespace),
+            &mut warnings,
+        ),
+        Err(e) => return Answer::deny(uid, 400, e),
+    }
+    if let Some(node) = &w.node_name {
+        let what = format!("schedule onto node {node}");
+        if let Some(block) = state.engine().blocked_nodes().get(node) {
+            denials.push(format!(
+                "{what}: the node is blocked: {} (placement.blocked-node)",
+                block.reason
+            ));
+        } else {
+            let node_uid = match EntityUid::new("Node", node) {
+                Ok(n) => n,
+                Err(e) => return Answer::deny(uid, 400, e.to_string()),
+            };
+            if state.engine().entity(&node_uid).is_some() {
+                match request("schedule", node_uid) {
+                    Ok(r) => note(&decide(&r), &what, &mut warnings),
+                    Err(e) => return Answer::deny(uid, 400, e),
+                }
+            } else {
+                warnings.push(format!(
+                    "probity: node {node} is not in the entity store; placement not checked"
+                ));
+            }
+        }
+    }
+    if denials.is_empty() {
+        let mut a = Answer::allow(uid);
+        a.warnings = warnings;
+        a
+    } else {
+        let mut a = Answer::deny(
+            uid,
+            403,
+            format!("probity denied {}: {}", w.id, denials.join(" | ")),
+        );
+        a.warnings = warnings;
+        a
+    }
+}
+
+fn entity_id(e: &Value) -> Option<&str> {
+    e.pointer("/uid/id").and_then(Value::as_str)
+}
+
+/// The JSONPatch that adds Probity's placement constraints to the pod spec at `base`.
+fn placement_patch(
+    state: &AppState,
+    spec: &Value,
+    base: &str,
+    class: &str,
+) -> (Vec<Value>, Vec<String>) {
+    let cfg = &state.config().admission;
+    let engine = state.engine();
+    let mut warnings = Vec::new();
+    let mut blocked: BTreeSet<String> = engine.blocked_nodes().into_keys().collect();
+    for n in engine.entities_json(Some("Node")) {
+        if n.pointer("/attrs/blocked").and_then(Value::as_bool) == Some(true)
+            && let Some(id) = entity_id(&n)
+        {
+            blocked.insert(id.to_owned());
+        }
+    }
+    let settings = engine.entities_json(Some("Settings"));
+    let settings_attr = |name: &str| {
+        settings
+            .first()
+            .and_then(|s| s.get("attrs"))
+            .and_then(|a| a.get(name))
+            .cloned()
+    };
+    let ceiling_pct = cfg
+        .zone_power_ceiling_pct
+        .or_else(|| settings_attr("zonePowerCeilingPct").and_then(|v| v.as_i64()))
+        .unwrap_or(95);
+    let rlhf = settings_attr("rlhfClass").and_then(|v| v.as_str().map(str::to_owned));
+    let zones = engine.entities_json(Some("Zone"));
+    let mut dedicated = BTreeSet::new();
+    let mut hot = BTreeSet::new();
+    for z in &zones {
+        let Some(id) = entity_id(z) else { continue };
+        let attr = |k: &str| z.get("attrs").and_then(|a| a.get(k));
+        if attr("dedicatedClass").and_then(Value::as_str) == Some(class) {
+            dedicated.insert(id.to_owned());
+        }
+        let draw = attr("powerDrawW").and_then(Value::as_i64).unwrap_or(0);
+        let cap = attr("powerCeilingW")
+            .and_then(Value::as_i64)
+            .unwrap_or(i64::MAX);
+        if draw.saturating_mul(100) >= cap.saturating_mul(ceiling_pct) {
+            hot.insert(id.to_owned());
+        }
+    }
+    let mut exprs = Vec::new();
+    if !blocked.is_empty() {
+        exprs.push(json!({"key": cfg.hostname_label, "operator": "NotIn", "values": blocked}));
+    }
+    if rlhf.as_deref() == Some(class) {
+        if dedicated.is_empty() {
+            warnings.push(format!(
+                "probity: no zone is dedicated to class {class}; the pod is not pinned"
+            ));
+        } else {
+            exprs.push(json!({"key": cfg.zone_label, "operator": "In", "values": dedicated}));
+        }
+    }
+    if !hot.is_empty() {
+        exprs.push(json!({"key": cfg.zone_label, "operator": "NotIn", "values": hot}));
+    }
+    if exprs.is_empty() {
+        return (Vec::new(), warnings);
+    }
+    let existing = spec.get("affinity").filter(|a| a.is_object());
+    let mut affinity = existing.cloned().unwrap_or_else(|| json!({}));
+    let merged = merge_required(affinity.get("nodeAffinity"), &exprs);
+    if let Some(obj) = affinity.as_object_mut() {
+        obj.insert("nodeAffinity".into(), merged);
+    }
+    let op = if existing.is_some() { "replace" } else { "add" };
+    (
+        vec![json!({"op": op, "path": format!("{base}/affinity"), "value": affinity})],
+        warnings,
+    )
+}
+
+/// Node affinity whose required terms all also carry `exprs` (terms are ORed, the
+/// expressions within one are ANDed, so each term needs them).
+fn merge_required(node_affinity: Option<&Value>, exprs: &[Value]) -> Value {
+    let mut na = node_affinity
+        .filter(|v| v.is_object())
+        .cloned()
+        .unwrap_or_else(|| json!({}));
+    let terms: Vec<Value> = na
+        .pointer("/requiredDuringSchedulingIgnoredDuringExecution/nodeSelectorTerms")
+        .and_then(Value::as_array)
+        .filter(|t| !t.is_empty())
+        .cloned()
+        .unwrap_or_else(|| vec![json!({})]);
+    let terms: Vec<Value> = terms
+        .into_iter()
+        .map(|mut t| {
+            let mut list = t
+                .get("matchExpressions")
+                .and_then(Value::as_array)
+                .cloned()
+                .unwrap_or_default();
+            list.extend(exprs.iter().cloned());
+            if let Some(o) = t.as_object_mut() {
+                o.insert("matchExpressions".into(), Value::Array(list));
+            }
+            t
+        })
+        .collect();
+    if let Some(o) = na.as_object_mut() {
+        o.insert(
+            "requiredDuringSchedulingIgnoredDuringExecution".into(),
+            json!({"nodeSelectorTerms": terms}),
+        );
+    }
+    na
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn existing_terms_each_get_the_expressions() {
+        let na = json!({"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+            {"matchExpressions": [{"key": "a", "operator": "Exists"}]},
+            {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["n"]}]}
+        ]}, "preferredDuringSchedulingIgnoredDuringExecution": []});
+        let e = json!({"key": "k", "operator": "NotIn", "values": ["x"]});
+        let merged = merge_required(Some(&na), std::slice::from_ref(&e));
+        let terms = merged
+            .pointer("/requiredDuringSchedulingIgnoredDuringExecution/nodeSelectorTerms")
+            .unwrap();
+        assert_eq!(terms[0]["matchExpressions"].as_array().unwrap().len(), 2);
+        assert_eq!(terms[1]["matchExpressions"], json!([e]));
+        assert!(
+            merged
+                .get("preferredDuringSchedulingIgnoredDuringExecution")
+                .is_some()
+        );
+    }
+}

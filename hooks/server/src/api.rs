@@ -1,0 +1,286 @@
+//! The JSON API under `/v1`: decide, batch decide, entities, node blocks, policy status.
+
+use std::time::Instant;
+
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{Path, State};
+use axum::http::Extensions;
+use probity::{Decision, EntityUid, Request};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use crate::AppState;
+use crate::caller::{Caller, forbidden_message};
+use crate::error::ApiError;
+
+/// Batches at least this large are decided on the blocking pool, off the async threads.
+const BLOCKING_BATCH: usize = 32;
+
+/// Most requests in one batch.
+pub(crate) const MAX_BATCH: usize = 10_000;
+
+/// Reads a JSON body, mapping a too-large body to 413 and bad JSON to a located 400.
+pub(crate) fn json_body(
+    state: &AppState,
+    body: Result<Bytes, BytesRejection>,
+    what: &str,
+) -> Result<Value, ApiError> {
+    let bytes = body.map_err(|r| body_error(state, &r))?;
+    serde_json::from_slice(&bytes).map_err(|e| {
+        ApiError::BadRequest(format!(
+            "{what} is not valid JSON at line {}, column {}",
+            e.line(),
+            e.column()
+        ))
+    })
+}
+
+pub(crate) fn body_error(state: &AppState, r: &BytesRejection) -> ApiError {
+    if r.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
+        ApiError::TooLarge {
+            limit: state.config().server.max_body_bytes,
+        }
+    } else {
+        ApiError::BadRequest("cannot read the request body".into())
+    }
+}
+
+fn caller(ext: &Extensions) -> Caller {
+    ext.get::<Caller>()
+        .cloned()
+        .unwrap_or_else(Caller::anonymous)
+}
+
+/// Asks the policies whether the caller may `operation` on `api`.
+fn authorize(
+    state: &AppState,
+    caller: &Caller,
+    api: &str,
+    operation: &str,
+    node: Option<&str>,
+) -> Result<(), ApiError> {
+    let request = caller
+        .manage_request(&state.config().auth, api, operation, node)
+        .map_err(|e| ApiError::BadRequest(e.to_string()))?;
+    let decision = state.decide(&request);
+    if decision.is_allowed() {
+        Ok(())
+    } else {
+        tracing::warn!(caller = %caller.0, operation, node, "API call forbidden");
+        Err(ApiError::Forbidden(forbidden_message(
+            caller, operation, &decision,
+        )))
+    }
+}
+
+pub(crate) async fn decide(
+    State(state): State<AppState>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<Decision>, ApiError> {
+    let value = json_body(&state, body, "request")?;
+    let request =
+        Request::from_json_value(&value).map_err(|e| ApiError::BadRequest(e.to_string()))?;
+    Ok(Json(state.decide(&request)))
+}
+
+pub(crate) async fn decide_batch(
+    State(state): State<AppState>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let value = json_body(&state, body, "batch")?;
+    let items = match &value {
+        Value::Array(a) => a,
+        Value::Object(o) => match o.get("requests") {
+            Some(Value::Array(a)) => a,
+            _ => {
+                return Err(ApiError::BadRequest(
+                    "batch: expected {\"requests\": [...]} or an array of requests".into(),
+                ));
+            }
+        },
+        _ => {
+            return Err(ApiError::BadRequest(
+                "batch: expected {\"requests\": [...]} or an array of requests".into(),
+            ));
+        }
+    };
+    if items.len() > MAX_BATCH {
+        return Err(ApiError::BadRequest(format!(
+            "batch: {} requests, over the limit of {MAX_BATCH}",
+            items.len()
+        )));
+    }
+    let requests = items
+        .iter()
+        .enumerate()
+        .map(|(i, v)| {
+            Request::from_json_value(v)
+                .map_err(|e| ApiError::BadRequest(format!("requests[{i}]: {e}")))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let decisions = if requests.len() >= BLOCKING_BATCH {
+        let s = state.clone();
+        tokio::task::spawn_blocking(move || s.decide_batch(&requests))
+            .await
+            .map_err(|e| {
+                tracing::error!(error = %e, "batch decision task failed");
+                ApiError::Internal
+            })?
+    } else {
+        state.decide_batch(&requests)
+    };
+    Ok(Json(json!({ "decisions": decisions })))
+}
+
+pub(crate) async fn upsert_entities(
+    State(state): State<AppState>,
+    ext: Extensions,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let caller = caller(&ext);
+    authorize(&state, &caller, "entities", "upsert", None)?;
+    let value = json_body(&state, body, "entities")?;
+    let n = state
+        .engine()
+        .upsert_entities(&value)
+        .map_err(|e| ApiError::Unprocessable(e.to_string()))?;
+    tracing::info!(caller = %caller.0, count = n, "entities upserted");
+    Ok(Json(json!({ "upserted": n })))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RemoveBody {
+    uids: Vec<Value>,
+}
+
+pub(crate) async fn remove_entities(
+    State(state): State<AppState>,
+    ext: Extensions,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let caller = caller(&ext);
+    authorize(&state, &caller, "entities", "remove", None)?;
+    let value = json_body(&state, body, "uids")?;
+    let list = match value {
+        Value::Array(a) => a,
+        other => {
+            serde_json::from_value::<RemoveBody>(other)
+                .map_err(|e| {
+                    ApiError::BadRequest(format!(
+                        "expected {{\"uids\": [\"Type::\\\"id\\\"\", ...]}}: {e}"
+                    ))
+                })?
+                .uids
+        }
+    };
+    let uids = list
+        .iter()
+        .enumerate()
+        .map(|(i, v)| {
+            parse_uid(v).ok_or_else(|| {
+                ApiError::BadRequest(format!(
+                    "uids[{i}]: expected \"Type::\\\"id\\\"\" or {{\"type\": .., \"id\": ..}}"
+                ))
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    state
+        .engine()
+        .remove_entities(&uids)
+        .map_err(|e| ApiError::Unprocessable(e.to_string()))?;
+    tracing::info!(caller = %caller.0, count = uids.len(), "entities removed");
+    Ok(Json(json!({ "removed": uids.len() })))
+}
+
+fn parse_uid(v: &Value) -> Option<EntityUid> {
+    match v {
+        Value::String(s) => s.parse().ok(),
+        Value::Object(o) => match (o.get("type"), o.get("id")) {
+            (Some(Value::String(t)), Some(Value::String(id))) => EntityUid::new(t, id).ok(),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
+pub(crate) async fn entity(
+    State(state): State<AppState>,
+    Path((type_name, id)): Path<(String, String)>,
+) -> Result<Json<Value>, ApiError> {
+    let uid = EntityUid::new(&type_name, &id)
+        .map_err(|_| ApiError::BadRequest(format!("{type_name:?} is not an entity type")))?;
+    state
+        .engine()
+        .entity(&uid)
+        .map(Json)
+        .ok_or_else(|| ApiError::NotFound(format!("no entity {uid}")))
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct BlockBody {
+    #[serde(default)]
+    reason: Option<String>,
+}
+
+pub(crate) async fn block_node(
+    State(state): State<AppState>,
+    ext: Extensions,
+    Path(node): Path<String>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let caller = caller(&ext);
+    authorize(&state, &caller, "nodes", "block", Some(&node))?;
+    let bytes = body.map_err(|r| body_error(&state, &r))?;
+    let parsed: BlockBody = if bytes.iter().all(u8::is_ascii_whitespace) {
+        BlockBody::default()
+    } else {
+        serde_json::from_slice(&bytes)
+            .map_err(|e| ApiError::BadRequest(format!("expected {{\"reason\": \"...\"}}: {e}")))?
+    };
+    let reason = parsed
+        .reason
+        .unwrap_or_else(|| format!("blocked through the API by {}", caller.0));
+    state
+        .engine()
+        .block_node(&node, &reason)
+        .map_err(|e| ApiError::BadRequest(e.to_string()))?;
+    tracing::warn!(caller = %caller.0, node = %node, reason = %reason, "node blocked");
+    Ok(Json(
+        json!({ "node": node, "blocked": true, "reason": reason }),
+    ))
+}
+
+pub(crate) async fn unblock_node(
+    State(state): State<AppState>,
+    ext: Extensions,
+    Path(node): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let caller = caller(&ext);
+    authorize(&state, &caller, "nodes", "unblock", Some(&node))?;
+    state
+        .engine()
+        .unblock_node(&node)
+        .map_err(|e| ApiError::BadRequest(e.to_string()))?;
+    tracing::warn!(caller = %caller.0, node = %node, "node unblocked");
+    Ok(Json(json!({ "node": node, "blocked": false })))
+}
+
+pub(crate) async fn blocked_nodes(State(state): State<AppState>) -> Json<Value> {
+    Json(json!({ "nodes": state.engine().blocked_nodes() }))
+}
+
+pub(crate) async fn policy_status(State(state): State<AppState>) -> Json<probity::PolicyStatus> {
+    Json(state.engine().status())
+}
+
+/// Times one decision into the metrics.
+pub(crate) fn timed_decide(state: &AppState, request: &Request) -> Decision {
+    let start = Instant::now();
+    let d = state.engine().decide(request);
+    state.metrics().record_decision(&d, start.elapsed());
+    d
+}

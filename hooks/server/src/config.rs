@@ -1,0 +1,347 @@
+//! The server's configuration: a TOML file (see `probity-server.toml` beside this crate,
+//! which documents every option with its default) that command-line flags override.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+/// Largest configuration file read.
+const MAX_CONFIG_BYTES: u64 = 1024 * 1024;
+
+/// Where the sidecar socket lives unless configured otherwise.
+pub const DEFAULT_SOCKET: &str = "/run/probity/probity.sock";
+
+/// Everything `probity serve` can be told.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    /// Listeners, TLS and limits.
+    pub server: ServerConfig,
+    /// The policy set.
+    pub policies: PolicyConfig,
+    /// Who may change state through the API.
+    pub auth: AuthConfig,
+    /// The Kubernetes admission endpoints.
+    pub admission: AdmissionConfig,
+    /// Logging.
+    pub log: LogConfig,
+}
+
+/// Listeners, TLS and limits.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct ServerConfig {
+    /// Unix socket path; empty to listen on no socket. Default [`DEFAULT_SOCKET`].
+    pub socket: PathBuf,
+    /// Permission bits of the socket, in octal. Default `"0660"`.
+    pub socket_mode: String,
+    /// TCP address to listen on (TLS unless `insecure`). Default: none.
+    pub listen: Option<SocketAddr>,
+    /// Serve plain HTTP on `listen`; refused unless the address is loopback. Default false.
+    pub insecure: bool,
+    /// PEM certificate chain for TLS. Required with `listen` unless `insecure`.
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key for TLS.
+    pub tls_key: Option<PathBuf>,
+    /// PEM CA bundle: when set, TCP clients must present a certificate it signed (mTLS).
+    pub client_ca: Option<PathBuf>,
+    /// Largest request body in bytes. Default 1 MiB.
+    pub max_body_bytes: usize,
+    /// Longest time one request may take, in milliseconds. Default 5000.
+    pub request_timeout_ms: u64,
+    /// Most requests handled at once; more wait. Default 1024.
+    pub max_concurrency: usize,
+    /// Longest wait for in-flight requests at shutdown, in milliseconds. Default 10000.
+    pub shutdown_grace_ms: u64,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self {
+            socket: PathBuf::from(DEFAULT_SOCKET),
+            socket_mode: "0660".into(),
+            listen: None,
+            insecure: false,
+            tls_cert: None,
+            tls_key: None,
+            client_ca: None,
+            max_body_bytes: 1024 * 1024,
+            request_timeout_ms: 5000,
+            max_concurrency: 1024,
+            shutdown_grace_ms: 10_000,
+        }
+    }
+}
+
+impl ServerConfig {
+    /// The request timeout as a duration.
+    pub fn request_timeout(&self) -> Duration {
+        Duration::from_millis(self.request_timeout_ms)
+    }
+}
+
+/// The policy set.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct PolicyConfig {
+    /// Policy directory (with probity.cedarschema and probity.toml), hot-reloaded on
+    /// change. Default: the policies embedded in the binary.
+    pub dir: Option<PathBuf>,
+    /// Cedar entity JSON loaded into the store at start. Default: none.
+    pub entities: Option<PathBuf>,
+}
+
+/// Who may change state through the API. Callers are `uid:<n>` on the Unix socket,
+/// `cn:<subject CN>` with a client certificate, and `anonymous` otherwise.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct AuthConfig {
+    /// Group name to member identities; the policies under policies/api read the groups.
+    /// Default: `admins = ["uid:0"]`.
+    pub groups: BTreeMap<String, Vec<String>>,
+    /// Identity to the node whose sidecar it is, e.g. `"cn:sidecar-gpu-001" = "gpu-001"`.
+    /// Default: none.
+    pub nodes: BTreeMap<String, String>,
+}
+
+impl Default for AuthConfig {
+    fn default() -> Self {
+        Self {
+            groups: BTreeMap::from([("admins".to_owned(), vec!["uid:0".to_owned()])]),
+            nodes: BTreeMap::new(),
+        }
+    }
+}
+
+/// What to do with an AdmissionReview for a kind that holds no pod spec.
+#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum UnknownKinds {
+    /// Allow it, with a warning (the default).
+    #[default]
+    Allow,
+    /// Deny it.
+    Deny,
+}
+
+/// The Kubernetes admission endpoints.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct AdmissionConfig {
+    /// Kinds without a pod spec. Default `"allow"` (with a warning).
+    pub unknown_kinds: UnknownKinds,
+    /// Pod label giving the workload class. Default `"probity.io/class"`.
+    pub class_label: String,
+    /// Class of a pod without that label. Default `"batch"`.
+    pub default_class: String,
+    /// Pod annotation giving the GPU memory requested per GPU, in MiB (default 0 when
+    /// absent). Default `"probity.io/gpu-memory-mib"`.
+    pub gpu_memory_annotation: String,
+    /// Extended resource counted as GPUs. Default `"nvidia.com/gpu"`.
+    pub gpu_resource: String,
+    /// Node label holding a node's name. Default `"kubernetes.io/hostname"`.
+    pub hostname_label: String,
+    /// Node label holding a node's Probity zone id. Default `"topology.probity.io/zone"`.
+    pub zone_label: String,
+    /// Zone power threshold in percent of its ceiling; default: the policy set's
+    /// `zone_power_ceiling_pct` (probity.toml).
+    pub zone_power_ceiling_pct: Option<i64>,
+}
+
+impl Default for AdmissionConfig {
+    fn default() -> Self {
+        Self {
+            unknown_kinds: UnknownKinds::Allow,
+            class_label: "probity.io/class".into(),
+            default_class: "batch".into(),
+            gpu_memory_annotation: "probity.io/gpu-memory-mib".into(),
+            gpu_resource: "nvidia.com/gpu".into(),
+            hostname_label: "kubernetes.io/hostname".into(),
+            zone_label: "topology.probity.io/zone".into(),
+            zone_power_ceiling_pct: None,
+        }
+    }
+}
+
+/// Log output format.
+#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// Human-readable lines (the default).
+    #[default]
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// Logging.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct LogConfig {
+    /// `"text"` or `"json"`. Default `"text"`.
+    pub format: LogFormat,
+    /// A tracing filter (`info`, `probity_server=debug`); `RUST_LOG` overrides it.
+    /// Default `"info"`.
+    pub level: String,
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        Self {
+            format: LogFormat::Text,
+            level: "info".into(),
+        }
+    }
+}
+
+/// A configuration that cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("cannot read {path}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The file is too large.
+    #[error("{path} is over the limit of {limit} bytes")]
+    TooLarge {
+        /// The file.
+        path: PathBuf,
+        /// The limit.
+        limit: u64,
+    },
+    /// The file is not valid TOML for this configuration.
+    #[error("{path}: {message}")]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// What and where (TOML's own message, with line and column).
+        message: String,
+    },
+    /// The options contradict each other or a rule.
+    #[error("invalid configuration: {0}")]
+    Invalid(String),
+}
+
+impl Config {
+    /// Reads a configuration file; absent options take their defaults.
+    pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
+        let read = |source| ConfigError::Read {
+            path: path.to_owned(),
+            source,
+        };
+        let len = std::fs::metadata(path).map_err(read)?.len();
+        if len > MAX_CONFIG_BYTES {
+            return Err(ConfigError::TooLarge {
+                path: path.to_owned(),
+                limit: MAX_CONFIG_BYTES,
+            });
+        }
+        let text = std::fs::read_to_string(path).map_err(read)?;
+        Self::from_toml(&text).map_err(|message| ConfigError::Parse {
+            path: path.to_owned(),
+            message,
+        })
+    }
+
+    /// Parses a configuration from TOML text.
+    pub fn from_toml(text: &str) -> Result<Self, String> {
+        toml::from_str(text).map_err(|e| e.to_string().trim_end().to_owned())
+    }
+
+    /// Checks the rules that no single option can: a listener exists, plain TCP only on
+    /// loopback, TLS material present.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let s = &self.server;
+        if s.socket.as_os_str().is_empty() && s.listen.is_none() {
+            return Err(ConfigError::Invalid(
+                "no listener: set a Unix socket or a TCP address".into(),
+            ));
+        }
+        self.socket_mode()?;
+        if let Some(addr) = s.listen {
+            if s.insecure {
+                if !addr.ip().is_loopback() {
+                    return Err(ConfigError::Invalid(format!(
+                        "insecure (plain HTTP) is allowed only on loopback addresses, not {addr}"
+                    )));
+                }
+            } else if s.tls_cert.is_none() || s.tls_key.is_none() {
+                return Err(ConfigError::Invalid(format!(
+                    "TCP listener {addr} needs tls_cert and tls_key (or insecure on loopback)"
+                )));
+            }
+        } else if s.insecure {
+            return Err(ConfigError::Invalid(
+                "insecure needs a TCP listen address".into(),
+            ));
+        }
+        if s.client_ca.is_some() && s.insecure {
+            return Err(ConfigError::Invalid(
+                "client_ca (mTLS) cannot be combined with insecure".into(),
+            ));
+        }
+        if s.max_body_bytes == 0 || s.max_concurrency == 0 || s.request_timeout_ms == 0 {
+            return Err(ConfigError::Invalid(
+                "max_body_bytes, max_concurrency and request_timeout_ms must be positive".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The socket permission bits.
+    pub fn socket_mode(&self) -> Result<u32, ConfigError> {
+        let m = self.server.socket_mode.trim_start_matches("0o");
+        u32::from_str_radix(m, 8)
+            .ok()
+            .filter(|m| *m <= 0o777)
+            .ok_or_else(|| {
+                ConfigError::Invalid(format!(
+                    "socket_mode {:?} is not an octal mode like \"0660\"",
+                    self.server.socket_mode
+                ))
+            })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_shipped_example_is_the_defaults() {
+        let text = include_str!("../probity-server.toml");
+        let parsed = Config::from_toml(text).unwrap();
+        assert_eq!(parsed, Config::default());
+    }
+
+    #[test]
+    fn insecure_off_loopback_is_refused() {
+        let c =
+            Config::from_toml("[server]\nlisten = \"0.0.0.0:8181\"\ninsecure = true\n").unwrap();
+        let err = c.validate().unwrap_err().to_string();
+        assert!(err.contains("only on loopback"), "{err}");
+        let c =
+            Config::from_toml("[server]\nlisten = \"127.0.0.1:8181\"\ninsecure = true\n").unwrap();
+        c.validate().unwrap();
+    }
+
+    #[test]
+    fn tcp_without_tls_material_is_refused() {
+        let c = Config::from_toml("[server]\nlisten = \"127.0.0.1:8443\"\n").unwrap();
+        assert!(c.validate().unwrap_err().to_string().contains("tls_cert"));
+    }
+
+    #[test]
+    fn unknown_options_are_named() {
+        let err = Config::from_toml("[server]\nsockett = \"/x\"\n").unwrap_err();
+        assert!(err.contains("sockett"), "{err}");
+    }
+}

@@ -1,0 +1,239 @@
+//! `probity serve`: the node sidecar's API and the Kubernetes admission webhook.
+//!
+//! The server is thin: [`app`] builds the axum [`Router`] over an [`AppState`] (an
+//! [`Engine`] plus configuration and metrics); [`Server`] binds the configured listeners
+//! (a Unix socket, and/or TCP with rustls TLS and optional client certificates), serves
+//! until a shutdown signal and drains in-flight requests. Everything the engine decides
+//! comes from the `probity` library; this crate only speaks HTTP, JSON and Kubernetes.
+//!
+//! Routes:
+//!
+//! | route | what |
+//! | --- | --- |
+//! | `POST /v1/decide` | one request, answered with a decision |
+//! | `POST /v1/decide/batch` | `{"requests": [..]}`, answered with `{"decisions": [..]}` |
+//! | `POST /v1/entities` | upsert Cedar entity JSON (authorized: `manage` on `Api::"entities"`) |
+//! | `DELETE /v1/entities` | remove `{"uids": [..]}` (authorized likewise) |
+//! | `GET /v1/entities/{type}/{id}` | one entity |
+//! | `POST /v1/nodes/{id}/block`, `.../unblock` | block or unblock a node (authorized: `manage` on `Api::"nodes"`) |
+//! | `GET /v1/nodes/blocked` | blocked nodes and why |
+//! | `GET /v1/policy/status` | digest, files, reloads, last reload error |
+//! | `POST /v1/admission/validate`, `/v1/admission/mutate` | AdmissionReview v1 |
+//! | `GET /healthz`, `/readyz`, `/metrics` | liveness, readiness, Prometheus |
+//!
+//! Running it: `cargo run -p probity-cli -- serve` serves the embedded default policies
+//! on `/run/probity/probity.sock` (mode 0660; the directory is created), where root is an
+//! administrator; `probity serve --listen 127.0.0.1:8181 --insecure` adds plain HTTP on
+//! loopback (refused on any other address); `--listen 0.0.0.0:8443 --tls-cert C --tls-key K
+//! [--client-ca CA]` serves TLS (mTLS). `--policies DIR` hot-reloads a policy directory;
+//! `--config FILE` reads every option (see `probity-server.toml`).
+//!
+//! ```sh
+//! curl --unix-socket /run/probity/probity.sock http://probity/v1/decide \
+//!   -d '{"principal": "Workload::\"w\"", "action": "admit", "resource": "Namespace::\"default\""}'
+//! ```
+//!
+//! Who may change state is itself policy: the server asks the engine
+//! `ApiCaller::"<identity>"` / `Action::"manage"` / `Api::"entities"` or `Api::"nodes"`,
+//! with the caller's groups (from the configuration) as request-scoped parents. A policy
+//! directory without the `api/` policies therefore permits no state change.
+//!
+//! ```
+//! use probity_server::{AppState, Config, app};
+//! use tower::ServiceExt;
+//!
+//! # tokio::runtime::Runtime::new().unwrap().block_on(async {
+//! let engine = probity::Engine::from_embedded_defaults().unwrap();
+//! let router = app(AppState::new(engine, Config::default()));
+//! let response = router
+//!     .oneshot(axum::http::Request::get("/healthz").body(axum::body::Body::empty()).unwrap())
+//!     .await
+//!     .unwrap();
+//! assert_eq!(response.status(), 200);
+//! # });
+//! ```
+
+mod admission;
+mod api;
+mod caller;
+mod config;
+mod error;
+mod metrics;
+mod server;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
+
+use axum::Router;
+use axum::extract::{DefaultBodyLimit, MatchedPath, Request as HttpRequest, State};
+use axum::http::{StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use probity::{Decision, Engine, Request};
+
+pub use caller::{Caller, certificate_common_name};
+pub use config::{
+    AdmissionConfig, AuthConfig, Config, ConfigError, DEFAULT_SOCKET, LogConfig, LogFormat,
+    PolicyConfig, ServerConfig, UnknownKinds,
+};
+pub use error::{ApiError, ServeError};
+pub use server::{Server, init_logging, serve, shutdown_signal};
+
+/// What every handler shares: the engine, the configuration, metrics and readiness.
+/// Cheap to clone.
+#[derive(Clone)]
+pub struct AppState {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    engine: Engine,
+    config: Config,
+    metrics: metrics::Metrics,
+    ready: AtomicBool,
+}
+
+impl AppState {
+    /// State over a loaded engine; ready at once, since the engine holds a valid set.
+    pub fn new(engine: Engine, config: Config) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                engine,
+                config,
+                metrics: metrics::Metrics::default(),
+                ready: AtomicBool::new(true),
+            }),
+        }
+    }
+
+    /// The engine.
+    pub fn engine(&self) -> &Engine {
+        &self.inner.engine
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &Config {
+        &self.inner.config
+    }
+
+    /// Whether `/readyz` reports ready.
+    pub fn is_ready(&self) -> bool {
+        self.inner.ready.load(Ordering::Relaxed)
+    }
+
+    /// Sets readiness: the server clears it when it starts shutting down.
+    pub fn set_ready(&self, ready: bool) {
+        self.inner.ready.store(ready, Ordering::Relaxed);
+    }
+
+    pub(crate) fn metrics(&self) -> &metrics::Metrics {
+        &self.inner.metrics
+    }
+
+    pub(crate) fn decide(&self, request: &Request) -> Decision {
+        api::timed_decide(self, request)
+    }
+
+    pub(crate) fn decide_batch(&self, requests: &[Request]) -> Vec<Decision> {
+        let start = Instant::now();
+        let decisions = self.engine().decide_batch(requests);
+        let per = start.elapsed() / u32::try_from(requests.len().max(1)).unwrap_or(u32::MAX);
+        for d in &decisions {
+            self.metrics().record_decision(d, per);
+        }
+        decisions
+    }
+}
+
+/// The router: every route, with the body limit, timeout, concurrency bound and
+/// metrics as layers.
+pub fn app(state: AppState) -> Router {
+    let server = &state.config().server;
+    let limit = server.max_body_bytes;
+    let concurrency = server.max_concurrency;
+    Router::new()
+        .route("/v1/decide", post(api::decide))
+        .route("/v1/decide/batch", post(api::decide_batch))
+        .route(
+            "/v1/entities",
+            post(api::upsert_entities).delete(api::remove_entities),
+        )
+        .route("/v1/entities/{type}/{id}", get(api::entity))
+        .route("/v1/nodes/blocked", get(api::blocked_nodes))
+        .route("/v1/nodes/{id}/block", post(api::block_node))
+        .route("/v1/nodes/{id}/unblock", post(api::unblock_node))
+        .route("/v1/policy/status", get(api::policy_status))
+        .route("/v1/admission/validate", post(admission::validate))
+        .route("/v1/admission/mutate", post(admission::mutate))
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics_text))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        // Innermost first: a request waiting for a concurrency slot is inside its timeout.
+        .layer(tower::limit::GlobalConcurrencyLimitLayer::new(concurrency))
+        .layer(middleware::from_fn_with_state(state.clone(), timeout))
+        .layer(DefaultBodyLimit::max(limit))
+        .layer(middleware::from_fn_with_state(state.clone(), observe))
+        .with_state(state)
+}
+
+async fn not_found() -> ApiError {
+    ApiError::NotFound("no such route".into())
+}
+
+async fn method_not_allowed() -> ApiError {
+    ApiError::MethodNotAllowed
+}
+
+async fn timeout(State(state): State<AppState>, req: HttpRequest, next: Next) -> Response {
+    match tokio::time::timeout(state.config().server.request_timeout(), next.run(req)).await {
+        Ok(r) => r,
+        Err(_) => ApiError::Timeout.into_response(),
+    }
+}
+
+async fn observe(State(state): State<AppState>, req: HttpRequest, next: Next) -> Response {
+    let start = Instant::now();
+    let route = req.extensions().get::<MatchedPath>().cloned();
+    let route = route.as_ref().map_or("unmatched", MatchedPath::as_str);
+    let response = next.run(req).await;
+    let took = start.elapsed();
+    let status = response.status().as_u16();
+    state.metrics().record_response(route, status, took);
+    tracing::trace!(route, status, micros = took.as_micros() as u64, "request");
+    response
+}
+
+async fn healthz() -> impl IntoResponse {
+    axum::Json(serde_json::json!({"status": "ok"}))
+}
+
+async fn readyz(State(state): State<AppState>) -> Response {
+    if state.is_ready() {
+        let s = state.engine().status();
+        axum::Json(
+            serde_json::json!({"status": "ready", "digest": s.digest, "policies": s.policies}),
+        )
+        .into_response()
+    } else {
+        ApiError::Unavailable("not ready".into()).into_response()
+    }
+}
+
+async fn metrics_text(State(state): State<AppState>) -> Response {
+    let text = state
+        .metrics()
+        .render(&state.engine().status(), state.is_ready());
+    (
+        StatusCode::OK,
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        text,
+    )
+        .into_response()
+}

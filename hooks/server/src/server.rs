@@ -1,0 +1,393 @@
+//! Binding, serving and shutting down: a Unix socket (peers identified by uid) and/or a
+//! TCP listener with rustls TLS (peers identified by their client certificate's CN), or
+//! plain HTTP on loopback only. Each connection runs hyper's HTTP/1 with keep-alive; at
+//! shutdown the listeners close, readiness drops, and in-flight requests finish.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use hyper::body::Incoming;
+use hyper_util::rt::TokioIo;
+use hyper_util::server::graceful::{GracefulShutdown, Watcher};
+use probity::{Engine, ReloadWatcher};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::{TcpListener, UnixListener};
+use tokio_rustls::TlsAcceptor;
+use tower::ServiceExt;
+
+use crate::config::{Config, LogConfig, LogFormat};
+use crate::error::ServeError;
+use crate::{AppState, Caller, app, certificate_common_name};
+
+/// Longest a TLS handshake may take.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A bound server, ready to [`Server::run`].
+pub struct Server {
+    state: AppState,
+    unix: Option<(UnixListener, PathBuf)>,
+    tcp: Option<(TcpListener, Option<TlsAcceptor>)>,
+    _watcher: Option<ReloadWatcher>,
+}
+
+/// Sets up logging as configured (text or JSON lines on standard error). `RUST_LOG`
+/// overrides the level. Does nothing if logging is already set up.
+pub fn init_logging(log: &LogConfig) {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_default_env()
+        .or_else(|_| EnvFilter::try_new(&log.level))
+        .unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
+    let _ = match log.format {
+        LogFormat::Json => builder.json().try_init(),
+        LogFormat::Text => builder.try_init(),
+    };
+}
+
+/// Resolves at SIGTERM or SIGINT. The handlers are installed when this is called (inside
+/// a tokio runtime), so a signal that comes before the future is first polled still counts.
+pub fn shutdown_signal() -> impl Future<Output = ()> {
+    use tokio::signal::unix::{Signal, SignalKind, signal};
+    let term = signal(SignalKind::terminate()).ok();
+    let int = signal(SignalKind::interrupt()).ok();
+    async fn recv(s: Option<Signal>) {
+        match s {
+            Some(mut s) => {
+                s.recv().await;
+            }
+            None => std::future::pending::<()>().await,
+        }
+    }
+    async move {
+        tokio::select! {
+            () = recv(term) => {}
+            () = recv(int) => {}
+        }
+    }
+}
+
+/// Binds as configured and serves until SIGTERM or SIGINT.
+pub async fn serve(config: Config) -> Result<(), ServeError> {
+    // Before binding: a signal as soon as the socket exists must stop the server cleanly.
+    let stop = shutdown_signal();
+    Server::bind(config).await?.run(stop).await
+}
+
+fn load_engine(config: &Config) -> Result<Engine, ServeError> {
+    let engine = match &config.policies.dir {
+        Some(dir) => Engine::builder(dir).build()?,
+        None => Engine::from_embedded_defaults()?,
+    };
+    if let Some(path) = &config.policies.entities {
+        let bad = |detail: String| ServeError::Entities {
+            path: path.clone(),
+            detail,
+        };
+        let text = std::fs::read(path).map_err(|e| bad(e.to_string()))?;
+        let json: serde_json::Value =
+            serde_json::from_slice(&text).map_err(|e| bad(e.to_string()))?;
+        engine
+            .upsert_entities(&json)
+            .map_err(|e| bad(e.to_string()))?;
+    }
+    Ok(engine)
+}
+
+impl Server {
+    /// Validates the configuration, loads the policies (watching the directory for
+    /// changes), and binds the listeners.
+    pub async fn bind(config: Config) -> Result<Self, ServeError> {
+        config.validate()?;
+        let engine = load_engine(&config)?;
+        let watcher = match engine.policy_dir() {
+            Some(_) => Some(engine.watch()?),
+            None => None,
+        };
+        Self::bind_with_engine(engine, config, watcher).await
+    }
+
+    async fn bind_with_engine(
+        engine: Engine,
+        config: Config,
+        watcher: Option<ReloadWatcher>,
+    ) -> Result<Self, ServeError> {
+        let unix = if config.server.socket.as_os_str().is_empty() {
+            None
+        } else {
+            let path = config.server.socket.clone();
+            let listener = bind_unix(&path, config.socket_mode()?).await?;
+            Some((listener, path))
+        };
+        let tcp = match config.server.listen {
+            None => None,
+            Some(addr) => {
+                let acceptor = if config.server.insecure {
+                    None
+                } else {
+                    Some(tls_acceptor(&config)?)
+                };
+                let listener =
+                    TcpListener::bind(addr)
+                        .await
+                        .map_err(|source| ServeError::Listen {
+                            what: addr.to_string(),
+                            source,
+                        })?;
+                Some((listener, acceptor))
+            }
+        };
+        Ok(Self {
+            state: AppState::new(engine, config),
+            unix,
+            tcp,
+            _watcher: watcher,
+        })
+    }
+
+    /// The bound TCP address (useful with port 0).
+    pub fn local_addr(&self) -> Option<SocketAddr> {
+        self.tcp.as_ref().and_then(|(l, _)| l.local_addr().ok())
+    }
+
+    /// The shared state (engine, metrics).
+    pub fn state(&self) -> AppState {
+        self.state.clone()
+    }
+
+    /// Serves until `shutdown` resolves, then stops accepting, drops readiness and
+    /// waits (up to the configured grace) for in-flight requests.
+    pub async fn run(self, shutdown: impl Future<Output = ()>) -> Result<(), ServeError> {
+        let router = app(self.state.clone());
+        let graceful = Arc::new(GracefulShutdown::new());
+        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        let mut tasks = tokio::task::JoinSet::new();
+        let socket_path = self.unix.as_ref().map(|(_, p)| p.clone());
+        if let Some((listener, path)) = self.unix {
+            tracing::info!(socket = %path.display(), "listening on Unix socket");
+            tasks.spawn(accept_unix(
+                listener,
+                router.clone(),
+                Arc::clone(&graceful),
+                stop_rx.clone(),
+            ));
+        }
+        if let Some((listener, acceptor)) = self.tcp {
+            let addr = listener.local_addr().ok();
+            tracing::info!(addr = ?addr, tls = acceptor.is_some(), "listening on TCP");
+            tasks.spawn(accept_tcp(
+                listener,
+                acceptor,
+                router,
+                Arc::clone(&graceful),
+                stop_rx,
+            ));
+        }
+        let status = self.state.engine().status();
+        tracing::info!(digest = %status.digest, policies = status.policies, "serving");
+        shutdown.await;
+        tracing::info!("shutting down: finishing in-flight requests");
+        self.state.set_ready(false);
+        let _ = stop_tx.send(true);
+        while tasks.join_next().await.is_some() {}
+        if let Some(p) = socket_path {
+            let _ = std::fs::remove_file(p);
+        }
+        let grace = Duration::from_millis(self.state.config().server.shutdown_grace_ms);
+        // The accept loops have ended, so this is the last reference.
+        match Arc::try_unwrap(graceful) {
+            Ok(g) => {
+                if tokio::time::timeout(grace, g.shutdown()).await.is_err() {
+                    tracing::warn!("shutdown grace period over; closing remaining connections");
+                }
+            }
+            Err(_) => tracing::warn!("connections still referenced at shutdown; not waiting"),
+        }
+        tracing::info!("stopped");
+        Ok(())
+    }
+}
+
+async fn bind_unix(path: &Path, mode: u32) -> Result<UnixListener, ServeError> {
+    let fail = |source| ServeError::Listen {
+        what: path.display().to_string(),
+        source,
+    };
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).map_err(fail)?;
+    }
+    if path.exists() {
+        // A live server answers; a stale socket from a crash is replaced.
+        if tokio::net::UnixStream::connect(path).await.is_ok() {
+            return Err(fail(std::io::Error::new(
+                std::io::ErrorKind::AddrInUse,
+                "another server is listening there",
+            )));
+        }
+        std::fs::remove_file(path).map_err(fail)?;
+    }
+    let listener = UnixListener::bind(path).map_err(fail)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).map_err(fail)?;
+    Ok(listener)
+}
+
+fn read_pem(path: &Path) -> Result<Vec<u8>, ServeError> {
+    std::fs::read(path).map_err(|e| ServeError::Tls(format!("cannot read {}: {e}", path.display())))
+}
+
+fn tls_acceptor(config: &Config) -> Result<TlsAcceptor, ServeError> {
+    let s = &config.server;
+    let (Some(cert), Some(key)) = (&s.tls_cert, &s.tls_key) else {
+        return Err(ServeError::Tls("tls_cert and tls_key are required".into()));
+    };
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(&read_pem(cert)?)
+        .collect::<Result<_, _>>()
+        .map_err(|e| ServeError::Tls(format!("{}: {e}", cert.display())))?;
+    if certs.is_empty() {
+        return Err(ServeError::Tls(format!(
+            "{}: no certificate",
+            cert.display()
+        )));
+    }
+    let key = PrivateKeyDer::from_pem_slice(&read_pem(key)?)
+        .map_err(|e| ServeError::Tls(format!("{}: {e}", key.display())))?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = rustls::ServerConfig::builder_with_provider(Arc::clone(&provider))
+        .with_safe_default_protocol_versions()
+        .map_err(|e| ServeError::Tls(e.to_string()))?;
+    let builder = match &s.client_ca {
+        None => builder.with_no_client_auth(),
+        Some(ca) => {
+            let mut roots = rustls::RootCertStore::empty();
+            for c in CertificateDer::pem_slice_iter(&read_pem(ca)?) {
+                let c = c.map_err(|e| ServeError::Tls(format!("{}: {e}", ca.display())))?;
+                roots
+                    .add(c)
+                    .map_err(|e| ServeError::Tls(format!("{}: {e}", ca.display())))?;
+            }
+            let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+                Arc::new(roots),
+                provider,
+            )
+            .build()
+            .map_err(|e| ServeError::Tls(format!("{}: {e}", ca.display())))?;
+            builder.with_client_cert_verifier(verifier)
+        }
+    };
+    let mut tls = builder
+        .with_single_cert(certs, key)
+        .map_err(|e| ServeError::Tls(e.to_string()))?;
+    tls.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(TlsAcceptor::from(Arc::new(tls)))
+}
+
+async fn accept_unix(
+    listener: UnixListener,
+    router: Router,
+    graceful: Arc<GracefulShutdown>,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
+    loop {
+        let accepted = tokio::select! {
+            a = listener.accept() => a,
+            _ = stop.changed() => return,
+        };
+        match accepted {
+            Ok((stream, _)) => {
+                let caller = stream.peer_cred().ok().map(|c| Caller::unix_uid(c.uid()));
+                serve_connection(stream, caller, router.clone(), graceful.watcher());
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+}
+
+async fn accept_tcp(
+    listener: TcpListener,
+    acceptor: Option<TlsAcceptor>,
+    router: Router,
+    graceful: Arc<GracefulShutdown>,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
+    loop {
+        let accepted = tokio::select! {
+            a = listener.accept() => a,
+            _ = stop.changed() => return,
+        };
+        let (stream, peer) = match accepted {
+            Ok(a) => a,
+            Err(e) => {
+                tracing::warn!(error = %e, "accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        match &acceptor {
+            None => serve_connection(stream, None, router.clone(), graceful.watcher()),
+            Some(acceptor) => {
+                let acceptor = acceptor.clone();
+                let router = router.clone();
+                // Watched from accept on, so a shutdown waits for the handshake too.
+                let watcher = graceful.watcher();
+                tokio::spawn(async move {
+                    let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream))
+                        .await
+                    {
+                        Ok(Ok(tls)) => tls,
+                        Ok(Err(e)) => {
+                            tracing::debug!(%peer, error = %e, "TLS handshake failed");
+                            return;
+                        }
+                        Err(_) => {
+                            tracing::debug!(%peer, "TLS handshake timed out");
+                            return;
+                        }
+                    };
+                    let caller = tls
+                        .get_ref()
+                        .1
+                        .peer_certificates()
+                        .and_then(|c| c.first())
+                        .and_then(|c| certificate_common_name(c))
+                        .map(|cn| Caller::common_name(&cn));
+                    serve_connection(tls, caller, router, watcher);
+                });
+            }
+        }
+    }
+}
+
+fn serve_connection<I>(io: I, caller: Option<Caller>, router: Router, watcher: Watcher)
+where
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let service = hyper::service::service_fn(move |mut req: hyper::Request<Incoming>| {
+        if let Some(c) = &caller {
+            req.extensions_mut().insert(c.clone());
+        }
+        router.clone().oneshot(req)
+    });
+    let conn = hyper::server::conn::http1::Builder::new()
+        .timer(hyper_util::rt::TokioTimer::new())
+        .header_read_timeout(Duration::from_secs(30))
+        .serve_connection(TokioIo::new(io), service);
+    let conn = watcher.watch(conn);
+    tokio::spawn(async move {
+        if let Err(e) = conn.await {
+            tracing::debug!(error = %e, "connection ended with an error");
+        }
+    });
+}

@@ -1,0 +1,471 @@
+//! AdmissionReview v1 through `oneshot`: real captures, GPU pods in the inference
+//! namespace, bound pods, dry runs, JSONPatch placement, and malformed reviews.
+
+use axum::http::{Method, StatusCode};
+use base64::Engine as _;
+use probity_server::{Config, UnknownKinds};
+use serde_json::{Value, json};
+
+use crate::{call, call_raw, root, state, state_with};
+
+fn fixture(name: &str) -> Value {
+    serde_json::from_slice(&std::fs::read(root().join("testdata/k8s").join(name)).unwrap()).unwrap()
+}
+
+fn yaml_pod(name: &str) -> Value {
+    serde_norway::from_slice(&std::fs::read(root().join("testdata/k8s").join(name)).unwrap())
+        .unwrap()
+}
+
+/// An AdmissionReview CREATE of `object` (of `kind`) in `namespace`.
+fn review(kind: &str, namespace: &str, object: Value) -> Value {
+    json!({
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": "705ab4f5-6393-11e8-b7cc-42010a800002",
+            "kind": {"group": "", "version": "v1", "kind": kind},
+            "resource": {"group": "", "version": "v1", "resource": "pods"},
+            "namespace": namespace,
+            "operation": "CREATE",
+            "userInfo": {"username": "admin"},
+            "object": object,
+            "oldObject": null,
+            "dryRun": false
+        }
+    })
+}
+
+fn gpu_pod(name: &str, gpus: u32, cpu: &str) -> Value {
+    json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {"containers": [{
+            "name": "main", "image": "nvcr.io/nvidia/tritonserver:25.01",
+            "resources": {"limits": {"nvidia.com/gpu": gpus.to_string(), "cpu": cpu}}
+        }]}
+    })
+}
+
+async fn validate(s: &probity_server::AppState, body: &Value) -> Value {
+    let (status, out) = call(s, Method::POST, "/v1/admission/validate", Some(body), None).await;
+    assert_eq!(status, StatusCode::OK, "{out}");
+    assert_eq!(out["apiVersion"], "admission.k8s.io/v1");
+    assert_eq!(out["kind"], "AdmissionReview");
+    out["response"].clone()
+}
+
+async fn mutate(s: &probity_server::AppState, body: &Value) -> Value {
+    let (status, out) = call(s, Method::POST, "/v1/admission/mutate", Some(body), None).await;
+    assert_eq!(status, StatusCode::OK, "{out}");
+    out["response"].clone()
+}
+
+fn patch_of(response: &Value) -> Vec<Value> {
+    assert_eq!(response["patchType"], "JSONPatch", "{response}");
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(response["patch"].as_str().unwrap())
+        .unwrap();
+    serde_json::from_slice(&bytes).unwrap()
+}
+
+#[tokio::test]
+async fn a_controller_made_pod_with_only_generate_name_is_admitted_and_its_uid_echoed() {
+    let s = state();
+    let r = fixture("admissionreview-pod-create-replicaset.json");
+    let response = validate(&s, &r).await;
+    assert_eq!(response["uid"], "e94a7790-a4fc-11e9-a276-42010a3e0104");
+    assert_eq!(response["allowed"], true, "{response}");
+    let response = mutate(&s, &r).await;
+    assert_eq!(response["uid"], "e94a7790-a4fc-11e9-a276-42010a3e0104");
+    assert_eq!(response["allowed"], true);
+}
+
+#[tokio::test]
+async fn the_api_machinery_sample_of_an_unknown_kind_is_allowed_with_a_warning_or_denied_by_config()
+{
+    let r = fixture("admissionreview-v1-apimachinery-testdata.json");
+    // operationValue is no CREATE or UPDATE: nothing to check.
+    let response = validate(&state(), &r).await;
+    assert_eq!(
+        (response["uid"].clone(), response["allowed"].clone()),
+        (json!("uidValue"), json!(true))
+    );
+    let mut create = r.clone();
+    create["request"]["operation"] = json!("CREATE");
+    let response = validate(&state(), &create).await;
+    assert_eq!(response["allowed"], true);
+    assert!(
+        response["warnings"][0]
+            .as_str()
+            .unwrap()
+            .contains("kindValue"),
+        "{response}"
+    );
+    let mut config = Config::default();
+    config.admission.unknown_kinds = UnknownKinds::Deny;
+    let response = validate(&state_with(config), &create).await;
+    assert_eq!(response["allowed"], false);
+    assert_eq!(response["status"]["code"], 403);
+}
+
+#[tokio::test]
+async fn gpu_pods_in_inference_keep_one_gpu_per_eight_cpus() {
+    let s = state();
+    // 1 GPU with 8 CPUs keeps the ratio; 2 GPUs with 8 CPUs ("8000m") break it.
+    let ok = validate(&s, &review("Pod", "inference", gpu_pod("ok", 1, "8"))).await;
+    assert_eq!(ok["allowed"], true, "{ok}");
+    let bad = validate(
+        &s,
+        &review("Pod", "inference", gpu_pod("greedy", 2, "8000m")),
+    )
+    .await;
+    assert_eq!(bad["allowed"], false);
+    assert_eq!(bad["status"]["code"], 403);
+    let message = bad["status"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("placement.inference-gpu-cpu-ratio"),
+        "{message}"
+    );
+    assert!(message.contains("inference/greedy"), "{message}");
+    // The same pod outside inference is fine.
+    let elsewhere = validate(&s, &review("Pod", "training", gpu_pod("greedy", 2, "8"))).await;
+    assert_eq!(elsewhere["allowed"], true);
+    // CPUs summed over containers: 1.5 + 6.5 = 8 CPUs for 1 GPU.
+    let mut two = gpu_pod("two", 1, "1.5");
+    two["spec"]["containers"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"name": "side", "image": "x", "resources": {"requests": {"cpu": "6500m"}}}));
+    let r = validate(&s, &review("Pod", "inference", two)).await;
+    assert_eq!(r["allowed"], true, "{r}");
+}
+
+#[tokio::test]
+async fn the_kyverno_gpu_pods_in_inference_are_denied_without_cpus() {
+    let s = state();
+    let pod = yaml_pod("kyverno-test-bad.yaml");
+    let r = validate(&s, &review("Pod", "inference", pod)).await;
+    assert_eq!(r["allowed"], false, "{r}");
+    let pod = yaml_pod("kyverno-test-good01.yaml");
+    let r = validate(&s, &review("Pod", "default", pod)).await;
+    assert_eq!(r["allowed"], true, "{r}");
+}
+
+#[tokio::test]
+async fn pod_templates_of_workload_kinds_are_checked() {
+    let s = state();
+    let template = |cpu: &str| json!({"metadata": {"labels": {"app": "x"}}, "spec": gpu_pod("t", 2, cpu)["spec"].clone()});
+    for (kind, object) in [
+        (
+            "Deployment",
+            json!({"metadata": {"name": "d"}, "spec": {"template": template("4")}}),
+        ),
+        (
+            "StatefulSet",
+            json!({"metadata": {"name": "s"}, "spec": {"template": template("4")}}),
+        ),
+        (
+            "DaemonSet",
+            json!({"metadata": {"name": "ds"}, "spec": {"template": template("4")}}),
+        ),
+        (
+            "Job",
+            json!({"metadata": {"name": "j"}, "spec": {"template": template("4")}}),
+        ),
+        (
+            "CronJob",
+            json!({"metadata": {"name": "c"}, "spec": {"jobTemplate": {"spec": {"template": template("4")}}}}),
+        ),
+    ] {
+        let r = validate(&s, &review(kind, "inference", object.clone())).await;
+        assert_eq!(r["allowed"], false, "{kind}: {r}");
+        let mut fine = object;
+        let text = fine.to_string().replace("\"cpu\":\"4\"", "\"cpu\":\"16\"");
+        fine = serde_json::from_str(&text).unwrap();
+        let r = validate(&s, &review(kind, "inference", fine)).await;
+        assert_eq!(r["allowed"], true, "{kind}: {r}");
+    }
+}
+
+#[tokio::test]
+async fn a_pod_bound_for_a_blocked_node_is_denied() {
+    let s = state();
+    let mut pod = gpu_pod("bound", 1, "8");
+    pod["spec"]["nodeName"] = json!("gpu-blocked");
+    let r = validate(&s, &review("Pod", "training", pod.clone())).await;
+    assert_eq!(r["allowed"], false);
+    assert!(
+        r["status"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("placement.blocked-node"),
+        "{r}"
+    );
+    // Blocked through the engine, for a node not in the store.
+    s.engine()
+        .block_node("gpu-elsewhere", "integrity failure")
+        .unwrap();
+    pod["spec"]["nodeName"] = json!("gpu-elsewhere");
+    let r = validate(&s, &review("Pod", "training", pod.clone())).await;
+    assert_eq!(r["allowed"], false);
+    assert!(
+        r["status"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("integrity failure"),
+        "{r}"
+    );
+    // A healthy node is fine; an unknown one is allowed with a warning.
+    pod["spec"]["nodeName"] = json!("gpu-a1");
+    let r = validate(&s, &review("Pod", "training", pod.clone())).await;
+    assert_eq!(r["allowed"], true, "{r}");
+    pod["spec"]["nodeName"] = json!("gpu-unknown");
+    let r = validate(&s, &review("Pod", "training", pod)).await;
+    assert_eq!(r["allowed"], true);
+    assert!(
+        r["warnings"][0]
+            .as_str()
+            .unwrap()
+            .contains("not in the entity store")
+    );
+}
+
+#[tokio::test]
+async fn a_dry_run_decides_alike_and_records_nothing() {
+    let s = state();
+    let mut r = review("Pod", "inference", gpu_pod("greedy", 2, "1"));
+    r["request"]["dryRun"] = json!(true);
+    let response = validate(&s, &r).await;
+    assert_eq!(response["allowed"], false);
+    let (_, metrics) = call(&s, Method::GET, "/metrics", None, None).await;
+    let text = metrics.as_str().unwrap();
+    assert!(
+        text.contains("probity_decisions_total{outcome=\"deny\"} 0"),
+        "{text}"
+    );
+    assert!(!text.contains("placement.inference-gpu-cpu-ratio"));
+    assert_eq!(
+        s.engine()
+            .entity(&"Workload::\"inference/greedy\"".parse().unwrap()),
+        None
+    );
+}
+
+#[tokio::test]
+async fn mutation_keeps_pods_off_blocked_nodes_and_hot_zones_and_pins_rlhf() {
+    let s = state();
+    s.engine().block_node("gpu-a1", "maintenance").unwrap();
+    let r = mutate(&s, &review("Pod", "training", gpu_pod("t", 1, "8"))).await;
+    assert_eq!(r["allowed"], true);
+    let patch = patch_of(&r);
+    assert_eq!(patch.len(), 1);
+    assert_eq!(patch[0]["op"], "add");
+    assert_eq!(patch[0]["path"], "/spec/affinity");
+    let exprs = &patch[0]["value"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+        ["nodeSelectorTerms"][0]["matchExpressions"];
+    assert_eq!(
+        exprs,
+        &json!([
+            {"key": "kubernetes.io/hostname", "operator": "NotIn", "values": ["gpu-a1", "gpu-blocked"]},
+            {"key": "topology.probity.io/zone", "operator": "NotIn", "values": ["zone-hot"]}
+        ])
+    );
+    // RL-HF work is pinned to its zone; an existing affinity is kept and replaced whole.
+    let mut pod = gpu_pod("rl", 1, "8");
+    pod["metadata"]["labels"] = json!({"probity.io/class": "rlhf"});
+    pod["spec"]["affinity"] = json!({"podAntiAffinity": {}, "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{"matchExpressions": [{"key": "gpu", "operator": "Exists"}]}]}}});
+    let r = mutate(&s, &review("Pod", "training", pod)).await;
+    let patch = patch_of(&r);
+    assert_eq!(patch[0]["op"], "replace");
+    let value = &patch[0]["value"];
+    assert!(value.get("podAntiAffinity").is_some());
+    let exprs = value["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0]["matchExpressions"].as_array().unwrap();
+    assert_eq!(exprs.len(), 4);
+    assert_eq!(exprs[0]["key"], "gpu");
+    assert_eq!(
+        exprs[2],
+        json!({"key": "topology.probity.io/zone", "operator": "In", "values": ["zone-rlhf"]})
+    );
+    // Templates are patched at their own path.
+    let r = mutate(&s, &review("Deployment", "training", json!({"metadata": {"name": "d"}, "spec": {"template": {"spec": gpu_pod("t", 1, "8")["spec"].clone()}}}))).await;
+    assert_eq!(patch_of(&r)[0]["path"], "/spec/template/spec/affinity");
+}
+
+#[tokio::test]
+async fn mutation_without_constraints_sends_no_patch() {
+    let engine = probity::Engine::from_embedded_defaults().unwrap();
+    let s = probity_server::AppState::new(engine, Config::default());
+    let r = mutate(&s, &review("Pod", "training", gpu_pod("t", 1, "8"))).await;
+    assert_eq!(r["allowed"], true);
+    assert!(r.get("patch").is_none(), "{r}");
+}
+
+#[tokio::test]
+async fn malformed_reviews_get_clear_errors() {
+    let s = state();
+    for endpoint in ["/v1/admission/validate", "/v1/admission/mutate"] {
+        let (status, body) =
+            call_raw(&s, Method::POST, endpoint, b"{not json".to_vec(), None).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST);
+        assert_eq!(
+            body["error"],
+            "AdmissionReview is not valid JSON at line 1, column 2"
+        );
+        let (status, body) = call(
+            &s,
+            Method::POST,
+            endpoint,
+            Some(&json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview"})),
+            None,
+        )
+        .await;
+        assert_eq!(status, StatusCode::BAD_REQUEST);
+        assert_eq!(
+            body,
+            json!({"error": "AdmissionReview has no request", "code": 400})
+        );
+        // Wrong version, but a uid to answer: an AdmissionReview-shaped refusal.
+        let mut r = review("Pod", "default", gpu_pod("p", 0, "1"));
+        r["apiVersion"] = json!("admission.k8s.io/v1beta1");
+        let (status, body) = call(&s, Method::POST, endpoint, Some(&r), None).await;
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(
+            body["response"]["uid"],
+            "705ab4f5-6393-11e8-b7cc-42010a800002"
+        );
+        assert_eq!(body["response"]["allowed"], false);
+        assert_eq!(body["response"]["status"]["code"], 400);
+        assert!(
+            body["response"]["status"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("admission.k8s.io/v1beta1")
+        );
+        // A pod whose quantities do not parse.
+        let r = review("Pod", "default", gpu_pod("p", 1, "lots"));
+        let (_, body) = call(&s, Method::POST, endpoint, Some(&r), None).await;
+        assert_eq!(body["response"]["allowed"], false);
+        assert!(
+            body["response"]["status"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("cpu"),
+            "{body}"
+        );
+    }
+    let mut config = Config::default();
+    config.server.max_body_bytes = 4096;
+    let s = state_with(config);
+    let big = review(
+        "Pod",
+        "default",
+        json!({"metadata": {"annotations": {"pad": "x".repeat(8192)}}, "spec": {"containers": []}}),
+    );
+    let (status, body) = call(&s, Method::POST, "/v1/admission/validate", Some(&big), None).await;
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
+    assert_eq!(body["code"], 413);
+}
+
+#[tokio::test]
+async fn delete_and_missing_objects_are_allowed() {
+    let s = state();
+    let mut r = review("Pod", "default", Value::Null);
+    r["request"]["operation"] = json!("DELETE");
+    assert_eq!(validate(&s, &r).await["allowed"], true);
+    let mut r = review("Pod", "default", Value::Null);
+    r["request"]["operation"] = json!("CREATE");
+    let response = validate(&s, &r).await;
+    assert_eq!(response["allowed"], true);
+    assert!(response["warnings"].is_array());
+    // A minimal pod: no labels, no resources, no image.
+    let r = review(
+        "Pod",
+        "default",
+        json!({"metadata": {}, "spec": {"containers": [{"name": "c"}]}}),
+    );
+    assert_eq!(validate(&s, &r).await["allowed"], true);
+}
+
+fn yaml_pods(name: &str) -> Vec<Value> {
+    let text = std::fs::read_to_string(root().join("testdata/k8s").join(name)).unwrap();
+    serde_norway::Deserializer::from_str(&text)
+        .map(|d| serde::Deserialize::deserialize(d).unwrap())
+        .collect()
+}
+
+#[tokio::test]
+async fn the_chainsaw_pods_in_inference_are_denied_exactly_when_they_want_gpus_without_cpus() {
+    let s = state();
+    let good = yaml_pods("chainsaw-test-pods-good.yaml");
+    let bad = yaml_pods("chainsaw-test-pods-bad.yaml");
+    assert!(good.len() >= 3 && bad.len() >= 2);
+    for (pods, allowed) in [(good, true), (bad, false)] {
+        for pod in pods {
+            let name = pod["metadata"]["name"].clone();
+            let r = validate(&s, &review("Pod", "inference", pod.clone())).await;
+            assert_eq!(r["allowed"], allowed, "{name}: {r}");
+            // In their own namespace the ratio rule does not apply.
+            let mut own = review("Pod", "", pod);
+            own["request"].as_object_mut().unwrap().remove("namespace");
+            let r = validate(&s, &own).await;
+            assert_eq!(r["allowed"], true, "{name}: {r}");
+        }
+    }
+}
+
+#[tokio::test]
+async fn every_prefix_and_retyping_of_a_real_review_gets_an_answer_not_a_crash() {
+    let s = state();
+    let text =
+        std::fs::read(root().join("testdata/k8s/admissionreview-pod-create-replicaset.json"))
+            .unwrap();
+    // Truncations: bounded, one every 97 bytes.
+    for end in (0..text.len()).step_by(97) {
+        let (status, body) = call_raw(
+            &s,
+            Method::POST,
+            "/v1/admission/validate",
+            text[..end].to_vec(),
+            None,
+        )
+        .await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "prefix {end}: {body}");
+        assert_eq!(body["code"], 400);
+    }
+    // Every field replaced by values of the wrong type.
+    let review = fixture("admissionreview-pod-create-replicaset.json");
+    let mut paths = Vec::new();
+    fn walk(v: &Value, path: String, out: &mut Vec<String>) {
+        out.push(path.clone());
+        if let Value::Object(m) = v {
+            for (k, c) in m {
+                walk(
+                    c,
+                    format!("{path}/{}", k.replace('~', "~0").replace('/', "~1")),
+                    out,
+                );
+            }
+        } else if let Value::Array(a) = v {
+            for (i, c) in a.iter().enumerate() {
+                walk(c, format!("{path}/{i}"), out);
+            }
+        }
+    }
+    walk(&review, String::new(), &mut paths);
+    for path in paths.iter().filter(|p| !p.is_empty()) {
+        for replacement in [json!(null), json!(7), json!("x"), json!([]), json!({})] {
+            let mut r = review.clone();
+            *r.pointer_mut(path).unwrap() = replacement.clone();
+            let (status, body) =
+                call(&s, Method::POST, "/v1/admission/mutate", Some(&r), None).await;
+            assert!(
+                status == StatusCode::OK || status == StatusCode::BAD_REQUEST,
+                "{path} = {replacement}: {status} {body}"
+            );
+            if status == StatusCode::OK {
+                assert_eq!(body["response"]["uid"], r["request"]["uid"], "{path}");
+            }
+        }
+    }
+}

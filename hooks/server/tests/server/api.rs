@@ -1,0 +1,348 @@
+//! The JSON API through `oneshot`: every route, its errors, and the Cedar authorization
+//! of mutating calls.
+
+use axum::http::{Method, StatusCode};
+use probity_server::Config;
+use serde_json::json;
+
+use crate::{call, call_raw, state, state_with};
+
+fn decide_body() -> serde_json::Value {
+    json!({"principal": "Workload::\"train-1\"", "action": "schedule", "resource": "Node::\"gpu-blocked\""})
+}
+
+#[tokio::test]
+async fn decide_answers_with_the_decision_and_its_reasons() {
+    let s = state();
+    let (status, body) = call(&s, Method::POST, "/v1/decide", Some(&decide_body()), None).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(body["decision"], "deny");
+    assert_eq!(body["reasons"][0]["policy"], "placement.blocked-node");
+    let ok = json!({"principal": "Workload::\"train-1\"", "action": "schedule", "resource": "Node::\"gpu-a1\""});
+    let (_, body) = call(&s, Method::POST, "/v1/decide", Some(&ok), None).await;
+    assert_eq!(body["decision"], "allow");
+}
+
+#[tokio::test]
+async fn decide_rejects_bad_requests_with_a_json_error() {
+    let s = state();
+    let (status, body) = call_raw(
+        &s,
+        Method::POST,
+        "/v1/decide",
+        b"{\n \"principal\": }".to_vec(),
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(body["code"], 400);
+    assert_eq!(
+        body["error"],
+        "request is not valid JSON at line 2, column 15"
+    );
+    let (status, body) = call(
+        &s,
+        Method::POST,
+        "/v1/decide",
+        Some(&json!({"action": "schedule"})),
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert!(
+        body["error"].as_str().unwrap().contains("principal"),
+        "{body}"
+    );
+}
+
+#[tokio::test]
+async fn batch_decides_every_request_in_order() {
+    let s = state();
+    let ok = json!({"principal": "Workload::\"train-1\"", "action": "schedule", "resource": "Node::\"gpu-a1\""});
+    let mut requests = vec![ok.clone(), decide_body()];
+    // Large enough to run on the blocking pool.
+    requests.extend(std::iter::repeat_n(ok, 40));
+    let (status, body) = call(
+        &s,
+        Method::POST,
+        "/v1/decide/batch",
+        Some(&json!({"requests": requests})),
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    let d = body["decisions"].as_array().unwrap();
+    assert_eq!(d.len(), 42);
+    assert_eq!(d[0]["decision"], "allow");
+    assert_eq!(d[1]["decision"], "deny");
+    let (status, body) = call(
+        &s,
+        Method::POST,
+        "/v1/decide/batch",
+        Some(&json!({"requests": [1]})),
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert!(
+        body["error"].as_str().unwrap().starts_with("requests[0]"),
+        "{body}"
+    );
+}
+
+fn zone(id: &str) -> serde_json::Value {
+    json!([{"uid": {"type": "Zone", "id": id}, "parents": [],
+            "attrs": {"cluster": {"__entity": {"type": "Cluster", "id": "onprem"}},
+                      "powerDrawW": 1, "powerCeilingW": 100}}])
+}
+
+#[tokio::test]
+async fn entities_are_upserted_read_and_removed_by_an_admin() {
+    let s = state();
+    let (status, body) = call(
+        &s,
+        Method::POST,
+        "/v1/entities",
+        Some(&zone("zone-new")),
+        Some("uid:0"),
+    )
+    .await;
+    assert_eq!((status, body), (StatusCode::OK, json!({"upserted": 1})));
+    let (status, body) = call(&s, Method::GET, "/v1/entities/Zone/zone-new", None, None).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(body["attrs"]["powerCeilingW"], 100);
+    let (status, _) = call(
+        &s,
+        Method::DELETE,
+        "/v1/entities",
+        Some(&json!({"uids": ["Zone::\"zone-new\""]})),
+        Some("uid:0"),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    let (status, body) = call(&s, Method::GET, "/v1/entities/Zone/zone-new", None, None).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert_eq!(body["error"], "no entity Zone::\"zone-new\"");
+}
+
+#[tokio::test]
+async fn entity_writes_need_a_permitted_caller() {
+    let s = state();
+    for caller in [None, Some("uid:1000"), Some("cn:somebody")] {
+        let (status, body) = call(&s, Method::POST, "/v1/entities", Some(&zone("z")), caller).await;
+        assert_eq!(status, StatusCode::FORBIDDEN, "{caller:?}");
+        assert_eq!(body["code"], 403);
+    }
+    let (_, body) = call(&s, Method::POST, "/v1/entities", Some(&zone("z")), None).await;
+    assert!(
+        body["error"]
+            .as_str()
+            .unwrap()
+            .contains("api.anonymous-read-only"),
+        "{body}"
+    );
+    // A configured entity writer may.
+    let mut config = Config::default();
+    config
+        .auth
+        .groups
+        .insert("entity-writers".into(), vec!["cn:inventory".into()]);
+    let s = state_with(config);
+    let (status, _) = call(
+        &s,
+        Method::POST,
+        "/v1/entities",
+        Some(&zone("z")),
+        Some("cn:inventory"),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn invalid_entities_are_422_and_leave_the_store_alone() {
+    let s = state();
+    let bad = json!([{"uid": {"type": "Zone", "id": "z"}, "attrs": {"powerDrawW": "lots"}, "parents": []}]);
+    let (status, body) = call(&s, Method::POST, "/v1/entities", Some(&bad), Some("uid:0")).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert!(
+        body["error"]
+            .as_str()
+            .unwrap()
+            .starts_with("entities rejected"),
+        "{body}"
+    );
+    let (status, _) = call(&s, Method::GET, "/v1/entities/Zone/z", None, None).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    let (status, _) = call(
+        &s,
+        Method::DELETE,
+        "/v1/entities",
+        Some(&json!({"uids": [3]})),
+        Some("uid:0"),
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+}
+
+#[tokio::test]
+async fn nodes_are_blocked_and_unblocked_under_policy() {
+    let mut config = Config::default();
+    config
+        .auth
+        .nodes
+        .insert("cn:sidecar-gpu-a1".into(), "gpu-a1".into());
+    let s = state_with(config);
+    // A node's own sidecar blocks its node.
+    let (status, body) = call(
+        &s,
+        Method::POST,
+        "/v1/nodes/gpu-a1/block",
+        Some(&json!({"reason": "checkpoint failed verification"})),
+        Some("cn:sidecar-gpu-a1"),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let (_, body) = call(&s, Method::GET, "/v1/nodes/blocked", None, None).await;
+    assert_eq!(
+        body["nodes"]["gpu-a1"]["reason"],
+        "checkpoint failed verification"
+    );
+    let (_, d) = call(
+        &s,
+        Method::POST,
+        "/v1/decide",
+        Some(&json!({"principal": "Workload::\"train-1\"", "action": "schedule", "resource": "Node::\"gpu-a1\""})),
+        None,
+    )
+    .await;
+    assert_eq!(d["decision"], "deny");
+    // ...but not another node, and it may not unblock itself.
+    let (status, _) = call(
+        &s,
+        Method::POST,
+        "/v1/nodes/gpu-h1/block",
+        None,
+        Some("cn:sidecar-gpu-a1"),
+    )
+    .await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    let (status, body) = call(
+        &s,
+        Method::POST,
+        "/v1/nodes/gpu-a1/unblock",
+        None,
+        Some("cn:sidecar-gpu-a1"),
+    )
+    .await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    assert!(
+        body["error"]
+            .as_str()
+            .unwrap()
+            .contains("api.unblock-needs-admin"),
+        "{body}"
+    );
+    // An admin may.
+    let (status, _) = call(
+        &s,
+        Method::POST,
+        "/v1/nodes/gpu-a1/unblock",
+        None,
+        Some("uid:0"),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    let (_, body) = call(&s, Method::GET, "/v1/nodes/blocked", None, None).await;
+    assert_eq!(body["nodes"], json!({}));
+}
+
+#[tokio::test]
+async fn status_health_readiness_and_metrics() {
+    let s = state();
+    let (status, body) = call(&s, Method::GET, "/v1/policy/status", None, None).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(body["digest"].as_str().unwrap().len(), 64);
+    assert_eq!(body["last_error"], serde_json::Value::Null);
+    let (status, _) = call(&s, Method::GET, "/healthz", None, None).await;
+    assert_eq!(status, StatusCode::OK);
+    let (status, body) = call(&s, Method::GET, "/readyz", None, None).await;
+    assert_eq!((status, &body["status"]), (StatusCode::OK, &json!("ready")));
+    call(&s, Method::POST, "/v1/decide", Some(&decide_body()), None).await;
+    let (status, body) = call(&s, Method::GET, "/metrics", None, None).await;
+    assert_eq!(status, StatusCode::OK);
+    let text = body.as_str().unwrap();
+    assert!(
+        text.contains("probity_decisions_total{outcome=\"deny\"} 1"),
+        "{text}"
+    );
+    assert!(text.contains(
+        "probity_decision_reasons_total{outcome=\"deny\",policy=\"placement.blocked-node\"} 1"
+    ));
+    assert!(text.contains(
+        "probity_http_request_duration_seconds_bucket{route=\"/v1/decide\",le=\"+Inf\"} 1"
+    ));
+    assert!(text.contains("probity_policy_reload_errors_total 0"));
+    s.set_ready(false);
+    let (status, body) = call(&s, Method::GET, "/readyz", None, None).await;
+    assert_eq!(
+        (status, &body["code"]),
+        (StatusCode::SERVICE_UNAVAILABLE, &json!(503))
+    );
+}
+
+#[tokio::test]
+async fn unknown_routes_methods_and_oversized_bodies_are_json_errors() {
+    let s = state();
+    let (status, body) = call(&s, Method::GET, "/v2/nothing", None, None).await;
+    assert_eq!(
+        (status, body["code"].clone()),
+        (StatusCode::NOT_FOUND, json!(404))
+    );
+    let (status, body) = call(&s, Method::GET, "/v1/decide", None, None).await;
+    assert_eq!(
+        (status, body["code"].clone()),
+        (StatusCode::METHOD_NOT_ALLOWED, json!(405))
+    );
+    let mut config = Config::default();
+    config.server.max_body_bytes = 1024;
+    let s = state_with(config);
+    let big = format!("{{\"pad\": \"{}\"}}", "x".repeat(2048)).into_bytes();
+    let (status, body) = call_raw(&s, Method::POST, "/v1/decide", big, None).await;
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
+    assert_eq!(
+        body,
+        json!({"error": "request body is over the limit of 1024 bytes", "code": 413})
+    );
+}
+
+/// A request body that never arrives.
+struct Never;
+
+impl hyper::body::Body for Never {
+    type Data = hyper::body::Bytes;
+    type Error = std::convert::Infallible;
+    fn poll_frame(
+        self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Self::Data>, Self::Error>>> {
+        std::task::Poll::Pending
+    }
+}
+
+#[tokio::test]
+async fn a_stalled_request_times_out_with_a_json_error() {
+    use http_body_util::BodyExt;
+    use tower::ServiceExt;
+    let mut config = Config::default();
+    config.server.request_timeout_ms = 100;
+    let router = probity_server::app(state_with(config));
+    let stalled = axum::http::Request::post("/v1/decide")
+        .body(axum::body::Body::new(Never))
+        .unwrap();
+    let response = router.oneshot(stalled).await.unwrap();
+    assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    let body: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(body, json!({"error": "request timed out", "code": 503}));
+}

@@ -1,0 +1,140 @@
+//! The Kubernetes manifests in hooks/deploy follow the webhook rules: failurePolicy Fail,
+//! a short timeout, no side effects, v1 reviews, and Probity's own and the system
+//! namespaces excluded.
+
+use serde::Deserialize;
+use serde_json::Value;
+
+use crate::root;
+
+fn documents() -> Vec<(String, Value)> {
+    let dir = root().join("hooks/deploy");
+    let mut docs = Vec::new();
+    let mut files: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    files.sort();
+    for path in files
+        .into_iter()
+        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
+    {
+        let text = std::fs::read_to_string(&path).unwrap();
+        for doc in serde_norway::Deserializer::from_str(&text) {
+            let v = Value::deserialize(doc).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            if !v.is_null() {
+                docs.push((path.file_name().unwrap().to_string_lossy().into_owned(), v));
+            }
+        }
+    }
+    docs
+}
+
+#[test]
+fn webhooks_fail_closed_quickly_without_side_effects_and_skip_system_namespaces() {
+    let docs = documents();
+    let mut kinds: Vec<&str> = docs
+        .iter()
+        .map(|(_, d)| d["kind"].as_str().unwrap())
+        .collect();
+    kinds.sort_unstable();
+    for want in [
+        "DaemonSet",
+        "Deployment",
+        "MutatingWebhookConfiguration",
+        "Service",
+        "ValidatingWebhookConfiguration",
+    ] {
+        assert!(
+            kinds.contains(&want),
+            "no {want} in hooks/deploy: {kinds:?}"
+        );
+    }
+    let mut webhooks = 0;
+    for (file, doc) in &docs {
+        let kind = doc["kind"].as_str().unwrap();
+        if !kind.ends_with("WebhookConfiguration") {
+            continue;
+        }
+        for hook in doc["webhooks"].as_array().unwrap() {
+            webhooks += 1;
+            let name = format!("{file}: {}", hook["name"]);
+            assert_eq!(hook["failurePolicy"], "Fail", "{name}");
+            let timeout = hook["timeoutSeconds"].as_u64().unwrap();
+            assert!(
+                (1..=10).contains(&timeout),
+                "{name}: timeoutSeconds {timeout}"
+            );
+            assert_eq!(hook["sideEffects"], "None", "{name}");
+            assert_eq!(
+                hook["admissionReviewVersions"],
+                serde_json::json!(["v1"]),
+                "{name}"
+            );
+            let path = hook["clientConfig"]["service"]["path"].as_str().unwrap();
+            let want = if kind.starts_with("Mutating") {
+                "/v1/admission/mutate"
+            } else {
+                "/v1/admission/validate"
+            };
+            assert_eq!(path, want, "{name}");
+            let excluded: Vec<&str> = hook["namespaceSelector"]["matchExpressions"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|e| e["key"] == "kubernetes.io/metadata.name" && e["operator"] == "NotIn")
+                .flat_map(|e| {
+                    e["values"]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .map(|v| v.as_str().unwrap())
+                })
+                .collect();
+            for ns in ["kube-system", "probity-system"] {
+                assert!(excluded.contains(&ns), "{name} does not exclude {ns}");
+            }
+        }
+    }
+    assert_eq!(webhooks, 2);
+}
+
+#[test]
+fn the_sidecar_shares_its_socket_directory_through_a_volume() {
+    let docs = documents();
+    let (_, ds) = docs.iter().find(|(_, d)| d["kind"] == "DaemonSet").unwrap();
+    let spec = &ds["spec"]["template"]["spec"];
+    let container = &spec["containers"][0];
+    let args: Vec<&str> = container["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap())
+        .collect();
+    let socket = args
+        .iter()
+        .position(|a| *a == "--socket")
+        .map(|i| args[i + 1])
+        .unwrap();
+    let dir = std::path::Path::new(socket)
+        .parent()
+        .unwrap()
+        .to_str()
+        .unwrap();
+    let mount = container["volumeMounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["mountPath"] == dir)
+        .unwrap();
+    let volume = spec["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == mount["name"])
+        .unwrap();
+    assert!(
+        volume.get("hostPath").is_some() || volume.get("emptyDir").is_some(),
+        "{volume}"
+    );
+}
