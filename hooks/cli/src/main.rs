@@ -140,6 +140,9 @@ struct ServeArgs {
     /// Cedar entity JSON to load into the store at start.
     #[arg(long)]
     entities: Option<PathBuf>,
+    /// State directory: durable blocks, manifest registry, event log; enables /v1/verify.
+    #[arg(long, env = "PROBITY_STATE_DIR")]
+    state_dir: Option<PathBuf>,
     /// Unix socket path [default: /run/probity/probity.sock].
     #[arg(long, conflicts_with = "no_socket")]
     socket: Option<PathBuf>,
@@ -300,6 +303,9 @@ fn serve(args: ServeArgs) -> Result<u8> {
     }
     if args.entities.is_some() {
         config.policies.entities = args.entities;
+    }
+    if args.state_dir.is_some() {
+        config.integrity.state_dir = args.state_dir;
     }
     match args.log_format.as_deref() {
         Some("json") => config.log.format = LogFormat::Json,

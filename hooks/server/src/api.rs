@@ -284,3 +284,119 @@ pub(crate) fn timed_decide(state: &AppState, request: &Request) -> Decision {
     state.metrics().record_decision(&d, start.elapsed());
     d
 }
+
+/// Largest signed manifest `/v1/verify` reads.
+const MAX_MANIFEST_BYTES: u64 = 64 * 1024 * 1024;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct VerifyBody {
+    /// The file (or block device) on this node.
+    path: std::path::PathBuf,
+    /// The object id it must be.
+    id: String,
+    /// The node that is about to read it.
+    node: String,
+    /// The signed manifest; default `PATH.manifest`.
+    #[serde(default)]
+    manifest: Option<std::path::PathBuf>,
+}
+
+/// `POST /v1/verify`: verifies `path` against its signed manifest before `node` reads it,
+/// then decides the read through the policies; a failure denies it and blocks the node.
+pub(crate) async fn verify(
+    State(state): State<AppState>,
+    ext: Extensions,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let caller = caller(&ext);
+    let value = json_body(&state, body, "verify request")?;
+    let body: VerifyBody = serde_json::from_value(value).map_err(|e| {
+        ApiError::BadRequest(format!(
+            "expected {{\"path\": .., \"id\": .., \"node\": .., \"manifest\"?: ..}}: {e}"
+        ))
+    })?;
+    authorize(&state, &caller, "verify", "verify", Some(&body.node))?;
+    let engine = state.engine().clone();
+    let Some(store) = engine.state().cloned() else {
+        return Err(ApiError::Unavailable(
+            "verification needs a state directory ([integrity] state_dir)".into(),
+        ));
+    };
+    let key_path = state
+        .config()
+        .integrity
+        .public_key
+        .clone()
+        .or_else(|| {
+            state
+                .config()
+                .integrity
+                .state_dir
+                .as_ref()
+                .map(|d| d.join("trusted.pub"))
+        })
+        .ok_or_else(|| ApiError::Unavailable("no pinned public key configured".into()))?;
+    let outcome =
+        tokio::task::spawn_blocking(move || verify_blocking(&engine, &store, &key_path, &body))
+            .await
+            .map_err(|_| ApiError::Internal)??;
+    Ok(Json(outcome))
+}
+
+fn verify_blocking(
+    engine: &probity::Engine,
+    store: &probity::state::StateStore,
+    key_path: &std::path::Path,
+    body: &VerifyBody,
+) -> Result<Value, ApiError> {
+    use probity::integrity::{self, PublicKey, SignedManifest, Verifier, VerifyOptions};
+    let key = std::fs::read_to_string(key_path)
+        .ok()
+        .and_then(|text| PublicKey::from_hex(&text).ok())
+        .ok_or_else(|| ApiError::Unavailable("the pinned public key cannot be read".into()))?;
+    let verifier = Verifier::new(key);
+    let manifest_path = body.manifest.clone().unwrap_or_else(|| {
+        let mut name = body.path.as_os_str().to_owned();
+        name.push(".manifest");
+        name.into()
+    });
+    let manifest = std::fs::metadata(&manifest_path)
+        .ok()
+        .filter(|m| m.len() <= MAX_MANIFEST_BYTES)
+        .and_then(|_| std::fs::read(&manifest_path).ok())
+        .ok_or_else(|| {
+            ApiError::Unprocessable(format!(
+                "cannot read the manifest {}",
+                manifest_path.display()
+            ))
+        })?;
+    let outcome: Result<_, Box<dyn std::error::Error + Send + Sync>> =
+        match SignedManifest::decode(&manifest) {
+            Err(e) => Err(Box::new(e)),
+            Ok(signed) => {
+                let options = VerifyOptions {
+                    expected_object_id: Some(&body.id),
+                    ..VerifyOptions::default()
+                };
+                match integrity::verify_object(&body.path, &signed, &verifier, store, &options) {
+                    Ok(report) => Ok(report),
+                    // The environment failed, not the object: no verdict on the node.
+                    Err(e) if matches!(e.kind(), "read-error" | "anchor-error" | "state-error") => {
+                        return Err(ApiError::Unprocessable(format!("could not verify: {e}")));
+                    }
+                    Err(e) => Err(Box::new(e)),
+                }
+            }
+        };
+    let verification = match &outcome {
+        Ok(report) => Ok(report),
+        Err(e) => Err(e.as_ref() as &dyn std::error::Error),
+    };
+    let decision = engine.decide_read(&body.node, &body.id, verification);
+    Ok(json!({
+        "verified": outcome.is_ok(),
+        "failure": outcome.as_ref().err().map(|e| e.to_string()),
+        "decision": decision,
+    }))
+}

@@ -81,6 +81,14 @@ pub enum ServeError {
         /// Why.
         detail: String,
     },
+    /// The state directory cannot be opened or attached.
+    #[error("cannot use the state directory {path}: {detail}")]
+    State {
+        /// The directory.
+        path: std::path::PathBuf,
+        /// Why.
+        detail: String,
+    },
     /// The policy directory cannot be watched for hot reload.
     #[error("cannot watch the policies for changes")]
     Watch(#[from] probity::WatchError),

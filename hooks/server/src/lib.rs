@@ -18,6 +18,7 @@
 //! | `POST /v1/nodes/{id}/block`, `.../unblock` | block or unblock a node (authorized: `manage` on `Api::"nodes"`) |
 //! | `GET /v1/nodes/blocked` | blocked nodes and why |
 //! | `GET /v1/policy/status` | digest, files, reloads, last reload error |
+//! | `POST /v1/verify` | verify a file before a node reads it; a failure blocks the node (authorized: `manage` on `Api::"verify"`) |
 //! | `POST /v1/admission/validate`, `/v1/admission/mutate` | AdmissionReview v1 |
 //! | `GET /healthz`, `/readyz`, `/metrics` | liveness, readiness, Prometheus |
 //!
@@ -75,8 +76,8 @@ use probity::{Decision, Engine, Request};
 
 pub use caller::{Caller, certificate_common_name};
 pub use config::{
-    AdmissionConfig, AuthConfig, Config, ConfigError, DEFAULT_SOCKET, LogConfig, LogFormat,
-    PolicyConfig, ServerConfig, UnknownKinds,
+    AdmissionConfig, AuthConfig, Config, ConfigError, DEFAULT_SOCKET, IntegrityConfig, LogConfig,
+    LogFormat, PolicyConfig, ServerConfig, UnknownKinds,
 };
 pub use error::{ApiError, ServeError};
 pub use server::{Server, init_logging, serve, shutdown_signal};
@@ -165,6 +166,7 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/nodes/{id}/block", post(api::block_node))
         .route("/v1/nodes/{id}/unblock", post(api::unblock_node))
         .route("/v1/policy/status", get(api::policy_status))
+        .route("/v1/verify", post(api::verify))
         .route("/v1/admission/validate", post(admission::validate))
         .route("/v1/admission/mutate", post(admission::mutate))
         .route("/healthz", get(healthz))

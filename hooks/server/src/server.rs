@@ -88,6 +88,16 @@ fn load_engine(config: &Config) -> Result<Engine, ServeError> {
         Some(dir) => Engine::builder(dir).build()?,
         None => Engine::from_embedded_defaults()?,
     };
+    if let Some(dir) = &config.integrity.state_dir {
+        let bad = |detail: String| ServeError::State {
+            path: dir.clone(),
+            detail,
+        };
+        let store = probity::state::StateStore::open(dir).map_err(|e| bad(e.to_string()))?;
+        engine
+            .attach_state(std::sync::Arc::new(store))
+            .map_err(|e| bad(e.to_string()))?;
+    }
     if let Some(path) = &config.policies.entities {
         let bad = |detail: String| ServeError::Entities {
             path: path.clone(),

@@ -346,3 +346,72 @@ async fn a_stalled_request_times_out_with_a_json_error() {
     let body: serde_json::Value = serde_json::from_slice(&body).unwrap();
     assert_eq!(body, json!({"error": "request timed out", "code": 503}));
 }
+
+#[tokio::test]
+async fn verify_passes_an_intact_checkpoint_and_blocks_the_node_on_a_flipped_byte() {
+    use probity::integrity::{self, Anchor, HashOptions, SoftwareAnchor};
+    use probity::state::StateStore;
+    use std::sync::Arc;
+
+    let tmp = tempfile::tempdir().unwrap();
+    let state_dir = tmp.path().join("state");
+    let store = Arc::new(StateStore::open(&state_dir).unwrap());
+    let anchor = SoftwareAnchor::load_or_generate(&tmp.path().join("anchor.key")).unwrap();
+    std::fs::write(state_dir.join("trusted.pub"), anchor.public_key().to_hex()).unwrap();
+    let file = tmp.path().join("epoch-9.ckpt");
+    let data: Vec<u8> = (0..50_000u32).map(|i| (i % 253) as u8).collect();
+    std::fs::write(&file, &data).unwrap();
+    let options = HashOptions {
+        chunk_size: 4096,
+        ..HashOptions::default()
+    };
+    let signed = integrity::seal(&file, "llm/epoch-9", 1, &anchor, &store, &options).unwrap();
+    std::fs::write(tmp.path().join("epoch-9.ckpt.manifest"), signed.encode()).unwrap();
+
+    let mut config = Config::default();
+    config.integrity.state_dir = Some(state_dir.clone());
+    let engine = crate::engine();
+    engine.attach_state(Arc::clone(&store)).unwrap();
+    let s = probity_server::AppState::new(engine, config);
+    let body = json!({"path": file, "id": "llm/epoch-9", "node": "gpu-a1"});
+
+    // Anonymous callers may not verify (a failure blocks a node).
+    let (status, _) = call(&s, Method::POST, "/v1/verify", Some(&body), None).await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+
+    let (status, out) = call(&s, Method::POST, "/v1/verify", Some(&body), Some("uid:0")).await;
+    assert_eq!(status, StatusCode::OK, "{out}");
+    assert_eq!(out["verified"], true);
+    assert_eq!(out["decision"]["decision"], "allow");
+
+    let mut bad = data.clone();
+    bad[9000] ^= 0x10;
+    std::fs::write(&file, &bad).unwrap();
+    let (status, out) = call(&s, Method::POST, "/v1/verify", Some(&body), Some("uid:0")).await;
+    assert_eq!(status, StatusCode::OK, "{out}");
+    assert_eq!(out["verified"], false);
+    assert!(
+        out["failure"].as_str().unwrap().contains("chunk 2"),
+        "{out}"
+    );
+    assert_eq!(out["decision"]["decision"], "deny");
+    assert_eq!(out["decision"]["obligations"][0]["kind"], "block_node");
+    let (_, blocked) = call(&s, Method::GET, "/v1/nodes/blocked", None, None).await;
+    assert!(blocked.to_string().contains("gpu-a1"), "{blocked}");
+    assert!(store.blocked("gpu-a1").unwrap().is_some());
+    let sched = json!({"principal": "Workload::\"train-1\"", "action": "schedule", "resource": "Node::\"gpu-a1\""});
+    let (_, d) = call(&s, Method::POST, "/v1/decide", Some(&sched), None).await;
+    assert_eq!(d["reasons"][0]["policy"], "placement.blocked-node");
+}
+
+#[tokio::test]
+async fn verify_without_a_state_directory_is_unavailable() {
+    let s = state();
+    let body = json!({"path": "/nonexistent", "id": "x", "node": "gpu-a1"});
+    let (status, out) = call(&s, Method::POST, "/v1/verify", Some(&body), Some("uid:0")).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{out}");
+    assert!(
+        out["error"].as_str().unwrap().contains("state directory"),
+        "{out}"
+    );
+}
