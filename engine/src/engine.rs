@@ -17,6 +17,7 @@ use serde_json::Value;
 use crate::bundle::{Bundle, PolicyMeta, TargetPath, TargetRoot};
 use crate::decision::{Decision, DecisionError, Effect, Obligation, Reason};
 use crate::error::{EntityError, LoadError};
+use crate::plugin::PluginInfo;
 use crate::request::{EntityUid, Request, kind};
 use crate::source::Origin;
 
@@ -76,6 +77,7 @@ pub struct EngineBuilder {
     dir: PathBuf,
     schema: Option<PathBuf>,
     config: Option<PathBuf>,
+    plugins: Option<PathBuf>,
 }
 
 impl EngineBuilder {
@@ -91,6 +93,14 @@ impl EngineBuilder {
         self
     }
 
+    /// Uses `path` as the plugin manifest instead of `<dir>/plugins.toml` (which is
+    /// optional; an explicit manifest must exist). Component paths in it are relative
+    /// to the manifest's directory.
+    pub fn plugins(mut self, path: impl Into<PathBuf>) -> Self {
+        self.plugins = Some(path.into());
+        self
+    }
+
     /// Loads and validates the set. Fails if any file is invalid.
     pub fn build(self) -> Result<Engine, LoadError> {
         let origin = Origin::Dir {
@@ -98,6 +108,7 @@ impl EngineBuilder {
                 .schema
                 .unwrap_or_else(|| self.dir.join("probity.cedarschema")),
             config: self.config.unwrap_or_else(|| self.dir.join("probity.toml")),
+            plugins: self.plugins,
             dir: self.dir,
         };
         Engine::from_origin(origin)
@@ -123,6 +134,8 @@ pub struct PolicyStatus {
     pub last_error: Option<String>,
     /// Number of entities in the store (including configuration entities).
     pub entities: usize,
+    /// The plugins of the live set (from `plugins.toml`).
+    pub plugins: Vec<PluginInfo>,
 }
 
 impl Engine {
@@ -132,6 +145,7 @@ impl Engine {
             dir: dir.into(),
             schema: None,
             config: None,
+            plugins: None,
         }
     }
 
@@ -172,7 +186,10 @@ impl Engine {
     }
 
     pub(crate) fn watched_paths(&self) -> Vec<PathBuf> {
-        self.shared.origin.watched_paths()
+        let mut paths = self.shared.origin.watched_paths();
+        // Plugin components may live outside the policy directory.
+        paths.extend(self.shared.current.load().bundle.plugins.paths());
+        paths
     }
 
     fn write_lock(&self) -> MutexGuard<'_, ()> {
@@ -222,8 +239,8 @@ impl Engine {
             Ok(r) => r,
             Err(e) => return Decision::error(format!("invalid request: {e}")),
         };
-        let merged;
-        let entities: &Entities = if request.entities.is_empty() {
+        let merged: Arc<Entities>;
+        let entities: &Arc<Entities> = if request.entities.is_empty() {
             &snapshot.entities
         } else {
             match parse_entities(&request.entities, schema).and_then(|extra| {
@@ -232,7 +249,7 @@ impl Engine {
                     .map_err(invalid)
             }) {
                 Ok(e) => {
-                    merged = e;
+                    merged = Arc::new(e);
                     &merged
                 }
                 Err(e) => return Decision::error(format!("request entities: {e}")),
@@ -285,7 +302,7 @@ impl Engine {
                 })
             })
             .collect();
-        Decision {
+        let cedar = Decision {
             decision,
             reasons: determining
                 .iter()
@@ -297,6 +314,13 @@ impl Engine {
                 .collect(),
             obligations,
             errors,
+        };
+        if bundle.plugins.is_empty() {
+            return cedar;
+        }
+        match bundle.plugins.for_action(request.action.id()) {
+            [] => cedar,
+            plugins => crate::plugin::combine(plugins, request, entities, cedar),
         }
     }
 
@@ -510,6 +534,7 @@ impl Engine {
             reload_errors: self.shared.reload_errors.load(Ordering::Relaxed),
             last_error: self.last_error().map(|e| e.detail()),
             entities: current.entities.iter().count(),
+            plugins: b.plugins.infos(),
         }
     }
 

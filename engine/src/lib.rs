@@ -43,6 +43,7 @@ mod decision;
 mod diagnostic;
 mod engine;
 mod error;
+mod plugin;
 mod request;
 pub mod scenario;
 mod source;
@@ -54,6 +55,10 @@ pub use decision::{Decision, DecisionError, Effect, Obligation, Reason, Severity
 pub use diagnostic::SourceDiagnostic;
 pub use engine::{BlockRecord, Engine, EngineBuilder, PolicyStatus};
 pub use error::{EntityError, LoadError, RequestError, WatchError};
+pub use plugin::{
+    DEFAULT_PLUGIN_MEMORY_MIB, DEFAULT_PLUGIN_TIMEOUT_MS, MAX_PLUGIN_BYTES, PLUGIN_MANIFEST,
+    PluginInfo,
+};
 pub use request::{EntityUid, MAX_REQUEST_BYTES, Request};
 pub use source::MAX_SOURCE_BYTES;
 pub use watch::ReloadWatcher;

@@ -73,6 +73,9 @@ struct SchemaConfig {
     /// Thresholds file [default: DIR/probity.toml].
     #[arg(long)]
     config: Option<PathBuf>,
+    /// Plugin manifest [default: DIR/plugins.toml when it exists; none otherwise].
+    #[arg(long)]
+    plugins: Option<PathBuf>,
 }
 
 #[derive(Args)]
@@ -129,6 +132,9 @@ fn build(dir: &Path, files: &SchemaConfig) -> Result<Engine, LoadError> {
     }
     if let Some(c) = &files.config {
         b = b.config(c);
+    }
+    if let Some(p) = &files.plugins {
+        b = b.plugins(p);
     }
     b.build()
 }
