@@ -5,7 +5,7 @@
 //!
 //! Applies to `schedule` (principal a Workload, resource a Node). Settings (defaults):
 //! `watts_per_gpu` (700): power one GPU of the workload adds; `ceiling_pct` (95): the
-//! share of the fan-curve ceiling a zone may reach; `celsius_per_kw` (4): how much the
+//! share of the fan-curve ceiling a zone may reach; `celsius_per_kw` (1): how much the
 //! node's hottest GPU warms per kW added to the node.
 
 use probity_plugin_sdk::{
@@ -32,7 +32,7 @@ impl Model {
         Self {
             watts_per_gpu: r.setting_f64("watts_per_gpu", 700.0),
             ceiling_pct: r.setting_f64("ceiling_pct", 95.0),
-            celsius_per_kw: r.setting_f64("celsius_per_kw", 4.0),
+            celsius_per_kw: r.setting_f64("celsius_per_kw", 1.0),
         }
     }
 
@@ -196,8 +196,8 @@ mod tests {
 
     #[test]
     fn a_gpu_that_would_overheat_denies() {
-        // 62 + 4 * 0.7 * 4 = 73.2 > 65
-        let v = ThermalHeadroom::evaluate(&request(4, 1000, 62), &host());
+        // 63 + 4 * 0.7 * 1 = 65.8 > 65
+        let v = ThermalHeadroom::evaluate(&request(4, 1000, 63), &host());
         assert_eq!(v.outcome().unwrap().reasons[0].id, "gpu-temperature");
     }
 
