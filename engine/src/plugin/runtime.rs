@@ -190,8 +190,12 @@ impl Runtime {
 
     /// Compiles without the cache (benchmarks measure this).
     pub fn compile(&self, bytes: &[u8]) -> Result<Compiled, String> {
-        let component = Component::new(&self.engine, bytes)
-            .map_err(|e| format!("load error: not a WebAssembly component: {}", root_cause(&e)))?;
+        let component = Component::new(&self.engine, bytes).map_err(|e| {
+            format!(
+                "load error: not a WebAssembly component: {}",
+                root_cause(&e)
+            )
+        })?;
         let mut linker = self.linker.clone();
         let stubbed = stub_wasi(&mut linker, &self.engine, &component)
             .map_err(|e| format!("link error: {e:#}"))?;

@@ -9,7 +9,8 @@
 )]
 
 mod engine;
-mod reload;
+mod plugins;
+pub mod reload;
 mod scenarios;
 
 use std::path::{Path, PathBuf};
