@@ -324,6 +324,27 @@ impl Engine {
         }
     }
 
+    /// Runs one plugin of the live set alone on `request`, as `decide` would call it,
+    /// without Cedar: `None` if no plugin has that name. For benchmarks and debugging;
+    /// not a stable API.
+    #[doc(hidden)]
+    pub fn decide_plugin_only(&self, name: &str, request: &Request) -> Option<Decision> {
+        let snapshot = self.shared.current.load();
+        let plugin = snapshot.bundle.plugins.by_name(name)?;
+        let neutral = Decision {
+            decision: Effect::Allow,
+            reasons: Vec::new(),
+            obligations: Vec::new(),
+            errors: Vec::new(),
+        };
+        Some(crate::plugin::combine(
+            std::slice::from_ref(plugin),
+            request,
+            &snapshot.entities,
+            neutral,
+        ))
+    }
+
     /// Adds or replaces entities (Cedar entity JSON: an array of
     /// `{"uid": .., "attrs": .., "parents": ..}`), validated against the schema.
     /// All or nothing: on error the store is unchanged.

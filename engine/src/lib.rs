@@ -57,7 +57,7 @@ pub use engine::{BlockRecord, Engine, EngineBuilder, PolicyStatus};
 pub use error::{EntityError, LoadError, RequestError, WatchError};
 pub use plugin::{
     DEFAULT_PLUGIN_MEMORY_MIB, DEFAULT_PLUGIN_TIMEOUT_MS, MAX_PLUGIN_BYTES, PLUGIN_MANIFEST,
-    PluginInfo,
+    PluginInfo, compile_uncached as __compile_plugin_uncached,
 };
 pub use request::{EntityUid, MAX_REQUEST_BYTES, Request};
 pub use source::MAX_SOURCE_BYTES;

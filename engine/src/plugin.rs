@@ -208,6 +208,11 @@ impl PluginSet {
         self.by_action.get(action).map_or(&[], Vec::as_slice)
     }
 
+    /// The plugin of that name.
+    pub fn by_name(&self, name: &str) -> Option<&Arc<LoadedPlugin>> {
+        self.plugins.iter().find(|p| &*p.name == name)
+    }
+
     pub fn infos(&self) -> Vec<PluginInfo> {
         self.plugins.iter().map(|p| p.info.clone()).collect()
     }
@@ -252,6 +257,13 @@ fn load_one(
         .describe(&Arc::from(name), limits)
         .map_err(|e| format!("plugin {name}: describe failed: {e}"))?;
     Ok((compiled, hash, description))
+}
+
+/// Compiles and pre-instantiates a component, bypassing the cache: what loading a new
+/// or changed plugin costs. For benchmarks; not a stable API.
+#[doc(hidden)]
+pub fn compile_uncached(bytes: &[u8]) -> Result<(), String> {
+    runtime::runtime()?.compile(bytes).map(drop)
 }
 
 fn hex(bytes: &[u8]) -> String {
@@ -391,13 +403,13 @@ fn outcome(name: &str, o: wit::Outcome) -> Result<(Vec<Reason>, Vec<Obligation>)
                 OBLIGATION_KINDS.join(", ")
             ));
         }
-        if let Some(t) = &ob.target {
-            if t.parse::<EntityUid>().is_err() {
-                return Err(format!(
-                    "obligation target {:?} is not an entity reference (Type::\"id\")",
-                    t.chars().take(64).collect::<String>()
-                ));
-            }
+        if let Some(t) = &ob.target
+            && t.parse::<EntityUid>().is_err()
+        {
+            return Err(format!(
+                "obligation target {:?} is not an entity reference (Type::\"id\")",
+                t.chars().take(64).collect::<String>()
+            ));
         }
         if ob.parameters.len() > MAX_VERDICT_ITEMS {
             return Err(format!(

@@ -60,6 +60,7 @@ fn default_memory() -> Spanned<u64> {
 }
 
 /// A problem in the manifest, at a byte range of it.
+#[derive(Debug)]
 pub(crate) struct Problem {
     pub span: Range<usize>,
     pub message: String,

@@ -348,3 +348,22 @@ fn replacing_a_component_under_the_policy_directory_hot_reloads_it() {
     let d = engine.decide(&comply("gpu-a1", json!([1])));
     assert!(failure(&d, "p").contains("trap"));
 }
+
+#[test]
+fn every_plugin_scenario_passes_with_the_example_manifest() {
+    let engine = examples();
+    let files = probity::scenario::discover(&root().join("testdata/scenarios-plugins")).unwrap();
+    assert!(files.len() >= 2);
+    let mut failures = Vec::new();
+    let mut count = 0;
+    for file in &files {
+        for result in probity::scenario::run_file(&engine, file).unwrap() {
+            count += 1;
+            if !result.passed() {
+                failures.push(result.to_string());
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    assert!(count >= 8);
+}

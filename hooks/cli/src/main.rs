@@ -177,6 +177,17 @@ fn check(dir: &Path, files: &SchemaConfig) -> Result<u8> {
         status.files.len(),
         status.digest
     );
+    for p in &status.plugins {
+        println!(
+            "plugin {} {} for {} ({}, {} ms, {} MiB)",
+            p.name,
+            p.version,
+            p.actions.join(", "),
+            p.path,
+            p.timeout_ms,
+            p.memory_mib
+        );
+    }
     Ok(exit::ALLOW)
 }
 

@@ -454,6 +454,9 @@ impl Verdict {
 #[macro_export]
 macro_rules! export_plugin {
     ($plugin:ty) => {
+        // Only a wasm build exports anything: a native build (unit tests) links the
+        // crate's cdylib too, and the contract's export names are not valid symbols there.
+        #[cfg(target_arch = "wasm32")]
         #[allow(
             unsafe_code,
             reason = "wit-bindgen's export glue: extern \"C\" functions the host calls"
