@@ -492,3 +492,78 @@ fn wit_request(request: &Request, entities: &Entities) -> wit::Request {
         settings: String::new(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn built(name: &str) -> Vec<u8> {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../target/plugins")
+            .join(format!("{name}.wasm"));
+        std::fs::read(&path).unwrap_or_else(|e| {
+            panic!(
+                "{}: {e}: run scripts/build-plugins.sh before cargo test",
+                path.display()
+            )
+        })
+    }
+
+    #[test]
+    fn the_same_content_is_compiled_once_while_a_set_uses_it() {
+        let bytes = built("power-spike");
+        let hash: [u8; 32] = Sha256::digest(&bytes).into();
+        let rt = runtime::runtime().unwrap();
+        let first = rt.load(hash, &bytes).unwrap();
+        let again = rt.load(hash, &bytes).unwrap();
+        assert!(Arc::ptr_eq(&first, &again));
+        let other = built("thermal-headroom");
+        let other_hash: [u8; 32] = Sha256::digest(&other).into();
+        assert!(!Arc::ptr_eq(&first, &rt.load(other_hash, &other).unwrap()));
+    }
+
+    #[test]
+    fn verdicts_are_checked_before_they_reach_a_decision() {
+        let reason = |id: &str| wit::Reason {
+            id: id.into(),
+            message: "m".into(),
+            severity: wit::Severity::Low,
+        };
+        let ok = outcome(
+            "p",
+            wit::Outcome {
+                reasons: vec![reason("a.b-c_1")],
+                obligations: vec![wit::Obligation {
+                    kind: "migrate".into(),
+                    target: Some(r#"Zone::"z""#.into()),
+                    parameters: vec![("k".into(), "v".into())],
+                }],
+            },
+        )
+        .unwrap();
+        assert_eq!(ok.0[0].policy, "plugin:p/a.b-c_1");
+        assert_eq!(ok.1[0].policy, "plugin:p/a.b-c_1");
+        let bad = |o: wit::Outcome| outcome("p", o).unwrap_err();
+        assert!(
+            bad(wit::Outcome {
+                reasons: vec![reason("a b")],
+                obligations: vec![]
+            })
+            .contains("reason id")
+        );
+        let target = bad(wit::Outcome {
+            reasons: vec![],
+            obligations: vec![wit::Obligation {
+                kind: "alert".into(),
+                target: Some("not a uid".into()),
+                parameters: vec![],
+            }],
+        });
+        assert!(target.contains("not an entity reference"), "{target}");
+        let many = bad(wit::Outcome {
+            reasons: (0..33).map(|i| reason(&format!("r{i}"))).collect(),
+            obligations: vec![],
+        });
+        assert!(many.contains("more than 32"), "{many}");
+    }
+}
