@@ -163,6 +163,12 @@ fn bench(c: &mut Criterion) {
             }),
         ),
         (
+            "power-spike, wasm, describe only (store + instantiate)",
+            percentiles(n, || {
+                black_box(with.describe_plugin("power-spike"));
+            }),
+        ),
+        (
             "power-spike, native",
             percentiles(n, || {
                 black_box(native_spike());

@@ -345,6 +345,14 @@ impl Engine {
         ))
     }
 
+    /// Calls one plugin's `describe` in a fresh sandbox: the fixed cost of a call
+    /// (store, instantiation). For benchmarks; not a stable API.
+    #[doc(hidden)]
+    pub fn describe_plugin(&self, name: &str) -> Option<bool> {
+        let snapshot = self.shared.current.load();
+        Some(snapshot.bundle.plugins.by_name(name)?.describe_ok())
+    }
+
     /// Adds or replaces entities (Cedar entity JSON: an array of
     /// `{"uid": .., "attrs": .., "parents": ..}`), validated against the schema.
     /// All or nothing: on error the store is unchanged.

@@ -98,6 +98,13 @@ pub(crate) struct LoadedPlugin {
     path: PathBuf,
 }
 
+impl LoadedPlugin {
+    /// Calls `describe` in a fresh store; true if it answered.
+    pub fn describe_ok(&self) -> bool {
+        self.compiled.describe(&self.name, self.limits).is_ok()
+    }
+}
+
 /// The plugins of one policy set, indexed by action.
 #[derive(Default)]
 pub(crate) struct PluginSet {

@@ -13,7 +13,10 @@ use std::time::{Duration, SystemTime};
 use cedar_policy::Entities;
 use wasmtime::component::types::ComponentItem;
 use wasmtime::component::{Component, HasSelf, Linker, ResourceType};
-use wasmtime::{Config, Engine, ResourceLimiter, Store, StoreLimits, StoreLimitsBuilder, Trap};
+use wasmtime::{
+    Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig, ResourceLimiter, Store,
+    StoreLimits, StoreLimitsBuilder, Trap,
+};
 
 use super::bindings::exports::probity::plugin::evaluator;
 use super::bindings::probity::plugin::host;
@@ -35,6 +38,17 @@ const STUBBED_WASI: &[&str] = &[
     "wasi:random/",
     "wasi:filesystem/",
 ];
+
+/// Plugin calls that can run at once (pool slots). A call beyond this fails as a
+/// trap ("pooling allocator ... concurrency limit"), which denies.
+const POOL_INSTANCES: u32 = 256;
+/// Largest linear memory any plugin may have (the manifest's `memory_mib` limit).
+const MAX_MEMORY_BYTES: usize = 1024 * 1024 * 1024;
+/// Guard pages after each memory slot.
+const GUARD_BYTES: u64 = 32 * 1024 * 1024;
+/// Memory reset with memset rather than madvise between calls: cheaper for the small
+/// heaps plugins use.
+const KEEP_RESIDENT_BYTES: usize = 1024 * 1024;
 
 /// Most log lines a plugin may write in one call; the rest are dropped.
 const MAX_LOG_LINES: u32 = 16;
@@ -149,6 +163,22 @@ impl Runtime {
         let mut config = Config::new();
         config.wasm_component_model(true);
         config.epoch_interruption(true);
+        // A fresh instance per call: the pooling allocator keeps memory slots mapped and
+        // resets them, instead of mapping and unmapping memory on every call.
+        let mut pool = PoolingAllocationConfig::new();
+        pool.total_component_instances(POOL_INSTANCES)
+            .total_core_instances(POOL_INSTANCES * 4)
+            .total_memories(POOL_INSTANCES)
+            .total_tables(POOL_INSTANCES * 2)
+            .max_memories_per_component(4)
+            .max_tables_per_component(4)
+            .max_core_instances_per_component(16)
+            .max_memory_size(MAX_MEMORY_BYTES)
+            .linear_memory_keep_resident(KEEP_RESIDENT_BYTES)
+            .table_keep_resident(KEEP_RESIDENT_BYTES);
+        config.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
+        config.memory_reservation(MAX_MEMORY_BYTES as u64);
+        config.memory_guard_size(GUARD_BYTES);
         let engine = Engine::new(&config)?;
         let mut linker = Linker::new(&engine);
         Plugin::add_to_linker::<CallState, HasSelf<CallState>>(&mut linker, |s| s)?;
