@@ -155,62 +155,68 @@ fn bench(c: &mut Criterion) {
 
     // Manual loop: median and p99 of 10,000 calls each.
     let n = 10_000;
-    let rows: Vec<(&str, (Duration, Duration))> = vec![
-        (
-            "power-spike, wasm, fresh store",
-            percentiles(n, || {
-                black_box(with.decide_plugin_only("power-spike", black_box(&spike)));
-            }),
-        ),
-        (
-            "power-spike, wasm, describe only (store + instantiate)",
-            percentiles(n, || {
-                black_box(with.describe_plugin("power-spike"));
-            }),
-        ),
-        (
-            "power-spike, native",
-            percentiles(n, || {
-                black_box(native_spike());
-            }),
-        ),
-        (
-            "thermal-headroom, wasm, fresh store",
-            percentiles(n, || {
-                black_box(with.decide_plugin_only("thermal-headroom", black_box(&headroom)));
-            }),
-        ),
-        (
-            "thermal-headroom, native",
-            percentiles(n, || {
-                black_box(native_headroom(&headroom_entities, &zones));
-            }),
-        ),
-        (
-            "decide comply, no plugins",
-            percentiles(n, || {
-                black_box(without.decide(black_box(&spike)));
-            }),
-        ),
-        (
-            "decide comply, with power-spike",
-            percentiles(n, || {
-                black_box(with.decide(black_box(&spike)));
-            }),
-        ),
-        (
-            "decide listen, plugins on other actions",
-            percentiles(n, || {
-                black_box(with.decide(black_box(&listen())));
-            }),
-        ),
-        (
-            "decide listen, no plugins",
-            percentiles(n, || {
-                black_box(without.decide(black_box(&listen())));
-            }),
-        ),
-    ];
+    // PLUGIN_BENCH_NO_LOOP=1 skips the manual loop (for profiling one criterion bench).
+    let manual = std::env::var_os("PLUGIN_BENCH_NO_LOOP").is_none();
+    let rows: Vec<(&str, (Duration, Duration))> = if !manual {
+        Vec::new()
+    } else {
+        vec![
+            (
+                "power-spike, wasm, fresh store",
+                percentiles(n, || {
+                    black_box(with.decide_plugin_only("power-spike", black_box(&spike)));
+                }),
+            ),
+            (
+                "power-spike, wasm, describe only (store + instantiate)",
+                percentiles(n, || {
+                    black_box(with.describe_plugin("power-spike"));
+                }),
+            ),
+            (
+                "power-spike, native",
+                percentiles(n, || {
+                    black_box(native_spike());
+                }),
+            ),
+            (
+                "thermal-headroom, wasm, fresh store",
+                percentiles(n, || {
+                    black_box(with.decide_plugin_only("thermal-headroom", black_box(&headroom)));
+                }),
+            ),
+            (
+                "thermal-headroom, native",
+                percentiles(n, || {
+                    black_box(native_headroom(&headroom_entities, &zones));
+                }),
+            ),
+            (
+                "decide comply, no plugins",
+                percentiles(n, || {
+                    black_box(without.decide(black_box(&spike)));
+                }),
+            ),
+            (
+                "decide comply, with power-spike",
+                percentiles(n, || {
+                    black_box(with.decide(black_box(&spike)));
+                }),
+            ),
+            (
+                "decide listen, plugins on other actions",
+                percentiles(n, || {
+                    black_box(with.decide(black_box(&listen())));
+                }),
+            ),
+            (
+                "decide listen, no plugins",
+                percentiles(n, || {
+                    black_box(without.decide(black_box(&listen())));
+                }),
+            ),
+        ]
+    };
     println!("\nmanual loop, {n} calls each:");
     println!("{:<44} {:>12} {:>12}", "what", "median", "p99");
     for (what, (median, p99)) in &rows {

@@ -94,6 +94,8 @@ pub(crate) struct LoadedPlugin {
     compiled: Arc<Compiled>,
     limits: CallLimits,
     settings: String,
+    /// Whether the request's entities are serialized for this plugin.
+    entities: bool,
     hash: [u8; 32],
     path: PathBuf,
 }
@@ -187,6 +189,7 @@ impl PluginSet {
                 compiled,
                 limits,
                 settings: settings_json(&e.settings),
+                entities: e.entities,
                 hash,
                 path,
             });
@@ -293,10 +296,22 @@ pub(crate) fn combine(
     entities: &Arc<Entities>,
     cedar: Decision,
 ) -> Decision {
-    let base = wit_request(request, entities);
+    let mut base = wit_request(request);
+    // The entities cost a serialization per call: only for plugins that take them.
+    let mut with_entities: Option<wit::Request> = None;
     let votes: Vec<(&LoadedPlugin, Vote)> = plugins
         .iter()
-        .map(|p| (p.as_ref(), call(p, &base, entities)))
+        .map(|p| {
+            let req = if p.entities {
+                with_entities.get_or_insert_with(|| wit::Request {
+                    entities: entities_json(request, entities),
+                    ..base.clone()
+                })
+            } else {
+                &mut base
+            };
+            (p.as_ref(), call(p, req, entities))
+        })
         .collect();
     let plugin_denies = votes
         .iter()
@@ -338,13 +353,12 @@ pub(crate) fn combine(
     decision
 }
 
-fn call(plugin: &LoadedPlugin, base: &wit::Request, entities: &Arc<Entities>) -> Vote {
-    let mut request = base.clone();
+fn call(plugin: &LoadedPlugin, request: &mut wit::Request, entities: &Arc<Entities>) -> Vote {
     request.settings.clone_from(&plugin.settings);
     let verdict =
         match plugin
             .compiled
-            .evaluate(&plugin.name, plugin.limits, &request, Arc::clone(entities))
+            .evaluate(&plugin.name, plugin.limits, request, Arc::clone(entities))
         {
             Ok(v) => v,
             Err(failure) => return Vote::Failed(failure),
@@ -447,12 +461,26 @@ fn severity(s: wit::Severity) -> Severity {
     }
 }
 
-/// The request as the contract carries it, without the per-plugin settings.
-fn wit_request(request: &Request, entities: &Entities) -> wit::Request {
+/// The request as the contract carries it, without the per-plugin settings and with
+/// no entities ("[]").
+fn wit_request(request: &Request) -> wit::Request {
     let context = request
         .context
         .as_ref()
         .map_or_else(|| "{}".to_owned(), |c| Value::Object(c.clone()).to_string());
+    wit::Request {
+        principal: request.principal.to_string(),
+        action: request.action.id().to_owned(),
+        resource: request.resource.to_string(),
+        context,
+        entities: "[]".to_owned(),
+        settings: String::new(),
+    }
+}
+
+/// The request's entities as JSON: request-scoped ones, the principal and resource,
+/// and what they point to one level deep.
+fn entities_json(request: &Request, entities: &Entities) -> String {
     let mut seen: BTreeSet<String> = BTreeSet::new();
     let mut out: Vec<Value> = Vec::new();
     for e in &request.entities {
@@ -490,14 +518,7 @@ fn wit_request(request: &Request, entities: &Entities) -> wit::Request {
             push(&r.0, &mut out);
         }
     }
-    wit::Request {
-        principal: request.principal.to_string(),
-        action: request.action.id().to_owned(),
-        resource: request.resource.to_string(),
-        context,
-        entities: Value::Array(out).to_string(),
-        settings: String::new(),
-    }
+    Value::Array(out).to_string()
 }
 
 #[cfg(test)]

@@ -8,6 +8,7 @@
 //! actions = ["comply"]                        # default: the actions the plugin describes
 //! timeout_ms = 50                             # default 50 (epoch deadline per call)
 //! memory_mib = 64                             # default 64 (linear memory cap per call)
+//! entities = true                             # default true: send the request's entities
 //! [plugin.settings]                           # default {}: handed to the plugin as JSON
 //! spike_pct = 25
 //! ```
@@ -47,8 +48,14 @@ pub(crate) struct Entry {
     pub timeout_ms: Spanned<u64>,
     #[serde(default = "default_memory")]
     pub memory_mib: Spanned<u64>,
+    #[serde(default = "yes")]
+    pub entities: bool,
     #[serde(default)]
     pub settings: BTreeMap<String, toml::Value>,
+}
+
+fn yes() -> bool {
+    true
 }
 
 fn default_timeout() -> Spanned<u64> {
