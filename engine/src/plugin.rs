@@ -480,7 +480,7 @@ fn wit_request(request: &Request) -> wit::Request {
 
 /// The request's entities as JSON: request-scoped ones, the principal and resource,
 /// and what they point to one level deep.
-fn entities_json(request: &Request, entities: &Entities) -> String {
+fn entities_json(request: &Request, entities: &Arc<Entities>) -> String {
     let mut seen: BTreeSet<String> = BTreeSet::new();
     let mut out: Vec<Value> = Vec::new();
     for e in &request.entities {
@@ -490,7 +490,8 @@ fn entities_json(request: &Request, entities: &Entities) -> String {
         out.push(e.clone());
     }
     let mut push = |uid: &cedar_policy::EntityUid, out: &mut Vec<Value>| -> Option<Value> {
-        let json = entities.get(uid)?.to_json_value().ok()?;
+        let text = runtime::entity_json::entity(entities, uid)?;
+        let json: Value = serde_json::from_str(&text).ok()?;
         let key = json.get("uid")?.to_string();
         if seen.insert(key) {
             out.push(json.clone());

@@ -408,14 +408,70 @@ impl host::Host for CallState {
     }
 
     fn entities_of_type(&mut self, type_name: String) -> String {
-        let Some(entities) = &self.entities else {
-            return "[]".to_owned();
-        };
-        let items: Vec<serde_json::Value> = entities
-            .iter()
-            .filter(|e| e.uid().type_name().to_string() == type_name)
-            .filter_map(|e| e.to_json_value().ok())
-            .collect();
-        serde_json::Value::Array(items).to_string()
+        match &self.entities {
+            Some(entities) => entity_json::of_type(entities, &type_name).to_string(),
+            None => "[]".to_owned(),
+        }
+    }
+}
+
+/// Entity JSON, cached per store snapshot. A snapshot's entities never change, so each
+/// entity's (and each type's) JSON is serialized once per snapshot rather than once per
+/// plugin call; a new snapshot (an entity update, a reload) starts a new cache.
+pub(crate) mod entity_json {
+    use std::collections::HashMap;
+    use std::sync::{Arc, Mutex, Weak};
+
+    use cedar_policy::{Entities, EntityUid};
+
+    type Cache = Option<(Weak<Entities>, HashMap<String, Option<Arc<str>>>)>;
+
+    static CACHE: Mutex<Cache> = Mutex::new(None);
+
+    fn cached(
+        entities: &Arc<Entities>,
+        key: String,
+        make: impl FnOnce() -> Option<String>,
+    ) -> Option<Arc<str>> {
+        {
+            let guard = CACHE.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some((snapshot, map)) = guard.as_ref()
+                && Weak::ptr_eq(snapshot, &Arc::downgrade(entities))
+                && let Some(hit) = map.get(&key)
+            {
+                return hit.clone();
+            }
+        }
+        let value: Option<Arc<str>> = make().map(Arc::from);
+        let mut guard = CACHE.lock().unwrap_or_else(|p| p.into_inner());
+        let fresh =
+            !matches!(guard.as_ref(), Some((s, _)) if Weak::ptr_eq(s, &Arc::downgrade(entities)));
+        if fresh {
+            *guard = Some((Arc::downgrade(entities), HashMap::new()));
+        }
+        if let Some((_, map)) = guard.as_mut() {
+            map.insert(key, value.clone());
+        }
+        value
+    }
+
+    /// The stored entities of one type, as a JSON array.
+    pub fn of_type(entities: &Arc<Entities>, type_name: &str) -> Arc<str> {
+        cached(entities, format!("type {type_name}"), || {
+            let items: Vec<serde_json::Value> = entities
+                .iter()
+                .filter(|e| e.uid().type_name().to_string() == type_name)
+                .filter_map(|e| e.to_json_value().ok())
+                .collect();
+            Some(serde_json::Value::Array(items).to_string())
+        })
+        .unwrap_or_else(|| Arc::from("[]"))
+    }
+
+    /// One entity as Cedar entity JSON, if stored.
+    pub fn entity(entities: &Arc<Entities>, uid: &EntityUid) -> Option<Arc<str>> {
+        cached(entities, format!("uid {uid}"), || {
+            Some(entities.get(uid)?.to_json_value().ok()?.to_string())
+        })
     }
 }

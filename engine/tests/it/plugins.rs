@@ -367,3 +367,33 @@ fn every_plugin_scenario_passes_with_the_example_manifest() {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
     assert!(count >= 8);
 }
+
+#[test]
+fn plugins_see_entity_updates_at_once() {
+    let engine = examples();
+    let r = Request::from_json_value(&json!({"principal": "Workload::\"train-1\"",
+        "action": "schedule", "resource": "Node::\"gpu-hot1\""}))
+    .unwrap();
+    let target = |d: &Decision| {
+        d.obligations
+            .iter()
+            .find(|o| o.policy.starts_with("plugin:"))
+            .and_then(|o| o.target.clone())
+    };
+    assert_eq!(
+        target(&engine.decide(&r)).as_deref(),
+        Some(r#"Zone::"zone-a""#)
+    );
+    // A new, empty zone appears: the next decision migrates there.
+    engine
+        .upsert_entities(
+            &json!([{"uid": {"type": "Zone", "id": "zone-new"}, "parents": [],
+            "attrs": {"cluster": {"__entity": {"type": "Cluster", "id": "onprem"}},
+                      "powerDrawW": 0, "powerCeilingW": 40000}}]),
+        )
+        .unwrap();
+    assert_eq!(
+        target(&engine.decide(&r)).as_deref(),
+        Some(r#"Zone::"zone-new""#)
+    );
+}
