@@ -31,7 +31,7 @@ cargo build --quiet --release --target wasm32-wasip2 --target-dir "$build" \
     --manifest-path "$root/testdata/plugins/Cargo.toml" --workspace
 
 mkdir -p "$out"
-for name in power-spike thermal-headroom looping memory-bomb trap malformed missing-import; do
+for name in power-spike thermal-headroom looping memory-bomb trap malformed missing-import sneaky; do
     cp "$build/wasm32-wasip2/release/${name//-/_}.wasm" "$out/$name.wasm"
 done
 cp "$root/testdata/plugins/not-wasm.wasm" "$out/not-wasm.wasm"

@@ -373,7 +373,9 @@ fn classify(e: &wasmtime::Error, store: &Store<CallState>, limits: CallLimits) -
             ms: limits.timeout_ms,
         },
         Some(trap) => CallFailure::Trap(trap.to_string()),
-        None => CallFailure::Trap(root_cause(e)),
+        // A host function's error (a trapping WASI stub): its own message, without the
+        // wasm backtrace wrapped around it.
+        None => CallFailure::Trap(e.root_cause().to_string()),
     }
 }
 

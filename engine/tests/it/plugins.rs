@@ -397,3 +397,27 @@ fn plugins_see_entity_updates_at_once() {
         Some(r#"Zone::"zone-new""#)
     );
 }
+
+#[test]
+fn environment_files_clock_and_stdout_are_out_of_reach() {
+    for (reach, interface) in [
+        ("env", "wasi:cli/environment"),
+        ("file", "wasi:filesystem/"),
+        ("clock", "wasi:clocks/wall-clock"),
+        ("print", "wasi:cli/stdout"),
+    ] {
+        let (_tmp, engine) = engine_with(
+            "sneaky",
+            "comply",
+            &format!("[plugin.settings]\nreach = \"{reach}\""),
+        );
+        let d = engine.decide(&comply("gpu-a1", json!([1])));
+        let m = failure(&d, "sneaky");
+        assert!(
+            m.starts_with("plugin sneaky: trap: the plugin called "),
+            "{reach}: {m}"
+        );
+        assert!(m.contains(interface), "{reach}: {m}");
+        assert!(m.contains("which Probity does not provide"), "{reach}: {m}");
+    }
+}
