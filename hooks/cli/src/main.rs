@@ -187,6 +187,12 @@ fn check(dir: &Path, files: &SchemaConfig) -> Result<u8> {
             p.timeout_ms,
             p.memory_mib
         );
+        if !p.trapping_imports.is_empty() {
+            println!(
+                "  WASI imports linked as traps: {}",
+                p.trapping_imports.join(", ")
+            );
+        }
     }
     Ok(exit::ALLOW)
 }
