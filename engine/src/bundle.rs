@@ -17,6 +17,7 @@ use crate::config::Config;
 use crate::decision::Severity;
 use crate::diagnostic::SourceDiagnostic;
 use crate::error::LoadError;
+use crate::plugin::PluginSet;
 use crate::source::{SourceFile, Sources};
 
 /// Obligation kinds the default policies and callers understand. An unknown kind is a
@@ -71,6 +72,8 @@ pub(crate) struct Bundle {
     pub meta: HashMap<PolicyId, Arc<PolicyMeta>>,
     /// `Settings::"active"` and the `GpuModel`s, from the configuration.
     pub settings: Vec<Entity>,
+    /// The plugins of `plugins.toml`, if any, loaded and pre-instantiated.
+    pub plugins: PluginSet,
     pub digest: String,
     pub files: Vec<String>,
     pub loaded_at: SystemTime,
@@ -185,6 +188,14 @@ impl Bundle {
             }
         }
 
+        let mut plugins = PluginSet::default();
+        if let (Some(schema), Some(manifest)) = (&schema, &sources.plugins) {
+            match PluginSet::load(manifest, schema) {
+                Ok(set) => plugins = set,
+                Err(found) => problems.extend(found),
+            }
+        }
+
         match (schema, problems.is_empty()) {
             (Some(schema), true) => Ok(Self {
                 by_action: slice_by_action(&policies, &schema),
@@ -192,7 +203,8 @@ impl Bundle {
                 schema,
                 meta,
                 settings,
-                digest: digest(sources),
+                digest: digest(sources, &plugins),
+                plugins,
                 files: sources.policies.iter().map(|f| f.name.clone()).collect(),
                 loaded_at: SystemTime::now(),
             }),
@@ -325,18 +337,21 @@ fn parse_target(text: &str) -> Result<TargetPath, String> {
     Ok(TargetPath { root, attrs })
 }
 
-/// SHA-256 over every source, named and length-prefixed, in load order.
-fn digest(sources: &Sources) -> String {
+/// SHA-256 over every source, named and length-prefixed, in load order, then over
+/// every plugin component's name and hash.
+fn digest(sources: &Sources, plugins: &PluginSet) -> String {
     let mut h = Sha256::new();
     let files = std::iter::once(&sources.schema)
         .chain(std::iter::once(&sources.config))
-        .chain(sources.policies.iter());
+        .chain(sources.policies.iter())
+        .chain(sources.plugins.iter().map(|m| &m.file));
     for f in files {
         h.update((f.name.len() as u64).to_be_bytes());
         h.update(f.name.as_bytes());
         h.update((f.text.len() as u64).to_be_bytes());
         h.update(f.text.as_bytes());
     }
+    plugins.digest_into(&mut h);
     h.finalize().iter().map(|b| format!("{b:02x}")).collect()
 }
 

@@ -17,6 +17,7 @@ use serde_json::Value;
 use crate::bundle::{Bundle, PolicyMeta, TargetPath, TargetRoot};
 use crate::decision::{Decision, DecisionError, Effect, Obligation, Reason};
 use crate::error::{EntityError, LoadError};
+use crate::plugin::PluginInfo;
 use crate::request::{EntityUid, Request, kind};
 use crate::source::Origin;
 use crate::state::StateStore;
@@ -79,6 +80,7 @@ pub struct EngineBuilder {
     dir: PathBuf,
     schema: Option<PathBuf>,
     config: Option<PathBuf>,
+    plugins: Option<PathBuf>,
 }
 
 impl EngineBuilder {
@@ -94,6 +96,14 @@ impl EngineBuilder {
         self
     }
 
+    /// Uses `path` as the plugin manifest instead of `<dir>/plugins.toml` (which is
+    /// optional; an explicit manifest must exist). Component paths in it are relative
+    /// to the manifest's directory.
+    pub fn plugins(mut self, path: impl Into<PathBuf>) -> Self {
+        self.plugins = Some(path.into());
+        self
+    }
+
     /// Loads and validates the set. Fails if any file is invalid.
     pub fn build(self) -> Result<Engine, LoadError> {
         let origin = Origin::Dir {
@@ -101,6 +111,7 @@ impl EngineBuilder {
                 .schema
                 .unwrap_or_else(|| self.dir.join("probity.cedarschema")),
             config: self.config.unwrap_or_else(|| self.dir.join("probity.toml")),
+            plugins: self.plugins,
             dir: self.dir,
         };
         Engine::from_origin(origin)
@@ -126,6 +137,8 @@ pub struct PolicyStatus {
     pub last_error: Option<String>,
     /// Number of entities in the store (including configuration entities).
     pub entities: usize,
+    /// The plugins of the live set (from `plugins.toml`).
+    pub plugins: Vec<PluginInfo>,
 }
 
 impl Engine {
@@ -135,6 +148,7 @@ impl Engine {
             dir: dir.into(),
             schema: None,
             config: None,
+            plugins: None,
         }
     }
 
@@ -176,7 +190,10 @@ impl Engine {
     }
 
     pub(crate) fn watched_paths(&self) -> Vec<PathBuf> {
-        self.shared.origin.watched_paths()
+        let mut paths = self.shared.origin.watched_paths();
+        // Plugin components may live outside the policy directory.
+        paths.extend(self.shared.current.load().bundle.plugins.paths());
+        paths
     }
 
     fn write_lock(&self) -> MutexGuard<'_, ()> {
@@ -226,8 +243,8 @@ impl Engine {
             Ok(r) => r,
             Err(e) => return Decision::error(format!("invalid request: {e}")),
         };
-        let merged;
-        let entities: &Entities = if request.entities.is_empty() {
+        let merged: Arc<Entities>;
+        let entities: &Arc<Entities> = if request.entities.is_empty() {
             &snapshot.entities
         } else {
             match parse_entities(&request.entities, schema).and_then(|extra| {
@@ -236,7 +253,7 @@ impl Engine {
                     .map_err(invalid)
             }) {
                 Ok(e) => {
-                    merged = e;
+                    merged = Arc::new(e);
                     &merged
                 }
                 Err(e) => return Decision::error(format!("request entities: {e}")),
@@ -290,7 +307,7 @@ impl Engine {
                 })
             })
             .collect();
-        Decision {
+        let cedar = Decision {
             decision,
             reasons: determining
                 .iter()
@@ -302,7 +319,43 @@ impl Engine {
                 .collect(),
             obligations,
             errors,
+        };
+        if bundle.plugins.is_empty() {
+            return cedar;
         }
+        match bundle.plugins.for_action(request.action.id()) {
+            [] => cedar,
+            plugins => crate::plugin::combine(plugins, request, entities, cedar),
+        }
+    }
+
+    /// Runs one plugin of the live set alone on `request`, as `decide` would call it,
+    /// without Cedar: `None` if no plugin has that name. For benchmarks and debugging;
+    /// not a stable API.
+    #[doc(hidden)]
+    pub fn decide_plugin_only(&self, name: &str, request: &Request) -> Option<Decision> {
+        let snapshot = self.shared.current.load();
+        let plugin = snapshot.bundle.plugins.by_name(name)?;
+        let neutral = Decision {
+            decision: Effect::Allow,
+            reasons: Vec::new(),
+            obligations: Vec::new(),
+            errors: Vec::new(),
+        };
+        Some(crate::plugin::combine(
+            std::slice::from_ref(plugin),
+            request,
+            &snapshot.entities,
+            neutral,
+        ))
+    }
+
+    /// Calls one plugin's `describe` in a fresh sandbox: the fixed cost of a call
+    /// (store, instantiation). For benchmarks; not a stable API.
+    #[doc(hidden)]
+    pub fn describe_plugin(&self, name: &str) -> Option<bool> {
+        let snapshot = self.shared.current.load();
+        Some(snapshot.bundle.plugins.by_name(name)?.describe_ok())
     }
 
     /// Adds or replaces entities (Cedar entity JSON: an array of
@@ -549,6 +602,7 @@ impl Engine {
             reload_errors: self.shared.reload_errors.load(Ordering::Relaxed),
             last_error: self.last_error().map(|e| e.detail()),
             entities: current.entities.iter().count(),
+            plugins: b.plugins.infos(),
         }
     }
 

@@ -50,6 +50,7 @@ mod engine;
 mod error;
 mod guard;
 pub mod integrity;
+mod plugin;
 mod request;
 pub mod scenario;
 mod source;
@@ -62,6 +63,10 @@ pub use decision::{Decision, DecisionError, Effect, Obligation, Reason, Severity
 pub use diagnostic::SourceDiagnostic;
 pub use engine::{BlockRecord, Engine, EngineBuilder, PolicyStatus};
 pub use error::{EntityError, LoadError, RequestError, WatchError};
+pub use plugin::{
+    DEFAULT_PLUGIN_MEMORY_MIB, DEFAULT_PLUGIN_TIMEOUT_MS, MAX_PLUGIN_BYTES, PLUGIN_MANIFEST,
+    PluginInfo, compile_uncached as __compile_plugin_uncached,
+};
 pub use request::{EntityUid, MAX_REQUEST_BYTES, Request};
 pub use source::MAX_SOURCE_BYTES;
 pub use watch::ReloadWatcher;

@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::error::LoadError;
+use crate::plugin::{ManifestSource, PLUGIN_MANIFEST};
 
 /// Largest policy, schema or configuration file the engine reads.
 pub const MAX_SOURCE_BYTES: u64 = 4 * 1024 * 1024;
@@ -22,6 +23,8 @@ pub(crate) struct Sources {
     pub policies: Vec<SourceFile>,
     pub schema: SourceFile,
     pub config: SourceFile,
+    /// The plugin manifest (`plugins.toml`), when the directory has one.
+    pub plugins: Option<ManifestSource>,
 }
 
 /// Where the engine reads its policies from; kept so that reloads read the same place.
@@ -32,6 +35,8 @@ pub(crate) enum Origin {
         dir: PathBuf,
         schema: PathBuf,
         config: PathBuf,
+        /// An explicit plugin manifest; `None` means `<dir>/plugins.toml` if it exists.
+        plugins: Option<PathBuf>,
     },
 }
 
@@ -75,11 +80,14 @@ impl Origin {
                     name: "embedded:probity.toml".into(),
                     text: Arc::from(EMBEDDED_CONFIG),
                 },
+                // The embedded defaults have no plugins: a component is not source text.
+                plugins: None,
             }),
             Origin::Dir {
                 dir,
                 schema,
                 config,
+                plugins,
             } => {
                 let mut paths = Vec::new();
                 collect_cedar_files(dir, &mut paths)?;
@@ -88,10 +96,23 @@ impl Origin {
                     .iter()
                     .map(|p| read_source(p))
                     .collect::<Result<Vec<_>, _>>()?;
+                let manifest = match plugins {
+                    Some(explicit) => Some(explicit.clone()),
+                    None => Some(dir.join(PLUGIN_MANIFEST)).filter(|m| m.is_file()),
+                };
+                let plugins = match manifest {
+                    Some(path) => Some(ManifestSource {
+                        file: read_source(&path)?,
+                        // Component paths are relative to the manifest.
+                        dir: path.parent().map(Path::to_path_buf).unwrap_or_default(),
+                    }),
+                    None => None,
+                };
                 Ok(Sources {
                     policies,
                     schema: read_source(schema)?,
                     config: read_source(config)?,
+                    plugins,
                 })
             }
         }
@@ -105,7 +126,12 @@ impl Origin {
                 dir,
                 schema,
                 config,
-            } => vec![dir.clone(), schema.clone(), config.clone()],
+                plugins,
+            } => {
+                let mut paths = vec![dir.clone(), schema.clone(), config.clone()];
+                paths.extend(plugins.iter().cloned());
+                paths
+            }
         }
     }
 }

@@ -10,8 +10,9 @@
 
 mod engine;
 mod integrity;
+mod plugins;
 mod read_guard;
-mod reload;
+pub mod reload;
 mod scenarios;
 
 use std::path::{Path, PathBuf};

@@ -12,7 +12,7 @@ use serde_json::json;
 use crate::{policy_copy, write_atomic};
 
 /// Polls `cond` every 10 ms for at most 20 s (a bound, not a timing assertion).
-fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
+pub fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(20);
     while !cond() {
         assert!(Instant::now() < deadline, "timed out waiting for {what}");

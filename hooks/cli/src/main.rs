@@ -177,6 +177,9 @@ struct SchemaConfig {
     /// Thresholds file [default: DIR/probity.toml].
     #[arg(long)]
     config: Option<PathBuf>,
+    /// Plugin manifest [default: DIR/plugins.toml when it exists; none otherwise].
+    #[arg(long)]
+    plugins: Option<PathBuf>,
 }
 
 #[derive(Args)]
@@ -334,6 +337,9 @@ fn build(dir: &Path, files: &SchemaConfig) -> Result<Engine, LoadError> {
     if let Some(c) = &files.config {
         b = b.config(c);
     }
+    if let Some(p) = &files.plugins {
+        b = b.plugins(p);
+    }
     b.build()
 }
 
@@ -375,6 +381,23 @@ fn check(dir: &Path, files: &SchemaConfig) -> Result<u8> {
         status.files.len(),
         status.digest
     );
+    for p in &status.plugins {
+        println!(
+            "plugin {} {} for {} ({}, {} ms, {} MiB)",
+            p.name,
+            p.version,
+            p.actions.join(", "),
+            p.path,
+            p.timeout_ms,
+            p.memory_mib
+        );
+        if !p.trapping_imports.is_empty() {
+            println!(
+                "  WASI imports linked as traps: {}",
+                p.trapping_imports.join(", ")
+            );
+        }
+    }
     Ok(exit::ALLOW)
 }
 

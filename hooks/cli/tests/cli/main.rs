@@ -471,3 +471,79 @@ fn seal_and_verify_against_a_softhsm2_token_with_the_pin_from_a_file() {
     assert!(err.to_lowercase().contains("pin"), "{err}");
     assert!(!err.contains("000000"), "the PIN leaked: {err}");
 }
+
+/// The example manifest's components, built by scripts/build-plugins.sh.
+fn require_example_plugins() {
+    for name in ["power-spike", "thermal-headroom"] {
+        let path = root().join("target/plugins").join(format!("{name}.wasm"));
+        assert!(
+            path.is_file(),
+            "{} is missing: run scripts/build-plugins.sh before cargo test",
+            path.display()
+        );
+    }
+}
+
+#[test]
+fn plugin_scenarios_pass_and_check_lists_the_plugins() {
+    require_example_plugins();
+    let manifest = "testdata/plugins/manifests/examples.toml";
+    let out = probity(&[
+        "test",
+        "testdata/scenarios-plugins",
+        "--policies",
+        "policies",
+        "--plugins",
+        manifest,
+    ]);
+    let stdout = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{stdout}{}", text(&out.stderr));
+    assert!(
+        stdout
+            .lines()
+            .last()
+            .unwrap()
+            .ends_with(" passed, 0 failed")
+    );
+
+    let out = probity(&["check", "policies", "--plugins", manifest]);
+    let stdout = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(
+        stdout.contains("plugin power-spike 0.1.0 for comply"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("plugin thermal-headroom 0.1.0 for schedule"),
+        "{stdout}"
+    );
+}
+
+#[test]
+fn eval_combines_a_plugin_deny_with_cedar() {
+    require_example_plugins();
+    let tmp = tempfile::tempdir().unwrap();
+    let request = tmp.path().join("request.json");
+    std::fs::write(
+        &request,
+        r#"{"principal": "Node::\"gpu-a1\"", "action": "comply", "resource": "Node::\"gpu-a1\"",
+            "context": {"powerReadingsW": [3000, 3000, 3100, 4200]}}"#,
+    )
+    .unwrap();
+    let out = probity(&[
+        "eval",
+        "--policies",
+        "policies",
+        "--plugins",
+        "testdata/plugins/manifests/examples.toml",
+        "--entities",
+        "testdata/entities/cluster.json",
+        "--request",
+        request.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    let decision: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(decision["decision"], "deny");
+    assert_eq!(decision["reasons"][0]["policy"], "plugin:power-spike/spike");
+    assert_eq!(decision["obligations"][0]["kind"], "alert");
+}
