@@ -1,5 +1,5 @@
 #!/bin/sh
-# Interleaved integrity measurements on a file in page cache (see BENCHMARKS-integrity.md).
+# Interleaved integrity measurements on a file in page cache (see BENCHMARKS.md, Integrity).
 #   scripts/bench-integrity.sh FILE STATE_DIR [ROUNDS]
 # Needs: cargo build --release -p probity --example integrity_bench; FILE sealed with
 #   integrity_bench seal FILE STATE_DIR

@@ -1,4 +1,4 @@
-//! Measures integrity throughput and latency on a real file, for BENCHMARKS-integrity.md.
+//! Measures integrity throughput and latency on a real file, for BENCHMARKS.md (Integrity).
 //!
 //! ```text
 //! integrity_bench seal   FILE STATE_DIR        # seal with a software anchor, write FILE.signed
