@@ -60,17 +60,8 @@ impl SourceDiagnostic {
             .and_then(|mut labels| labels.next())
             .map(|label| (label.offset(), label.len()))
             .unwrap_or((0, 0));
-        let mut message = diag.to_string();
         // Cedar puts the useful detail of some errors in their sources.
-        let mut cause = std::error::Error::source(diag);
-        while let Some(inner) = cause {
-            let inner_text = inner.to_string();
-            if !message.contains(&inner_text) {
-                message.push_str(": ");
-                message.push_str(&inner_text);
-            }
-            cause = inner.source();
-        }
+        let message = crate::error::join_chain(diag.to_string(), std::error::Error::source(diag));
         Self::new(file, text, offset, len, message).with_help(diag.help().map(|h| h.to_string()))
     }
 

@@ -634,17 +634,9 @@ fn with_blocked(entity: Entity, blocked: bool) -> Result<Entity, EntityError> {
 }
 
 fn invalid(e: impl std::error::Error) -> EntityError {
-    let mut detail = e.to_string();
-    let mut cause = e.source();
-    while let Some(inner) = cause {
-        let text = inner.to_string();
-        if !detail.contains(&text) {
-            detail.push_str(": ");
-            detail.push_str(&text);
-        }
-        cause = inner.source();
+    EntityError::Invalid {
+        detail: crate::error::join_chain(e.to_string(), e.source()),
     }
-    EntityError::Invalid { detail }
 }
 
 fn parse_entities(

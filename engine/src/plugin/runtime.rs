@@ -238,17 +238,7 @@ impl Runtime {
 }
 
 fn root_cause(e: &wasmtime::Error) -> String {
-    let mut text = e.to_string();
-    let mut cause = e.source();
-    while let Some(inner) = cause {
-        let t = inner.to_string();
-        if !text.contains(&t) {
-            text.push_str(": ");
-            text.push_str(&t);
-        }
-        cause = inner.source();
-    }
-    text
+    crate::error::join_chain(e.to_string(), e.source())
 }
 
 /// Links every import of `component` that belongs to an allowed WASI interface as a
