@@ -260,6 +260,15 @@ impl IntegrityError {
         )
     }
 
+    /// Whether the environment failed (reading the file, the anchor, the state store)
+    /// rather than the object: no verdict on the object or its reader follows from it.
+    pub fn is_environment(&self) -> bool {
+        matches!(
+            self,
+            Self::Hash(_) | Self::Anchor { .. } | Self::State { .. }
+        )
+    }
+
     fn from_state(object_id: &str, e: StateError) -> Self {
         match e {
             StateError::Rollback {
@@ -369,6 +378,41 @@ pub fn seal(
         .accept(object_id, version, &digest, &signed.encode())
         .map_err(state_err)?;
     Ok(signed)
+}
+
+/// Why an object failed verification against an encoded signed manifest: the manifest
+/// itself does not decode, or the object (or its signature, version...) does not match.
+#[derive(Debug, Error)]
+pub enum VerifyFailure {
+    /// The signed manifest bytes are malformed.
+    #[error(transparent)]
+    Manifest(#[from] SignedManifestError),
+    /// The object did not verify against the manifest.
+    #[error(transparent)]
+    Object(IntegrityError),
+}
+
+/// Verifies the object at `path` against `manifest`, the bytes of a signed manifest file,
+/// as [`verify_object`] does. The outer `Err` means the check could not run (the
+/// environment failed: [`IntegrityError::is_environment`]); the inner one that the object
+/// failed verification, which is a verdict on it: a malformed manifest counts as a failure,
+/// so verification fails closed.
+pub fn verify_encoded(
+    path: &Path,
+    manifest: &[u8],
+    verifier: &Verifier,
+    registry: &StateStore,
+    options: &VerifyOptions<'_>,
+) -> Result<Result<VerifyReport, VerifyFailure>, IntegrityError> {
+    let signed = match SignedManifest::decode(manifest) {
+        Ok(signed) => signed,
+        Err(e) => return Ok(Err(VerifyFailure::Manifest(e))),
+    };
+    match verify_object(path, &signed, verifier, registry, options) {
+        Ok(report) => Ok(Ok(report)),
+        Err(e) if e.is_environment() => Err(e),
+        Err(e) => Ok(Err(VerifyFailure::Object(e))),
+    }
 }
 
 /// How to verify an object.

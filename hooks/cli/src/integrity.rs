@@ -7,8 +7,8 @@ use std::sync::Arc;
 use anyhow::{Context, Result, bail};
 use clap::{Args, Subcommand};
 use probity::integrity::{
-    self, Anchor, HashOptions, Pin, Pkcs11Anchor, Pkcs11Config, PublicKey, SignedManifest,
-    SoftwareAnchor, Verifier, VerifyOptions, hex,
+    self, Anchor, HashOptions, Pin, Pkcs11Anchor, Pkcs11Config, PublicKey, SoftwareAnchor,
+    Verifier, VerifyOptions, hex,
 };
 use probity::state::StateStore;
 
@@ -229,31 +229,18 @@ pub fn verify(args: &VerifyArgs<'_>, state_args: &StateArgs, policies: &PolicyAr
     if let Some(b) = &bar {
         b.set_message(format!("verifying {}", args.id));
     }
-    // A manifest that does not decode is a failed verification, not a tool error.
-    let outcome: Result<_, Box<dyn std::error::Error + Send + Sync>> =
-        match SignedManifest::decode(&bytes) {
-            Err(e) => Err(Box::new(e)),
-            Ok(signed) => {
-                let options = VerifyOptions {
-                    hash: HashOptions {
-                        progress: Some(&tick),
-                        ..HashOptions::default()
-                    },
-                    // The node is blocked through the policies below (decide_read), not
-                    // behind their back.
-                    node: None,
-                    expected_object_id: Some(args.id),
-                };
-                match integrity::verify_object(args.file, &signed, &verifier, &state, &options) {
-                    Ok(report) => Ok(report),
-                    // The environment failed, not the object: report, do not judge.
-                    Err(e) if matches!(e.kind(), "read-error" | "anchor-error" | "state-error") => {
-                        return Err(anyhow::Error::new(e).context("could not verify"));
-                    }
-                    Err(e) => Err(Box::new(e)),
-                }
-            }
-        };
+    let options = VerifyOptions {
+        hash: HashOptions {
+            progress: Some(&tick),
+            ..HashOptions::default()
+        },
+        // The node is blocked through the policies below (decide_read), not behind their back.
+        node: None,
+        expected_object_id: Some(args.id),
+    };
+    // The environment failing is an error to report; the object failing is a verdict.
+    let outcome = integrity::verify_encoded(args.file, &bytes, &verifier, &state, &options)
+        .context("could not verify")?;
     if let Some(b) = &bar {
         b.finish_and_clear();
     }
@@ -285,7 +272,7 @@ pub fn verify(args: &VerifyArgs<'_>, state_args: &StateArgs, policies: &PolicyAr
     }
     let verification = match &outcome {
         Ok(report) => Ok(report),
-        Err(e) => Err(e.as_ref() as &dyn std::error::Error),
+        Err(e) => Err(e as &dyn std::error::Error),
     };
     let decision = engine.decide_read(node, args.id, verification);
     println!("{}", serde_json::to_string_pretty(&decision)?);

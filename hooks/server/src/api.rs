@@ -350,7 +350,7 @@ fn verify_blocking(
     key_path: &std::path::Path,
     body: &VerifyBody,
 ) -> Result<Value, ApiError> {
-    use probity::integrity::{self, PublicKey, SignedManifest, Verifier, VerifyOptions};
+    use probity::integrity::{self, PublicKey, Verifier, VerifyOptions};
     let key = std::fs::read_to_string(key_path)
         .ok()
         .and_then(|text| PublicKey::from_hex(&text).ok())
@@ -371,27 +371,16 @@ fn verify_blocking(
                 manifest_path.display()
             ))
         })?;
-    let outcome: Result<_, Box<dyn std::error::Error + Send + Sync>> =
-        match SignedManifest::decode(&manifest) {
-            Err(e) => Err(Box::new(e)),
-            Ok(signed) => {
-                let options = VerifyOptions {
-                    expected_object_id: Some(&body.id),
-                    ..VerifyOptions::default()
-                };
-                match integrity::verify_object(&body.path, &signed, &verifier, store, &options) {
-                    Ok(report) => Ok(report),
-                    // The environment failed, not the object: no verdict on the node.
-                    Err(e) if matches!(e.kind(), "read-error" | "anchor-error" | "state-error") => {
-                        return Err(ApiError::Unprocessable(format!("could not verify: {e}")));
-                    }
-                    Err(e) => Err(Box::new(e)),
-                }
-            }
-        };
+    let options = VerifyOptions {
+        expected_object_id: Some(&body.id),
+        ..VerifyOptions::default()
+    };
+    // The environment failing gives no verdict on the node; the object failing does.
+    let outcome = integrity::verify_encoded(&body.path, &manifest, &verifier, store, &options)
+        .map_err(|e| ApiError::Unprocessable(format!("could not verify: {e}")))?;
     let verification = match &outcome {
         Ok(report) => Ok(report),
-        Err(e) => Err(e.as_ref() as &dyn std::error::Error),
+        Err(e) => Err(e as &dyn std::error::Error),
     };
     let decision = engine.decide_read(&body.node, &body.id, verification);
     Ok(json!({
