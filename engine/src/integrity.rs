@@ -415,6 +415,13 @@ pub fn verify_encoded(
     }
 }
 
+/// Where a signed manifest lives by convention: beside the object, as `OBJECT.manifest`.
+pub fn default_manifest_path(object: &Path) -> PathBuf {
+    let mut name = object.as_os_str().to_owned();
+    name.push(".manifest");
+    PathBuf::from(name)
+}
+
 /// How to verify an object.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct VerifyOptions<'a> {

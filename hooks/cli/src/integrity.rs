@@ -126,11 +126,9 @@ fn progress_bar(path: &Path) -> Option<indicatif::ProgressBar> {
 }
 
 fn manifest_path(file: &Path, manifest: Option<&Path>) -> PathBuf {
-    manifest.map(Path::to_path_buf).unwrap_or_else(|| {
-        let mut name = file.as_os_str().to_owned();
-        name.push(".manifest");
-        PathBuf::from(name)
-    })
+    manifest
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| integrity::default_manifest_path(file))
 }
 
 /// `probity seal FILE --id ID`

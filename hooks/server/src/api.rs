@@ -356,11 +356,10 @@ fn verify_blocking(
         .and_then(|text| PublicKey::from_hex(&text).ok())
         .ok_or_else(|| ApiError::Unavailable("the pinned public key cannot be read".into()))?;
     let verifier = Verifier::new(key);
-    let manifest_path = body.manifest.clone().unwrap_or_else(|| {
-        let mut name = body.path.as_os_str().to_owned();
-        name.push(".manifest");
-        name.into()
-    });
+    let manifest_path = body
+        .manifest
+        .clone()
+        .unwrap_or_else(|| integrity::default_manifest_path(&body.path));
     let manifest = std::fs::metadata(&manifest_path)
         .ok()
         .filter(|m| m.len() <= MAX_MANIFEST_BYTES)
