@@ -17,7 +17,7 @@ use serde_json::Value;
 use crate::bundle::{Bundle, PolicyMeta, TargetPath, TargetRoot};
 use crate::decision::{Decision, DecisionError, Effect, Obligation, Reason};
 use crate::error::{EntityError, LoadError};
-use crate::plugin::PluginInfo;
+use crate::plugin::{PluginEntities, PluginInfo};
 use crate::request::{EntityUid, Request, kind};
 use crate::source::Origin;
 use crate::state::StateStore;
@@ -39,6 +39,24 @@ pub(crate) struct Snapshot {
     pub bundle: Arc<Bundle>,
     pub entities: Arc<Entities>,
     pub blocked: Arc<BTreeMap<String, BlockRecord>>,
+    /// The same entities as plugins see them, with their JSON cached.
+    pub plugin_entities: Arc<PluginEntities>,
+}
+
+impl Snapshot {
+    fn new(
+        bundle: Arc<Bundle>,
+        entities: Entities,
+        blocked: Arc<BTreeMap<String, BlockRecord>>,
+    ) -> Self {
+        let entities = Arc::new(entities);
+        Self {
+            bundle,
+            plugin_entities: Arc::new(PluginEntities::new(Arc::clone(&entities))),
+            entities,
+            blocked,
+        }
+    }
 }
 
 struct Shared {
@@ -162,11 +180,7 @@ impl Engine {
         let entities = Entities::empty()
             .add_entities(bundle.settings.iter().cloned(), Some(&bundle.schema))
             .map_err(|e| settings_error(&e))?;
-        let snapshot = Snapshot {
-            bundle: Arc::new(bundle),
-            entities: Arc::new(entities),
-            blocked: Arc::new(BTreeMap::new()),
-        };
+        let snapshot = Snapshot::new(Arc::new(bundle), entities, Arc::new(BTreeMap::new()));
         Ok(Self {
             shared: Arc::new(Shared {
                 origin,
@@ -243,9 +257,11 @@ impl Engine {
             Ok(r) => r,
             Err(e) => return Decision::error(format!("invalid request: {e}")),
         };
-        let merged: Arc<Entities>;
-        let entities: &Arc<Entities> = if request.entities.is_empty() {
-            &snapshot.entities
+        // Request-scoped entities make a merged store for this call alone (and a cache
+        // for plugins that lives as long).
+        let merged: Arc<PluginEntities>;
+        let view: &Arc<PluginEntities> = if request.entities.is_empty() {
+            &snapshot.plugin_entities
         } else {
             match parse_entities(&request.entities, schema).and_then(|extra| {
                 Entities::clone(&snapshot.entities)
@@ -253,12 +269,13 @@ impl Engine {
                     .map_err(invalid)
             }) {
                 Ok(e) => {
-                    merged = Arc::new(e);
+                    merged = Arc::new(PluginEntities::new(Arc::new(e)));
                     &merged
                 }
                 Err(e) => return Decision::error(format!("request entities: {e}")),
             }
         };
+        let entities = view.entities();
         let response = self.shared.authorizer.is_authorized(
             &cedar_request,
             bundle.policies_for(&request.action.0),
@@ -325,7 +342,7 @@ impl Engine {
         }
         match bundle.plugins.for_action(request.action.id()) {
             [] => cedar,
-            plugins => crate::plugin::combine(plugins, request, entities, cedar),
+            plugins => crate::plugin::combine(plugins, request, view, cedar),
         }
     }
 
@@ -345,7 +362,7 @@ impl Engine {
         Some(crate::plugin::combine(
             std::slice::from_ref(plugin),
             request,
-            &snapshot.entities,
+            &snapshot.plugin_entities,
             neutral,
         ))
     }
@@ -526,11 +543,11 @@ impl Engine {
         entities: Entities,
         blocked: Arc<BTreeMap<String, BlockRecord>>,
     ) {
-        self.shared.current.store(Arc::new(Snapshot {
-            bundle: Arc::clone(&current.bundle),
-            entities: Arc::new(entities),
+        self.shared.current.store(Arc::new(Snapshot::new(
+            Arc::clone(&current.bundle),
+            entities,
             blocked,
-        }));
+        )));
     }
 
     /// Reads the policy directory again and, if the whole set is valid, swaps it in.
@@ -559,11 +576,11 @@ impl Engine {
                 .map_err(|e| settings_error(&e))?
                 .add_entities(bundle.settings.iter().cloned(), Some(&bundle.schema))
                 .map_err(|e| settings_error(&e))?;
-            self.shared.current.store(Arc::new(Snapshot {
-                bundle: Arc::new(bundle),
-                entities: Arc::new(entities),
-                blocked: Arc::clone(&current.blocked),
-            }));
+            self.shared.current.store(Arc::new(Snapshot::new(
+                Arc::new(bundle),
+                entities,
+                Arc::clone(&current.blocked),
+            )));
             Ok(())
         });
         match outcome {

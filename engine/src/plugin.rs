@@ -2,7 +2,7 @@
 //! statistics window), run sandboxed next to the policies.
 //!
 //! A policy directory may hold a `plugins.toml` ([`PLUGIN_MANIFEST`]) naming
-//! components that implement the WIT contract `probity:plugin@0.1.0`
+//! components that implement the WIT contract `probity:plugin@0.2.0`
 //! (`plugins/wit/plugin.wit`). They load with the policies, in
 //! `Bundle::compile`, so a reload swaps policies and plugins together, and a broken
 //! plugin (missing file, not a component, link error, failing `describe`) rejects the
@@ -13,6 +13,7 @@
 //! Cedar's: deny wins, abstain does not count. A failed call (timeout, memory limit,
 //! trap, invalid output) is a deny naming the plugin and the cause.
 
+mod entities;
 mod manifest;
 mod runtime;
 
@@ -20,10 +21,11 @@ use std::collections::{BTreeSet, HashMap};
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use cedar_policy::{Entities, Schema};
-use serde_json::Value;
+use cedar_policy::Schema;
 use sha2::{Digest, Sha256};
 
+use entities::Batch;
+pub(crate) use entities::PluginEntities;
 pub use manifest::{DEFAULT_PLUGIN_MEMORY_MIB, DEFAULT_PLUGIN_TIMEOUT_MS, PLUGIN_MANIFEST};
 
 use crate::bundle::OBLIGATION_KINDS;
@@ -47,6 +49,9 @@ mod bindings {
     wasmtime::component::bindgen!({
         path: "../plugins/wit",
         world: "plugin",
+        // The request's entities are lowered straight from the per-snapshot cache,
+        // by reference, rather than cloned into owned records on every call.
+        ownership: Borrowing { duplicate_if_necessary: true },
     });
 }
 
@@ -293,22 +298,40 @@ enum Vote {
 pub(crate) fn combine(
     plugins: &[Arc<LoadedPlugin>],
     request: &Request,
-    entities: &Arc<Entities>,
+    entities: &Arc<PluginEntities>,
     cedar: Decision,
 ) -> Decision {
-    let mut base = wit_request(request);
-    // The entities cost a serialization per call: only for plugins that take them.
-    let mut with_entities: Option<wit::Request> = None;
+    let principal = request.principal.to_string();
+    let resource = request.resource.to_string();
+    let context = request.context.as_ref().map_or_else(
+        || "{}".to_owned(),
+        |c| serde_json::to_string(c).unwrap_or_else(|_| "{}".to_owned()),
+    );
+    // The entities are gathered only if a plugin takes them, then lent to every call
+    // that does.
+    let batch = if plugins.iter().any(|p| p.entities) {
+        entities.closure(
+            &request.entities,
+            [&request.principal.0, &request.resource.0],
+        )
+    } else {
+        Batch::default()
+    };
+    let none = Batch::default();
     let votes: Vec<(&LoadedPlugin, Vote)> = plugins
         .iter()
         .map(|p| {
-            let req = if p.entities {
-                with_entities.get_or_insert_with(|| wit::Request {
-                    entities: entities_json(request, entities),
-                    ..base.clone()
-                })
-            } else {
-                &mut base
+            let req = wit::Request {
+                principal: &principal,
+                action: request.action.id(),
+                resource: &resource,
+                context: &context,
+                entities: if p.entities {
+                    batch.param()
+                } else {
+                    none.param()
+                },
+                settings: &p.settings,
             };
             (p.as_ref(), call(p, req, entities))
         })
@@ -353,8 +376,7 @@ pub(crate) fn combine(
     decision
 }
 
-fn call(plugin: &LoadedPlugin, request: &mut wit::Request, entities: &Arc<Entities>) -> Vote {
-    request.settings.clone_from(&plugin.settings);
+fn call(plugin: &LoadedPlugin, request: wit::Request<'_>, entities: &Arc<PluginEntities>) -> Vote {
     let verdict =
         match plugin
             .compiled
@@ -459,67 +481,6 @@ fn severity(s: wit::Severity) -> Severity {
         wit::Severity::High => Severity::High,
         wit::Severity::Critical => Severity::Critical,
     }
-}
-
-/// The request as the contract carries it, without the per-plugin settings and with
-/// no entities ("[]").
-fn wit_request(request: &Request) -> wit::Request {
-    let context = request
-        .context
-        .as_ref()
-        .map_or_else(|| "{}".to_owned(), |c| Value::Object(c.clone()).to_string());
-    wit::Request {
-        principal: request.principal.to_string(),
-        action: request.action.id().to_owned(),
-        resource: request.resource.to_string(),
-        context,
-        entities: "[]".to_owned(),
-        settings: String::new(),
-    }
-}
-
-/// The request's entities as JSON: request-scoped ones, the principal and resource,
-/// and what they point to one level deep.
-fn entities_json(request: &Request, entities: &Arc<Entities>) -> String {
-    let mut seen: BTreeSet<String> = BTreeSet::new();
-    let mut out: Vec<Value> = Vec::new();
-    for e in &request.entities {
-        if let Some(uid) = e.get("uid") {
-            seen.insert(uid.to_string());
-        }
-        out.push(e.clone());
-    }
-    let mut push = |uid: &cedar_policy::EntityUid, out: &mut Vec<Value>| -> Option<Value> {
-        let text = runtime::entity_json::entity(entities, uid)?;
-        let json: Value = serde_json::from_str(&text).ok()?;
-        let key = json.get("uid")?.to_string();
-        if seen.insert(key) {
-            out.push(json.clone());
-        }
-        Some(json)
-    };
-    for uid in [&request.principal.0, &request.resource.0] {
-        let Some(json) = push(uid, &mut out) else {
-            continue;
-        };
-        // Entities the principal and resource point to, one level deep (a node's zone).
-        let refs = json
-            .get("attrs")
-            .and_then(Value::as_object)
-            .into_iter()
-            .flat_map(|attrs| attrs.values())
-            .filter_map(|v| v.get("__entity"))
-            .filter_map(|r| {
-                let t = r.get("type")?.as_str()?;
-                let id = r.get("id")?.as_str()?;
-                EntityUid::new(t, id).ok()
-            })
-            .collect::<Vec<_>>();
-        for r in refs {
-            push(&r.0, &mut out);
-        }
-    }
-    Value::Array(out).to_string()
 }
 
 #[cfg(test)]

@@ -10,7 +10,6 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::{Duration, SystemTime};
 
-use cedar_policy::Entities;
 use wasmtime::component::types::ComponentItem;
 use wasmtime::component::{Component, HasSelf, Linker, ResourceType};
 use wasmtime::{
@@ -20,7 +19,9 @@ use wasmtime::{
 
 use super::bindings::exports::probity::plugin::evaluator;
 use super::bindings::probity::plugin::host;
+use super::bindings::probity::plugin::types::{self, EntitiesResult};
 use super::bindings::{Plugin, PluginPre};
+use super::entities::PluginEntities;
 
 /// How often the ticker advances the engine's epoch; deadlines are whole ticks.
 pub(crate) const TICK: Duration = Duration::from_millis(5);
@@ -72,7 +73,7 @@ pub(crate) struct Compiled {
 pub(crate) struct CallState {
     limiter: Limiter,
     now_ms: u64,
-    entities: Option<Arc<Entities>>,
+    entities: Option<Arc<PluginEntities>>,
     plugin: Arc<str>,
     log_lines: u32,
 }
@@ -163,6 +164,9 @@ impl Runtime {
         let mut config = Config::new();
         config.wasm_component_model(true);
         config.epoch_interruption(true);
+        if std::env::var_os("PROBITY_WASM_PERFMAP").is_some() {
+            config.profiler(wasmtime::ProfilingStrategy::PerfMap);
+        }
         // A fresh instance per call: the pooling allocator keeps memory slots mapped and
         // resets them, instead of mapping and unmapping memory on every call.
         let mut pool = PoolingAllocationConfig::new();
@@ -283,7 +287,7 @@ impl Compiled {
         &self,
         plugin: &Arc<str>,
         limits: CallLimits,
-        entities: Option<Arc<Entities>>,
+        entities: Option<Arc<PluginEntities>>,
     ) -> Store<CallState> {
         let memory_cap =
             usize::try_from(limits.memory_mib.saturating_mul(1024 * 1024)).unwrap_or(usize::MAX);
@@ -334,8 +338,8 @@ impl Compiled {
         &self,
         plugin: &Arc<str>,
         limits: CallLimits,
-        request: &evaluator::Request,
-        entities: Arc<Entities>,
+        request: evaluator::Request<'_>,
+        entities: Arc<PluginEntities>,
     ) -> Result<evaluator::Verdict, CallFailure> {
         let mut store = self.store(plugin, limits, Some(entities));
         let result = self.pre.instantiate(&mut store).and_then(|p| {
@@ -369,6 +373,8 @@ fn classify(e: &wasmtime::Error, store: &Store<CallState>, limits: CallLimits) -
     }
 }
 
+impl types::Host for CallState {}
+
 impl host::Host for CallState {
     fn log(&mut self, level: host::Level, message: String) {
         // Debug and info lines are dropped; warnings and errors go to stderr until the
@@ -399,71 +405,15 @@ impl host::Host for CallState {
         self.now_ms
     }
 
-    fn entities_of_type(&mut self, type_name: String) -> String {
+    fn entities_of_type(&mut self, type_name: String) -> EntitiesResult {
         match &self.entities {
-            Some(entities) => entity_json::of_type(entities, &type_name).to_string(),
-            None => "[]".to_owned(),
+            Some(entities) => entities.of_type(&type_name).result(),
+            None => EntitiesResult {
+                text: String::new(),
+                uids: Vec::new(),
+                attrs: Vec::new(),
+                parents: Vec::new(),
+            },
         }
-    }
-}
-
-/// Entity JSON, cached per store snapshot. A snapshot's entities never change, so each
-/// entity's (and each type's) JSON is serialized once per snapshot rather than once per
-/// plugin call; a new snapshot (an entity update, a reload) starts a new cache.
-pub(crate) mod entity_json {
-    use std::collections::HashMap;
-    use std::sync::{Arc, Mutex, Weak};
-
-    use cedar_policy::{Entities, EntityUid};
-
-    type Cache = Option<(Weak<Entities>, HashMap<String, Option<Arc<str>>>)>;
-
-    static CACHE: Mutex<Cache> = Mutex::new(None);
-
-    fn cached(
-        entities: &Arc<Entities>,
-        key: String,
-        make: impl FnOnce() -> Option<String>,
-    ) -> Option<Arc<str>> {
-        {
-            let guard = CACHE.lock().unwrap_or_else(|p| p.into_inner());
-            if let Some((snapshot, map)) = guard.as_ref()
-                && Weak::ptr_eq(snapshot, &Arc::downgrade(entities))
-                && let Some(hit) = map.get(&key)
-            {
-                return hit.clone();
-            }
-        }
-        let value: Option<Arc<str>> = make().map(Arc::from);
-        let mut guard = CACHE.lock().unwrap_or_else(|p| p.into_inner());
-        let fresh =
-            !matches!(guard.as_ref(), Some((s, _)) if Weak::ptr_eq(s, &Arc::downgrade(entities)));
-        if fresh {
-            *guard = Some((Arc::downgrade(entities), HashMap::new()));
-        }
-        if let Some((_, map)) = guard.as_mut() {
-            map.insert(key, value.clone());
-        }
-        value
-    }
-
-    /// The stored entities of one type, as a JSON array.
-    pub fn of_type(entities: &Arc<Entities>, type_name: &str) -> Arc<str> {
-        cached(entities, format!("type {type_name}"), || {
-            let items: Vec<serde_json::Value> = entities
-                .iter()
-                .filter(|e| e.uid().type_name().to_string() == type_name)
-                .filter_map(|e| e.to_json_value().ok())
-                .collect();
-            Some(serde_json::Value::Array(items).to_string())
-        })
-        .unwrap_or_else(|| Arc::from("[]"))
-    }
-
-    /// One entity as Cedar entity JSON, if stored.
-    pub fn entity(entities: &Arc<Entities>, uid: &EntityUid) -> Option<Arc<str>> {
-        cached(entities, format!("uid {uid}"), || {
-            Some(entities.get(uid)?.to_json_value().ok()?.to_string())
-        })
     }
 }

@@ -3,7 +3,7 @@
 //! A plugin is a type that implements [`Plugin`]: [`Plugin::describe`] says what it is
 //! and which actions it applies to, [`Plugin::evaluate`] turns a typed [`Request`]
 //! into a [`Verdict`]. [`export_plugin!`] wires it to the WIT contract
-//! (`plugins/wit/plugin.wit`, package `probity:plugin@0.1.0`); the generated bindings
+//! (`plugins/wit/plugin.wit`, package `probity:plugin@0.2.0`); the generated bindings
 //! stay inside this crate.
 //!
 //! The logic never touches the bindings, so it is tested natively with `cargo test`,
@@ -35,10 +35,13 @@ use std::fmt;
 
 use serde_json::{Map, Value};
 
+mod arena;
 mod wasm;
 
 #[doc(hidden)]
 pub mod __private {
+    #[cfg(target_arch = "wasm32")]
+    pub use crate::arena::CallArena;
     pub use crate::wasm::{bindings, describe, evaluate};
 }
 
@@ -149,46 +152,86 @@ pub struct Uid {
 }
 
 impl Uid {
+    /// A uid.
+    pub fn new(type_name: &str, id: &str) -> Self {
+        Self {
+            type_name: type_name.to_owned(),
+            id: id.to_owned(),
+        }
+    }
+
     /// Reads `{"type": .., "id": ..}`, optionally wrapped in `{"__entity": ..}`.
     pub fn from_json(v: &Value) -> Option<Self> {
         let o = v.as_object()?;
         let o = o.get("__entity").and_then(Value::as_object).unwrap_or(o);
-        Some(Self {
-            type_name: o.get("type")?.as_str()?.to_owned(),
-            id: o.get("id")?.as_str()?.to_owned(),
-        })
+        Some(Self::new(o.get("type")?.as_str()?, o.get("id")?.as_str()?))
     }
 
     /// Reads `Type::"id"` (ids without escapes).
     pub fn parse(text: &str) -> Option<Self> {
         let (t, rest) = text.split_once("::")?;
         let id = rest.strip_prefix('"')?.strip_suffix('"')?;
-        Some(Self {
-            type_name: t.to_owned(),
-            id: id.to_owned(),
-        })
+        Some(Self::new(t, id))
     }
 }
 
 impl fmt::Display for Uid {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}::{:?}", self.type_name, self.id)
+        // Cedar's own syntax; the id is escaped only when it has to be (Debug
+        // formatting walks every character, which a plugin pays on every message).
+        if self.id.contains(['"', '\\']) || self.id.contains(char::is_control) {
+            write!(f, "{}::{:?}", self.type_name, self.id)
+        } else {
+            write!(f, "{}::\"{}\"", self.type_name, self.id)
+        }
     }
 }
 
-/// A Cedar entity as JSON: uid, attributes, parents.
+/// One attribute value, as the engine hands it over.
+#[derive(Debug, Clone, PartialEq)]
+pub enum AttrValue {
+    /// A boolean.
+    Bool(bool),
+    /// A Cedar long.
+    Long(i64),
+    /// A string.
+    String(String),
+    /// A reference to another entity.
+    Entity(Uid),
+    /// A set, a record or an extension value, as Cedar entity JSON.
+    Json(String),
+}
+
+impl AttrValue {
+    /// Reads one attribute value in Cedar entity JSON.
+    pub fn from_json(v: &Value) -> Self {
+        match v {
+            Value::Bool(b) => AttrValue::Bool(*b),
+            Value::String(s) => AttrValue::String(s.clone()),
+            Value::Number(n) => n
+                .as_i64()
+                .map_or_else(|| AttrValue::Json(v.to_string()), AttrValue::Long),
+            Value::Object(o) if o.len() == 1 && o.contains_key("__entity") => {
+                Uid::from_json(v).map_or_else(|| AttrValue::Json(v.to_string()), AttrValue::Entity)
+            }
+            _ => AttrValue::Json(v.to_string()),
+        }
+    }
+}
+
+/// A Cedar entity: uid, attributes, parents.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Entity {
     /// Its uid.
     pub uid: Uid,
-    /// Its attributes, as Cedar entity JSON (entity references as `{"__entity": ..}`).
-    pub attrs: Map<String, Value>,
+    /// Its attributes, in the order the engine sent them.
+    pub attrs: Vec<(String, AttrValue)>,
     /// Its parents.
     pub parents: Vec<Uid>,
 }
 
 impl Entity {
-    /// Reads one Cedar entity JSON object.
+    /// Reads one Cedar entity JSON object (for tests and [`MockHost`]).
     pub fn from_json(v: &Value) -> Option<Self> {
         let o = v.as_object()?;
         Some(Self {
@@ -196,8 +239,10 @@ impl Entity {
             attrs: o
                 .get("attrs")
                 .and_then(Value::as_object)
-                .cloned()
-                .unwrap_or_default(),
+                .into_iter()
+                .flatten()
+                .map(|(k, v)| (k.clone(), AttrValue::from_json(v)))
+                .collect(),
             parents: o
                 .get("parents")
                 .and_then(Value::as_array)
@@ -206,26 +251,50 @@ impl Entity {
         })
     }
 
-    /// Reads a JSON array of entities, skipping malformed items.
+    /// Reads a JSON array of Cedar entities, skipping malformed items.
     pub fn list_from_json(v: &Value) -> Vec<Self> {
         v.as_array()
             .map(|items| items.iter().filter_map(Self::from_json).collect())
             .unwrap_or_default()
     }
 
+    /// An attribute's value.
+    pub fn attr(&self, name: &str) -> Option<&AttrValue> {
+        // A linear search: entities carry a handful of attributes, and building an
+        // index would cost more than it saves in a call that reads a few.
+        self.attrs.iter().find(|(k, _)| k == name).map(|(_, v)| v)
+    }
+
     /// An integer attribute.
     pub fn long(&self, attr: &str) -> Option<i64> {
-        self.attrs.get(attr)?.as_i64()
+        match self.attr(attr)? {
+            AttrValue::Long(n) => Some(*n),
+            _ => None,
+        }
     }
 
     /// A string attribute.
     pub fn string(&self, attr: &str) -> Option<&str> {
-        self.attrs.get(attr)?.as_str()
+        match self.attr(attr)? {
+            AttrValue::String(s) => Some(s),
+            _ => None,
+        }
+    }
+
+    /// A boolean attribute.
+    pub fn bool(&self, attr: &str) -> Option<bool> {
+        match self.attr(attr)? {
+            AttrValue::Bool(b) => Some(*b),
+            _ => None,
+        }
     }
 
     /// An entity-valued attribute.
     pub fn entity_ref(&self, attr: &str) -> Option<Uid> {
-        Uid::from_json(self.attrs.get(attr)?)
+        match self.attr(attr)? {
+            AttrValue::Entity(u) => Some(u.clone()),
+            _ => None,
+        }
     }
 }
 
@@ -300,6 +369,14 @@ impl Request {
             .and_then(Value::as_f64)
             .unwrap_or(default)
     }
+}
+
+/// A JSON object from text ("{}" for anything else).
+pub(crate) fn object_from_str(text: &str) -> Map<String, Value> {
+    if text == "{}" || text.is_empty() {
+        return Map::new();
+    }
+    serde_json::from_str(text).unwrap_or_default()
 }
 
 fn into_object(v: Value) -> Map<String, Value> {
@@ -451,9 +528,15 @@ impl Verdict {
 /// impl probity_plugin_sdk::Plugin for PowerSpike { /* ... */ }
 /// probity_plugin_sdk::export_plugin!(PowerSpike);
 /// ```
+///
+/// In the wasm build it also installs the call arena as the global allocator: a
+/// bump allocator that never frees, since the engine discards a plugin's memory after
+/// every call (the SDK's `arena` module explains the trade). A plugin that allocates
+/// and frees in long loops keeps the system allocator instead:
+/// `export_plugin!(MyPlugin, allocator = system)`.
 #[macro_export]
 macro_rules! export_plugin {
-    ($plugin:ty) => {
+    (@export $plugin:ty) => {
         // Only a wasm build exports anything: a native build (unit tests) links the
         // crate's cdylib too, and the contract's export names are not valid symbols there.
         #[cfg(target_arch = "wasm32")]
@@ -484,6 +567,19 @@ macro_rules! export_plugin {
                 __ProbityPluginExport with_types_in $crate::__private::bindings
             );
         };
+    };
+    ($plugin:ty) => {
+        $crate::export_plugin!($plugin, allocator = arena);
+    };
+    ($plugin:ty, allocator = arena) => {
+        #[cfg(target_arch = "wasm32")]
+        #[global_allocator]
+        static __PROBITY_CALL_ARENA: $crate::__private::CallArena =
+            $crate::__private::CallArena::new();
+        $crate::export_plugin!(@export $plugin);
+    };
+    ($plugin:ty, allocator = system) => {
+        $crate::export_plugin!(@export $plugin);
     };
 }
 

@@ -2,11 +2,9 @@
 //! here is public API: [`export_plugin!`](crate::export_plugin) reaches it through
 //! `__private`.
 
-use serde_json::Value;
-
 use crate::{
-    Description, Entity, Host, Level, Obligation, Outcome, Plugin, Reason, Request, Severity,
-    Verdict,
+    AttrValue, Description, Entity, Host, Level, Obligation, Outcome, Plugin, Reason, Request,
+    Severity, Uid, Verdict, object_from_str,
 };
 
 #[allow(
@@ -30,6 +28,7 @@ pub mod bindings {
 
 use bindings::exports::probity::plugin::evaluator as wit;
 use bindings::probity::plugin::host as wit_host;
+use bindings::probity::plugin::types as wit_types;
 
 /// The real host, through the component's imports.
 struct WasmHost;
@@ -50,10 +49,7 @@ impl Host for WasmHost {
     }
 
     fn entities_of_type(&self, type_name: &str) -> Vec<Entity> {
-        let text = wit_host::entities_of_type(type_name);
-        serde_json::from_str::<Value>(&text)
-            .map(|v| Entity::list_from_json(&v))
-            .unwrap_or_default()
+        entities(wit_host::entities_of_type(type_name))
     }
 }
 
@@ -69,16 +65,63 @@ pub fn describe<P: Plugin>() -> wit::Description {
 
 /// `evaluate`, for [`export_plugin!`](crate::export_plugin).
 pub fn evaluate<P: Plugin>(request: wit::Request) -> wit::Verdict {
-    let parse = |text: &str| serde_json::from_str::<Value>(text).unwrap_or(Value::Null);
-    let request = Request::new(&request.principal, &request.action, &request.resource)
-        .with_context(parse(&request.context))
-        .with_entities(&parse(&request.entities))
-        .with_settings(parse(&request.settings));
+    let request = Request {
+        context: object_from_str(&request.context),
+        entities: entities(request.entities),
+        settings: object_from_str(&request.settings),
+        principal: request.principal,
+        action: request.action,
+        resource: request.resource,
+    };
     match P::evaluate(&request, &WasmHost) {
         Verdict::Allow(o) => wit::Verdict::Allow(outcome(o)),
         Verdict::Deny(o) => wit::Verdict::Deny(outcome(o)),
         Verdict::Abstain => wit::Verdict::Abstain,
     }
+}
+
+/// A batch of entities in the contract's flattened form, turned back into plain
+/// entities: each span's text copied out (no parsing). A span or entity number out of
+/// range (a host bug) reads as empty or is dropped, never a panic.
+fn entities(batch: wit_types::Entities) -> Vec<Entity> {
+    let text = batch.text.as_str();
+    let read = |s: wit_types::Span| -> String {
+        let start = s.offset as usize;
+        text.get(start..start.saturating_add(s.len as usize))
+            .unwrap_or_default()
+            .to_owned()
+    };
+    let uid = |u: wit_types::Uid| Uid {
+        type_name: read(u.type_name),
+        id: read(u.id),
+    };
+    let mut out: Vec<Entity> = batch
+        .uids
+        .iter()
+        .map(|u| Entity {
+            uid: uid(*u),
+            attrs: Vec::new(),
+            parents: Vec::new(),
+        })
+        .collect();
+    for a in &batch.attrs {
+        let value = match a.value {
+            wit_types::Value::Boolean(b) => AttrValue::Bool(b),
+            wit_types::Value::Long(n) => AttrValue::Long(n),
+            wit_types::Value::String(s) => AttrValue::String(read(s)),
+            wit_types::Value::Entity(u) => AttrValue::Entity(uid(u)),
+            wit_types::Value::Json(s) => AttrValue::Json(read(s)),
+        };
+        if let Some(e) = out.get_mut(a.entity as usize) {
+            e.attrs.push((read(a.name), value));
+        }
+    }
+    for p in &batch.parents {
+        if let Some(e) = out.get_mut(p.entity as usize) {
+            e.parents.push(uid(p.uid));
+        }
+    }
+    out
 }
 
 fn outcome(o: Outcome) -> wit::Outcome {
@@ -107,5 +150,82 @@ fn obligation(o: Obligation) -> wit::Obligation {
         kind: o.kind,
         target: o.target,
         parameters: o.parameters.into_iter().collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn span(text: &str, part: &str) -> wit_types::Span {
+        let offset = text.find(part).unwrap();
+        wit_types::Span {
+            offset: offset as u32,
+            len: part.len() as u32,
+        }
+    }
+
+    #[test]
+    fn a_batch_becomes_plain_entities() {
+        let text = "NodeZonen1z1zonewattsrack-7".to_owned();
+        let uid = |t: &str, i: &str| wit_types::Uid {
+            type_name: span(&text, t),
+            id: span(&text, i),
+        };
+        let batch = wit_types::Entities {
+            uids: vec![uid("Node", "n1"), uid("Zone", "z1")],
+            attrs: vec![
+                wit_types::Attr {
+                    entity: 0,
+                    name: span(&text, "zone"),
+                    value: wit_types::Value::Entity(uid("Zone", "z1")),
+                },
+                wit_types::Attr {
+                    entity: 0,
+                    name: span(&text, "watts"),
+                    value: wit_types::Value::Long(5),
+                },
+                wit_types::Attr {
+                    entity: 1,
+                    name: span(&text, "rack"),
+                    value: wit_types::Value::String(span(&text, "-7")),
+                },
+                // an entity number out of range is dropped, not a panic
+                wit_types::Attr {
+                    entity: 9,
+                    name: span(&text, "rack"),
+                    value: wit_types::Value::Boolean(true),
+                },
+            ],
+            parents: vec![wit_types::Parent {
+                entity: 0,
+                uid: uid("Zone", "z1"),
+            }],
+            text,
+        };
+        let list = entities(batch);
+        assert_eq!(list.len(), 2);
+        assert_eq!(list[0].uid, Uid::new("Node", "n1"));
+        assert_eq!(list[0].entity_ref("zone"), Some(Uid::new("Zone", "z1")));
+        assert_eq!(list[0].long("watts"), Some(5));
+        assert_eq!(list[0].parents, [Uid::new("Zone", "z1")]);
+        assert_eq!(list[1].string("rack"), Some("-7"));
+    }
+
+    #[test]
+    fn a_span_outside_the_text_reads_as_empty() {
+        let batch = wit_types::Entities {
+            text: "Node".to_owned(),
+            uids: vec![wit_types::Uid {
+                type_name: wit_types::Span { offset: 0, len: 4 },
+                id: wit_types::Span {
+                    offset: 2,
+                    len: u32::MAX,
+                },
+            }],
+            attrs: Vec::new(),
+            parents: Vec::new(),
+        };
+        assert_eq!(entities(batch)[0].uid, Uid::new("Node", ""));
     }
 }

@@ -58,19 +58,19 @@ impl Plugin for ThermalHeadroom {
         let Some(zone) = node.entity_ref("zone").and_then(|z| request.entity(&z)) else {
             return Verdict::Abstain;
         };
-        let gpus = workload.long("gpus").unwrap_or(0).max(0) as f64;
-        if gpus == 0.0 {
+        let gpus = workload.long("gpus").unwrap_or(0).max(0);
+        if gpus == 0 {
             return Verdict::Abstain;
         }
-        let added_w = gpus * model.watts_per_gpu;
+        let added_w = gpus as f64 * model.watts_per_gpu;
         let mut reasons = Vec::new();
         let headroom = model.zone_headroom_w(zone, added_w).unwrap_or(f64::MIN);
         if headroom < 0.0 {
             reasons.push(Reason::new(
                 "zone-ceiling",
                 format!(
-                    "placing {gpus} GPUs (+{added_w:.0} W) in {} would exceed {}% of its fan-curve ceiling by {:.0} W",
-                    zone.uid, model.ceiling_pct, -headroom
+                    "placing {gpus} GPUs (+{} W) in {} would exceed {}% of its fan-curve ceiling by {} W",
+                    whole(added_w), zone.uid, whole(model.ceiling_pct), whole(-headroom)
                 ),
                 Severity::High,
             ));
@@ -98,7 +98,7 @@ impl Plugin for ThermalHeadroom {
         let class = workload.string("class");
         let mut migrate = Obligation::new("migrate")
             .param("from_zone", &zone.uid)
-            .param("needed_w", format!("{added_w:.0}"));
+            .param("needed_w", whole(added_w));
         if let Some((cooler, room)) = coolest_zone(
             &host.entities_of_type("Zone"),
             &zone.uid,
@@ -108,7 +108,7 @@ impl Plugin for ThermalHeadroom {
         ) {
             migrate = migrate
                 .target(cooler.to_string())
-                .param("headroom_w", format!("{room:.0}"));
+                .param("headroom_w", whole(room));
         }
         let mut verdict = Verdict::deny(reasons.remove(0)).with_obligation(migrate);
         for r in reasons {
@@ -116,6 +116,13 @@ impl Plugin for ThermalHeadroom {
         }
         verdict
     }
+}
+
+/// A figure as a whole number, for messages. Rounding through an integer rather than
+/// `{:.0}`: fixed-precision float formatting is the slow path of `core::fmt`, and this
+/// runs on every denied placement.
+fn whole(figure: f64) -> i64 {
+    figure.round() as i64
 }
 
 /// The zone, other than `from`, with the most headroom after taking `added_w`, that is
@@ -134,9 +141,10 @@ pub fn coolest_zone(
             Some(dedicated) => Some(dedicated) == class,
             None => true,
         })
-        .filter_map(|z| Some((z.uid.clone(), model.zone_headroom_w(z, added_w)?)))
+        .filter_map(|z| Some((&z.uid, model.zone_headroom_w(z, added_w)?)))
         .filter(|(_, room)| *room >= 0.0)
         .max_by(|a, b| a.1.total_cmp(&b.1))
+        .map(|(uid, room)| (uid.clone(), room))
 }
 
 export_plugin!(ThermalHeadroom);

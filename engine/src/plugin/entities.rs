@@ -1,0 +1,455 @@
+//! The entities a plugin sees, in the contract's flattened form (`types.entities`),
+//! cached per snapshot.
+//!
+//! Turning a Cedar entity into the contract's form is the dearest part of a plugin
+//! call on the host side. A snapshot's entities never change, so each entity's batch
+//! of one (and the list of entities it points to) is made once per snapshot, on first
+//! use, and later calls append copies of it: text and plain numbers, no parsing. A new snapshot (an entity update,
+//! a reload) comes with a new, empty cache, so nothing stale is ever served.
+//!
+//! Invariant: the cache holds at most one entry per stored entity and one per entity
+//! type, so it is bounded by the store it mirrors.
+
+use std::collections::HashMap;
+use std::sync::{Arc, RwLock};
+
+use cedar_policy::{Entities, EntityId, EntityUid};
+use serde_json::Value;
+
+use super::bindings::probity::plugin::types::{
+    Attr, EntitiesParam, EntitiesResult, Parent, Span, Uid, Value as AttrValue,
+};
+
+/// Entities in the contract's flattened form (`types.entities`), built on the host:
+/// all text in one string, spans into it, attributes and parents in one list each.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Batch {
+    text: String,
+    uids: Vec<Uid>,
+    attrs: Vec<Attr>,
+    parents: Vec<Parent>,
+}
+
+impl Batch {
+    /// Appends `s` to the text. `None` once the text would outgrow the contract's u32
+    /// offsets (a batch of 4 GiB: never in practice).
+    fn span(&mut self, s: &str) -> Option<Span> {
+        let offset = u32::try_from(self.text.len()).ok()?;
+        let len = u32::try_from(s.len()).ok()?;
+        offset.checked_add(len)?;
+        self.text.push_str(s);
+        Some(Span { offset, len })
+    }
+
+    fn uid(&mut self, type_name: &str, id: &str) -> Option<Uid> {
+        Some(Uid {
+            type_name: self.span(type_name)?,
+            id: self.span(id)?,
+        })
+    }
+
+    fn uid_json(&mut self, v: &Value) -> Option<Uid> {
+        let v = v.get("__entity").unwrap_or(v);
+        self.uid(v.get("type")?.as_str()?, v.get("id")?.as_str()?)
+    }
+
+    fn value(&mut self, v: &Value) -> Option<AttrValue> {
+        Some(match v {
+            Value::Bool(b) => AttrValue::Boolean(*b),
+            Value::String(s) => AttrValue::String(self.span(s)?),
+            Value::Number(n) => match n.as_i64() {
+                Some(n) => AttrValue::Long(n),
+                None => AttrValue::Json(self.span(&v.to_string())?),
+            },
+            Value::Object(o) if o.len() == 1 && o.contains_key("__entity") => {
+                match self.uid_json(v) {
+                    Some(u) => AttrValue::Entity(u),
+                    None => AttrValue::Json(self.span(&v.to_string())?),
+                }
+            }
+            _ => AttrValue::Json(self.span(&v.to_string())?),
+        })
+    }
+
+    /// Adds one Cedar entity JSON object; `None` (and nothing usable added) if it has
+    /// no uid or the batch is full.
+    fn push_json(&mut self, json: &Value) -> Option<()> {
+        let index = u32::try_from(self.uids.len()).ok()?;
+        let uid = self.uid_json(json.get("uid")?)?;
+        self.uids.push(uid);
+        for (name, v) in json
+            .get("attrs")
+            .and_then(Value::as_object)
+            .into_iter()
+            .flatten()
+        {
+            let name = self.span(name)?;
+            let value = self.value(v)?;
+            self.attrs.push(Attr {
+                entity: index,
+                name,
+                value,
+            });
+        }
+        for p in json
+            .get("parents")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
+            if let Some(uid) = self.uid_json(p) {
+                self.parents.push(Parent { entity: index, uid });
+            }
+        }
+        Some(())
+    }
+
+    /// Appends every entity of `other`, moving its spans and entity numbers.
+    fn append(&mut self, other: &Batch) -> Option<()> {
+        let base = u32::try_from(self.text.len()).ok()?;
+        let first = u32::try_from(self.uids.len()).ok()?;
+        u32::try_from(self.text.len() + other.text.len()).ok()?;
+        u32::try_from(self.uids.len() + other.uids.len()).ok()?;
+        let span = |s: Span| Span {
+            offset: s.offset + base,
+            len: s.len,
+        };
+        let uid = |u: Uid| Uid {
+            type_name: span(u.type_name),
+            id: span(u.id),
+        };
+        self.text.push_str(&other.text);
+        self.uids.extend(other.uids.iter().map(|u| uid(*u)));
+        self.attrs.extend(other.attrs.iter().map(|a| Attr {
+            entity: a.entity + first,
+            name: span(a.name),
+            value: match a.value {
+                AttrValue::String(s) => AttrValue::String(span(s)),
+                AttrValue::Entity(u) => AttrValue::Entity(uid(u)),
+                AttrValue::Json(s) => AttrValue::Json(span(s)),
+                v @ (AttrValue::Boolean(_) | AttrValue::Long(_)) => v,
+            },
+        }));
+        self.parents.extend(other.parents.iter().map(|p| Parent {
+            entity: p.entity + first,
+            uid: uid(p.uid),
+        }));
+        Some(())
+    }
+
+    /// The text a span points to ("" if it points outside).
+    fn text_of(&self, s: Span) -> &str {
+        let start = s.offset as usize;
+        self.text
+            .get(start..start.saturating_add(s.len as usize))
+            .unwrap_or_default()
+    }
+
+    /// The batch lent to a call.
+    pub fn param(&self) -> EntitiesParam<'_> {
+        EntitiesParam {
+            text: &self.text,
+            uids: &self.uids,
+            attrs: &self.attrs,
+            parents: &self.parents,
+        }
+    }
+
+    /// The batch returned from a host function.
+    pub fn result(&self) -> EntitiesResult {
+        EntitiesResult {
+            text: self.text.clone(),
+            uids: self.uids.clone(),
+            attrs: self.attrs.clone(),
+            parents: self.parents.clone(),
+        }
+    }
+}
+
+/// One stored entity as a batch of one, its uid, and the uids its attributes
+/// reference.
+pub(crate) struct Cached {
+    batch: Batch,
+    type_name: String,
+    id: String,
+    refs: Vec<EntityUid>,
+}
+
+impl Cached {
+    fn from_json(json: &Value) -> Option<Self> {
+        let mut batch = Batch::default();
+        batch.push_json(json)?;
+        let uid = json.get("uid")?;
+        let refs = batch
+            .attrs
+            .iter()
+            .filter_map(|a| match a.value {
+                AttrValue::Entity(u) => {
+                    let type_name = batch.text_of(u.type_name).parse().ok()?;
+                    Some(EntityUid::from_type_name_and_id(
+                        type_name,
+                        EntityId::new(batch.text_of(u.id)),
+                    ))
+                }
+                _ => None,
+            })
+            .collect();
+        Some(Self {
+            type_name: uid.get("type")?.as_str()?.to_owned(),
+            id: uid.get("id")?.as_str()?.to_owned(),
+            refs,
+            batch,
+        })
+    }
+}
+
+/// A snapshot's entities with their batch cache.
+pub(crate) struct PluginEntities {
+    entities: Arc<Entities>,
+    by_uid: RwLock<HashMap<EntityUid, Option<Arc<Cached>>>>,
+    by_type: RwLock<HashMap<String, Arc<Batch>>>,
+}
+
+impl PluginEntities {
+    /// An empty cache over `entities`.
+    pub fn new(entities: Arc<Entities>) -> Self {
+        Self {
+            entities,
+            by_uid: RwLock::new(HashMap::new()),
+            by_type: RwLock::new(HashMap::new()),
+        }
+    }
+
+    /// The entities themselves.
+    pub fn entities(&self) -> &Arc<Entities> {
+        &self.entities
+    }
+
+    fn entity(&self, uid: &EntityUid) -> Option<Arc<Cached>> {
+        if let Some(hit) = self
+            .by_uid
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(uid)
+        {
+            return hit.clone();
+        }
+        let made = self
+            .entities
+            .get(uid)
+            .and_then(|e| e.to_json_value().ok())
+            .and_then(|json| Cached::from_json(&json))
+            .map(Arc::new);
+        self.by_uid
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(uid.clone(), made.clone());
+        made
+    }
+
+    /// The stored entities of one type (none for an unknown type).
+    pub fn of_type(&self, type_name: &str) -> Arc<Batch> {
+        if let Some(hit) = self
+            .by_type
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(type_name)
+        {
+            return Arc::clone(hit);
+        }
+        let mut batch = Batch::default();
+        for e in self
+            .entities
+            .iter()
+            .filter(|e| e.uid().type_name().to_string() == type_name)
+        {
+            if let Ok(json) = e.to_json_value() {
+                let mut one = Batch::default();
+                if one.push_json(&json).is_some() {
+                    batch.append(&one);
+                }
+            }
+        }
+        let made = Arc::new(batch);
+        self.by_type
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(type_name.to_owned(), Arc::clone(&made));
+        made
+    }
+
+    /// The entities a request carries to a plugin, as one batch: the request-scoped
+    /// `extra` ones, then the stored principal and resource and the entities their
+    /// attributes point to, one level deep (a node's zone), each once.
+    pub fn closure(&self, extra: &[Value], roots: [&EntityUid; 2]) -> Batch {
+        let mut out = Batch::default();
+        let mut taken: Vec<(String, String)> = Vec::new();
+        for json in extra {
+            let mut one = Batch::default();
+            if one.push_json(json).is_some() && out.append(&one).is_some() {
+                let uid = json.get("uid");
+                let part = |k: &str| {
+                    uid.and_then(|u| u.get(k))
+                        .and_then(Value::as_str)
+                        .unwrap_or_default()
+                        .to_owned()
+                };
+                taken.push((part("type"), part("id")));
+            }
+        }
+        // A linear check for duplicates: a closure holds a handful of stored entities.
+        let mut stored: Vec<Arc<Cached>> = Vec::new();
+        for root in roots {
+            let Some(cached) = self.entity(root) else {
+                continue;
+            };
+            let refs: Vec<Arc<Cached>> =
+                cached.refs.iter().filter_map(|r| self.entity(r)).collect();
+            stored.push(cached);
+            stored.extend(refs);
+        }
+        let mut seen: Vec<&Cached> = Vec::new();
+        for c in &stored {
+            let dup = taken.iter().any(|(t, i)| *t == c.type_name && *i == c.id)
+                || seen
+                    .iter()
+                    .any(|s| s.type_name == c.type_name && s.id == c.id);
+            if !dup && out.append(&c.batch).is_some() {
+                seen.push(c);
+            }
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn store() -> Arc<Entities> {
+        Arc::new(
+            Entities::from_json_value(
+                json!([
+                    {"uid": {"type": "Node", "id": "n1"}, "parents": [{"type": "Zone", "id": "z1"}],
+                     "attrs": {"zone": {"__entity": {"type": "Zone", "id": "z1"}}, "watts": 5,
+                               "up": true, "rack": "r1", "tags": ["a"]}},
+                    {"uid": {"type": "Zone", "id": "z1"}, "attrs": {"ceiling": 10}, "parents": []},
+                    {"uid": {"type": "Zone", "id": "z2"}, "attrs": {"ceiling": 20}, "parents": []},
+                    {"uid": {"type": "Workload", "id": "w"}, "attrs": {}, "parents": []},
+                ]),
+                None,
+            )
+            .unwrap(),
+        )
+    }
+
+    fn cedar(t: &str, id: &str) -> EntityUid {
+        EntityUid::from_type_name_and_id(t.parse().unwrap(), EntityId::new(id))
+    }
+
+    fn uid_text(b: &Batch, u: Uid) -> String {
+        format!("{}/{}", b.text_of(u.type_name), b.text_of(u.id))
+    }
+
+    fn ids(b: &Batch) -> Vec<String> {
+        b.uids.iter().map(|u| uid_text(b, *u)).collect()
+    }
+
+    /// Entity `i`'s attributes as "name=value" text, in order.
+    fn attrs(b: &Batch, i: u32) -> Vec<String> {
+        b.attrs
+            .iter()
+            .filter(|a| a.entity == i)
+            .map(|a| {
+                let v = match a.value {
+                    AttrValue::Boolean(x) => format!("bool {x}"),
+                    AttrValue::Long(n) => format!("long {n}"),
+                    AttrValue::String(s) => format!("string {}", b.text_of(s)),
+                    AttrValue::Entity(u) => format!("entity {}", uid_text(b, u)),
+                    AttrValue::Json(s) => format!("json {}", b.text_of(s)),
+                };
+                format!("{}={v}", b.text_of(a.name))
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_closure_follows_references_one_level_and_names_each_entity_once() {
+        let cache = PluginEntities::new(store());
+        let node = cedar("Node", "n1");
+        let batch = cache.closure(&[], [&cedar("Workload", "w"), &node]);
+        assert_eq!(ids(&batch), ["Workload/w", "Node/n1", "Zone/z1"]);
+        // the same entity as principal and resource appears once
+        assert_eq!(
+            ids(&cache.closure(&[], [&node, &node])),
+            ["Node/n1", "Zone/z1"]
+        );
+    }
+
+    #[test]
+    fn attribute_values_keep_their_types_and_spans_survive_appending() {
+        let cache = PluginEntities::new(store());
+        // the node is the second entity, so its spans and number were moved
+        let batch = cache.closure(&[], [&cedar("Workload", "w"), &cedar("Node", "n1")]);
+        let mut node = attrs(&batch, 1);
+        node.sort();
+        assert_eq!(
+            node,
+            [
+                "rack=string r1",
+                "tags=json [\"a\"]",
+                "up=bool true",
+                "watts=long 5",
+                "zone=entity Zone/z1",
+            ]
+        );
+        assert!(attrs(&batch, 0).is_empty());
+        assert_eq!(attrs(&batch, 2), ["ceiling=long 10"]);
+        let parents: Vec<_> = batch
+            .parents
+            .iter()
+            .map(|p| (p.entity, uid_text(&batch, p.uid)))
+            .collect();
+        assert_eq!(parents, [(1, "Zone/z1".to_owned())]);
+    }
+
+    #[test]
+    fn request_entities_come_first_and_shadow_stored_ones() {
+        let cache = PluginEntities::new(store());
+        let extra =
+            [json!({"uid": {"type": "Zone", "id": "z1"}, "attrs": {"ceiling": 99}, "parents": []})];
+        let batch = cache.closure(&extra, [&cedar("Node", "n1"), &cedar("Node", "gone")]);
+        assert_eq!(ids(&batch), ["Zone/z1", "Node/n1"]);
+        assert_eq!(attrs(&batch, 0), ["ceiling=long 99"]);
+    }
+
+    #[test]
+    fn entities_of_a_type_are_listed_and_an_unknown_type_is_empty() {
+        let cache = PluginEntities::new(store());
+        let zones = cache.of_type("Zone");
+        let mut listed = ids(&zones);
+        listed.sort();
+        assert_eq!(listed, ["Zone/z1", "Zone/z2"]);
+        let z2 = zones
+            .uids
+            .iter()
+            .position(|u| zones.text_of(u.id) == "z2")
+            .unwrap();
+        assert_eq!(attrs(&zones, z2 as u32), ["ceiling=long 20"]);
+        assert!(cache.of_type("Nothing").uids.is_empty());
+    }
+
+    #[test]
+    fn a_span_outside_the_text_reads_as_empty() {
+        let b = Batch::default();
+        assert_eq!(b.text_of(Span { offset: 7, len: 3 }), "");
+        assert_eq!(
+            b.text_of(Span {
+                offset: u32::MAX,
+                len: u32::MAX
+            }),
+            ""
+        );
+    }
+}
