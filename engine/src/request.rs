@@ -71,12 +71,79 @@ impl EntityUid {
 impl FromStr for EntityUid {
     type Err = RequestError;
     fn from_str(s: &str) -> Result<Self, RequestError> {
+        if let Some(uid) = simple_uid(s) {
+            return Ok(uid);
+        }
         cedar_policy::EntityUid::from_str(s)
             .map(Self)
             .map_err(|_| RequestError::EntityUid {
                 field: "uid",
                 value: truncate(s),
             })
+    }
+}
+
+/// `Type::"id"` read without Cedar's parser when it is plainly well formed: a type
+/// of identifiers joined by `::`, an id in quotes with no escapes or control
+/// characters, nothing else. Every request names three uids, and the general parser
+/// costs more than the rest of reading the request; anything unusual (escapes,
+/// spaces, comments) falls through to it, so the two always agree on what they
+/// accept.
+fn simple_uid(s: &str) -> Option<EntityUid> {
+    let (type_name, rest) = s.rsplit_once("::\"")?;
+    let id = rest.strip_suffix('"')?;
+    if id.contains(['"', '\\'])
+        || id.contains(char::is_control)
+        || !type_name.split("::").all(is_plain_ident)
+    {
+        return None;
+    }
+    let t = type_names::get(type_name)?;
+    Some(EntityUid(cedar_policy::EntityUid::from_type_name_and_id(
+        t,
+        cedar_policy::EntityId::new(id),
+    )))
+}
+
+/// ASCII letters, digits and `_`, not starting with a digit. Only a pre-check: the
+/// type name itself is still checked by Cedar's parser (once, then cached), which
+/// also refuses reserved words.
+fn is_plain_ident(s: &str) -> bool {
+    let mut chars = s.chars();
+    chars
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+}
+
+/// Parsed entity type names, kept because a deployment uses a handful of types and
+/// parsing one costs as much as the rest of the uid. Bounded: past the bound, names
+/// are parsed each time.
+mod type_names {
+    use std::collections::HashMap;
+    use std::str::FromStr;
+    use std::sync::{PoisonError, RwLock};
+
+    const MAX_CACHED: usize = 256;
+
+    static CACHE: RwLock<Option<HashMap<String, cedar_policy::EntityTypeName>>> = RwLock::new(None);
+
+    pub(super) fn get(name: &str) -> Option<cedar_policy::EntityTypeName> {
+        if let Some(t) = CACHE
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_ref()
+            .and_then(|m| m.get(name))
+        {
+            return Some(t.clone());
+        }
+        let t = cedar_policy::EntityTypeName::from_str(name).ok()?;
+        let mut cache = CACHE.write().unwrap_or_else(PoisonError::into_inner);
+        let map = cache.get_or_insert_with(HashMap::new);
+        if map.len() < MAX_CACHED {
+            map.insert(name.to_owned(), t.clone());
+        }
+        Some(t)
     }
 }
 
@@ -236,6 +303,35 @@ fn truncate(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_uid_fast_path_agrees_with_cedars_parser() {
+        for text in [
+            r#"Node::"gpu-001""#,
+            r#"Node::"""#,
+            r#"Probity::Node::"gpu 1""#,
+            r#"Node::"gpu\"1""#,
+            r#"Node::"gpu\\1""#,
+            r#"Node :: "gpu""#,
+            r#"Node::"a::"b""#,
+            r#"if::"x""#,
+            r#"true::"x""#,
+            r#"1Node::"x""#,
+            r#"Node::"é ✓""#,
+            r#"Node::gpu"#,
+            r#"Node::"x" "#,
+            "Node::\"multi\nline\"",
+            "Node::\"tab\there\"",
+            "Node::\"nul\u{0}\"",
+        ] {
+            let fast = simple_uid(text).map(|u| u.0);
+            let cedar = cedar_policy::EntityUid::from_str(text).ok();
+            if let Some(f) = &fast {
+                assert_eq!(Some(f), cedar.as_ref(), "{text}");
+            }
+            assert_eq!(text.parse::<EntityUid>().ok().map(|u| u.0), cedar, "{text}");
+        }
+    }
 
     #[test]
     fn reads_both_uid_forms_and_bare_actions() {
