@@ -203,6 +203,12 @@ impl std::fmt::Display for Exit {
 }
 impl std::error::Error for Exit {}
 
+/// mimalloc rather than glibc's malloc: the server allocates and frees a few dozen
+/// small objects per request on two threads, where glibc's arenas cost measurably more
+/// (BENCHMARKS.md, Server).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match run(cli) {
