@@ -2,11 +2,12 @@
 //! any JSON-over-HTTP decision server such as cedar-agent).
 //!
 //! Closed loop (each connection sends its next request when the last one is answered) or
-//! fixed rate (requests scheduled at `--rate` per second in total; a request sent late
-//! because the previous one on its connection was slow is timed from its scheduled time,
-//! so a stalled server cannot hide its queueing; one sent on time is timed from the send,
-//! since tokio's 1 ms timer would otherwise add its own lag). Always bounded:
-//! it stops at `--requests` or `--duration`, whichever comes first.
+//! fixed rate (requests scheduled at `--rate` per second in total, spread evenly over
+//! the connections). At a fixed rate every request is timed from its scheduled time, so
+//! neither a stalled server nor a late client hides queueing. The pacer is a timerfd per
+//! connection with microsecond resolution: tokio's own timer has 1 ms ticks, which at
+//! 10k/s would release each millisecond's requests in one burst and measure the burst.
+//! Always bounded: it stops at `--requests` or `--duration`, whichever comes first.
 //!
 //! ```text
 //! cargo run --release -p probity-server --example loadgen -- \
@@ -163,6 +164,59 @@ async fn one(s: &mut Sender, o: &Opts) -> bool {
     })
 }
 
+/// Sleeps until an instant with microsecond resolution: a one-shot timerfd, awaited
+/// through tokio's reactor.
+struct Pacer {
+    fd: tokio::io::unix::AsyncFd<std::os::fd::OwnedFd>,
+}
+
+impl Pacer {
+    fn new() -> Self {
+        use rustix::time::{TimerfdClockId, TimerfdFlags, timerfd_create};
+        let fd = timerfd_create(
+            TimerfdClockId::Monotonic,
+            TimerfdFlags::NONBLOCK | TimerfdFlags::CLOEXEC,
+        )
+        .expect("timerfd_create");
+        // `AsyncFd::new` is deprecated for wrapping a descriptor the wrapper may not own;
+        // this one is an `OwnedFd` created just above and owned by the wrapper alone,
+        // and the replacement (`register`) is `unsafe`, which this crate forbids.
+        #[allow(deprecated)]
+        let fd = tokio::io::unix::AsyncFd::new(fd).expect("timerfd in the reactor");
+        Self { fd }
+    }
+
+    async fn sleep_until(&self, at: Instant) {
+        use rustix::time::{Itimerspec, TimerfdTimerFlags, Timespec, timerfd_settime};
+        let Some(wait) = at
+            .checked_duration_since(Instant::now())
+            .filter(|d| !d.is_zero())
+        else {
+            return;
+        };
+        let spec = Itimerspec {
+            it_interval: Timespec {
+                tv_sec: 0,
+                tv_nsec: 0,
+            },
+            it_value: Timespec {
+                tv_sec: wait.as_secs() as i64,
+                tv_nsec: i64::from(wait.subsec_nanos()),
+            },
+        };
+        timerfd_settime(&self.fd, TimerfdTimerFlags::empty(), &spec).expect("timerfd_settime");
+        loop {
+            let mut guard = self.fd.readable().await.expect("timerfd readable");
+            let mut expirations = [0u8; 8];
+            match guard.try_io(|fd| Ok(rustix::io::read(fd.get_ref(), &mut expirations)?)) {
+                Ok(Ok(_)) => return,
+                Ok(Err(e)) => panic!("timerfd read: {e}"),
+                Err(_would_block) => continue,
+            }
+        }
+    }
+}
+
 fn main() {
     let o = opts();
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -197,6 +251,7 @@ async fn run(o: Opts) {
         tasks.spawn(async move {
             let mut lat = Vec::with_capacity(1 << 16);
             let offset = per_conn_interval.map(|iv| iv.mul_f64(i as f64 / o.connections as f64));
+            let pacer = per_conn_interval.map(|_| Pacer::new());
             let mut n: u32 = 0;
             loop {
                 let now = Instant::now();
@@ -207,15 +262,8 @@ async fn run(o: Opts) {
                     (Some(iv), Some(off)) => {
                         let at = start + off + iv * n;
                         n += 1;
-                        if at > now {
-                            // On time: wait, and measure from the actual send, since
-                            // tokio's timer wakes up to 1 ms late and that lag is ours.
-                            tokio::time::sleep_until(at.into()).await;
-                            Instant::now()
-                        } else {
-                            // Behind schedule: the backlog counts against the server.
-                            at
-                        }
+                        pacer.as_ref().expect("pacer").sleep_until(at).await;
+                        at
                     }
                     _ => now,
                 };
