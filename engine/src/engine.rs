@@ -16,6 +16,7 @@ use serde_json::Value;
 
 use crate::bundle::{Bundle, PolicyMeta, TargetPath, TargetRoot};
 use crate::decision::{Decision, DecisionError, Effect, Obligation, Reason};
+use crate::decision_log::{self, DecisionLog, Settled};
 use crate::error::{EntityError, LoadError};
 use crate::plugin::{PluginEntities, PluginInfo};
 use crate::request::{EntityUid, Request, kind};
@@ -70,6 +71,8 @@ struct Shared {
     authorizer: Authorizer,
     /// Where blocks are made durable, once attached.
     state: std::sync::OnceLock<Arc<StateStore>>,
+    /// Records denies and obligations in the state store, once one is attached.
+    decision_log: std::sync::OnceLock<DecisionLog>,
 }
 
 /// The policy engine. Cheap to clone: clones share one state.
@@ -191,6 +194,7 @@ impl Engine {
                 reload_errors: AtomicU64::new(0),
                 authorizer: Authorizer::new(),
                 state: std::sync::OnceLock::new(),
+                decision_log: std::sync::OnceLock::new(),
             }),
         })
     }
@@ -220,18 +224,57 @@ impl Engine {
 
     /// Decides one request. Never panics and never fails: problems become a deny
     /// whose `errors` say what went wrong.
+    ///
+    /// With a state store attached ([`Engine::attach_state`]), a decision that denies
+    /// or carries obligations is recorded in its decision log before this returns; if
+    /// it cannot be, the answer is a deny saying so.
     pub fn decide(&self, request: &Request) -> Decision {
+        self.decide_deferred(request)
+            .settle()
+            .pop()
+            .unwrap_or_else(|| Decision::error("no decision"))
+    }
+
+    /// Decides many requests against one policy set and store. Their records (see
+    /// [`Engine::decide`]) share one durable commit.
+    pub fn decide_batch(&self, requests: &[Request]) -> Vec<Decision> {
+        self.decide_batch_deferred(requests).settle()
+    }
+
+    /// Decides without recording anything: for dry runs and what-if tools, whose
+    /// answers are not acted on.
+    pub fn decide_dry_run(&self, request: &Request) -> Decision {
         let snapshot = self.shared.current.load();
         self.decide_in(&snapshot, request)
     }
 
-    /// Decides many requests against one policy set and store.
-    pub fn decide_batch(&self, requests: &[Request]) -> Vec<Decision> {
+    /// [`Engine::decide`] without waiting for the record: the caller must
+    /// [`Settled::settle`] before acknowledging the decision. For async servers, which
+    /// wait for the commit off their event loop.
+    pub fn decide_deferred(&self, request: &Request) -> Settled {
         let snapshot = self.shared.current.load();
-        requests
+        let decision = self.decide_in(&snapshot, request);
+        self.record(&snapshot, &[request], vec![decision])
+    }
+
+    /// [`Engine::decide_batch`] without waiting for the records.
+    pub fn decide_batch_deferred(&self, requests: &[Request]) -> Settled {
+        let snapshot = self.shared.current.load();
+        let decisions = requests
             .iter()
             .map(|r| self.decide_in(&snapshot, r))
-            .collect()
+            .collect();
+        let asked: Vec<&Request> = requests.iter().collect();
+        self.record(&snapshot, &asked, decisions)
+    }
+
+    fn record(&self, snapshot: &Snapshot, asked: &[&Request], decisions: Vec<Decision>) -> Settled {
+        decision_log::submit(
+            self.shared.decision_log.get(),
+            &snapshot.bundle.digest,
+            asked,
+            decisions,
+        )
     }
 
     fn decide_in(&self, snapshot: &Snapshot, request: &Request) -> Decision {
@@ -452,13 +495,18 @@ impl Engine {
     }
 
     /// Makes blocks durable in `state`: the nodes it holds as blocked are blocked in the
-    /// engine now, and every later block and unblock is written there first. Attach once;
-    /// a second call is refused.
+    /// engine now, and every later block and unblock is written there first. From now
+    /// on, decisions that deny or carry obligations are recorded in its decision log
+    /// ([`StateStore::decisions`]) before they are returned. Attach once; a second call
+    /// is refused.
     pub fn attach_state(&self, state: Arc<StateStore>) -> Result<(), EntityError> {
         let blocked = state.blocked_nodes().map_err(EntityError::State)?;
         if self.shared.state.set(Arc::clone(&state)).is_err() {
             return Err(EntityError::StateAlreadyAttached);
         }
+        let log = DecisionLog::start(Arc::clone(&state)).map_err(EntityError::DecisionLog)?;
+        // Only this call, which won the `state` cell above, gets here.
+        let _ = self.shared.decision_log.set(log);
         for node in blocked {
             self.set_blocked_in_memory(&node.node, Some((&node.reason, node.since_unix)))?;
         }

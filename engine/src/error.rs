@@ -137,6 +137,9 @@ pub enum EntityError {
     /// A state store is already attached to this engine.
     #[error("a state store is already attached to this engine")]
     StateAlreadyAttached,
+    /// The decision log's writer thread could not start.
+    #[error("cannot start the decision log")]
+    DecisionLog(#[source] std::io::Error),
     /// The update touches an entity that only the configuration may define.
     #[error("{uid} comes from probity.toml and cannot be changed through the entity store")]
     Reserved {

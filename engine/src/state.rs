@@ -14,7 +14,10 @@ use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use redb::{Database, ReadableDatabase as _, ReadableTable as _, TableDefinition};
+use serde::{Deserialize, Serialize};
 use thiserror::Error;
+
+use crate::decision::Decision;
 
 /// Object id -> registry record (version, digest, signed manifest).
 const MANIFESTS: TableDefinition<&str, &[u8]> = TableDefinition::new("manifests");
@@ -22,6 +25,8 @@ const MANIFESTS: TableDefinition<&str, &[u8]> = TableDefinition::new("manifests"
 const BLOCKLIST: TableDefinition<&str, &[u8]> = TableDefinition::new("blocklist");
 /// Sequence number -> event record.
 const EVENTS: TableDefinition<u64, &[u8]> = TableDefinition::new("events");
+/// Decision log: sequence number -> the record as JSON ([`DecisionRecord`]).
+const DECISIONS: TableDefinition<u64, &[u8]> = TableDefinition::new("decisions");
 
 /// File name of the database inside the state directory.
 pub const STATE_FILE: &str = "state.redb";
@@ -123,6 +128,27 @@ pub struct Event {
     pub detail: String,
 }
 
+/// A recorded decision: one that denied or carried obligations, with what was asked.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DecisionRecord {
+    /// Sequence number in the log (assigned on append, increasing from 0; stored as
+    /// the key, not in the record).
+    #[serde(skip)]
+    pub seq: u64,
+    /// When it was decided, in milliseconds since the Unix epoch.
+    pub time_unix_ms: u64,
+    /// The principal, `Type::"id"`.
+    pub principal: String,
+    /// The action, `Action::"id"`.
+    pub action: String,
+    /// The resource, `Type::"id"`.
+    pub resource: String,
+    /// Digest of the policy set that decided.
+    pub policy_digest: String,
+    /// The decision itself: outcome, reasons, obligations, errors.
+    pub decision: Decision,
+}
+
 /// The durable state store under a state directory.
 #[derive(Debug)]
 pub struct StateStore {
@@ -156,6 +182,7 @@ impl StateStore {
             txn.open_table(MANIFESTS)?;
             txn.open_table(BLOCKLIST)?;
             txn.open_table(EVENTS)?;
+            txn.open_table(DECISIONS)?;
             Ok(())
         })?;
         Ok(store)
@@ -346,6 +373,56 @@ impl StateStore {
             table.insert(seq, record.as_slice())?;
             Ok(seq)
         })
+    }
+
+    /// Appends decision records in one durable transaction (a group commit); returns
+    /// the sequence number given to the first. Each record's `seq` is set on the way.
+    pub fn record_decisions(&self, records: &mut [DecisionRecord]) -> Result<u64, StateError> {
+        // The sequence number is the key, not part of the stored JSON.
+        let encoded = records
+            .iter()
+            .map(serde_json::to_vec)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| StateError::Database {
+                path: self.path.clone(),
+                operation: "encoding decision records",
+                source: Box::new(e),
+            })?;
+        let first = self.write("appending decision records", |txn| {
+            let mut table = txn.open_table(DECISIONS)?;
+            let first = table.last()?.map(|(k, _)| k.value() + 1).unwrap_or(0);
+            for (seq, bytes) in (first..).zip(&encoded) {
+                table.insert(seq, bytes.as_slice())?;
+            }
+            Ok(first)
+        })?;
+        for (seq, record) in (first..).zip(records.iter_mut()) {
+            record.seq = seq;
+        }
+        Ok(first)
+    }
+
+    /// Up to `limit` decision records with sequence number `from` or later, in order.
+    pub fn decisions(&self, from: u64, limit: usize) -> Result<Vec<DecisionRecord>, StateError> {
+        let read = || -> Result<Vec<(u64, Vec<u8>)>, redb::Error> {
+            let txn = self.db.begin_read()?;
+            let table = txn.open_table(DECISIONS)?;
+            let mut out = Vec::new();
+            for row in table.range(from..)?.take(limit) {
+                let (k, v) = row?;
+                out.push((k.value(), v.value().to_vec()));
+            }
+            Ok(out)
+        };
+        read()
+            .map_err(self.db_err("reading decision records"))?
+            .into_iter()
+            .map(|(seq, raw)| {
+                serde_json::from_slice::<DecisionRecord>(&raw)
+                    .map(|r| DecisionRecord { seq, ..r })
+                    .map_err(|_| self.corrupt("decisions", &seq.to_string()))
+            })
+            .collect()
     }
 
     /// All events with sequence number `from` or later, in order.

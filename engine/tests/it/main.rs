@@ -8,6 +8,7 @@
     clippy::indexing_slicing
 )]
 
+mod decision_log;
 mod engine;
 mod integrity;
 mod plugins;

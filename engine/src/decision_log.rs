@@ -1,0 +1,260 @@
+//! The decision log: every decision that denies or carries obligations is recorded in
+//! the state store before it is acknowledged (DESIGN.md: "no acknowledged record is
+//! lost").
+//!
+//! One writer thread owns the appends and commits them in groups: records that
+//! arrive while a commit is under way go into the next transaction together, so a
+//! burst of denies shares one durable commit instead of paying one each. A caller
+//! submits its records and waits for the commit that holds them; only then does it
+//! answer. The queue is bounded, so under a flood submitters wait (backpressure)
+//! rather than records being dropped.
+//!
+//! Invariants: a record is acknowledged only after the transaction holding it
+//! committed durably; a failed commit fails every waiter of that group, and
+//! [`Settled`] turns that into a deny (fail closed).
+
+use std::sync::Arc;
+use std::sync::mpsc::{Receiver, SyncSender, TryRecvError, sync_channel};
+use std::thread::JoinHandle;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use crate::decision::{Decision, DecisionError, Effect};
+use crate::request::Request;
+use crate::state::{DecisionRecord, StateStore};
+
+/// Submissions waiting for the writer; beyond this, submitters block.
+const QUEUE: usize = 1024;
+/// Most records in one commit.
+const MAX_GROUP: usize = 4096;
+
+type Outcome = Result<u64, String>;
+
+struct Job {
+    records: Vec<DecisionRecord>,
+    done: SyncSender<Outcome>,
+}
+
+/// The writer thread's mailbox. Dropping it lets the writer commit what is queued,
+/// then joins it, so the store is released when the engine is.
+pub(crate) struct DecisionLog {
+    jobs: Option<SyncSender<Job>>,
+    writer: Option<JoinHandle<()>>,
+}
+
+impl DecisionLog {
+    /// Starts the writer thread for `store`.
+    pub fn start(store: Arc<StateStore>) -> std::io::Result<Self> {
+        let (jobs, inbox) = sync_channel::<Job>(QUEUE);
+        let writer = std::thread::Builder::new()
+            .name("probity-decision-log".into())
+            .spawn(move || write_loop(&store, &inbox))?;
+        Ok(Self {
+            jobs: Some(jobs),
+            writer: Some(writer),
+        })
+    }
+
+    /// Submits records; the returned handle waits for their commit.
+    fn submit(&self, records: Vec<DecisionRecord>) -> Pending {
+        let (done, rx) = sync_channel(1);
+        let job = Job { records, done };
+        match self.jobs.as_ref().map(|j| j.send(job)) {
+            Some(Ok(())) => Pending { rx: Some(rx) },
+            // The writer is gone (it stops only when the log is dropped, so this is a
+            // thread that died): nothing can be recorded.
+            _ => Pending { rx: None },
+        }
+    }
+}
+
+impl Drop for DecisionLog {
+    fn drop(&mut self) {
+        // Closing the mailbox ends the writer's loop once the queue is drained.
+        self.jobs.take();
+        if let Some(writer) = self.writer.take() {
+            let _ = writer.join();
+        }
+    }
+}
+
+fn write_loop(store: &StateStore, inbox: &Receiver<Job>) {
+    while let Ok(first) = inbox.recv() {
+        let mut group = vec![first];
+        let mut count = group.iter().map(|j| j.records.len()).sum::<usize>();
+        while count < MAX_GROUP {
+            match inbox.try_recv() {
+                Ok(job) => {
+                    count += job.records.len();
+                    group.push(job);
+                }
+                Err(TryRecvError::Empty | TryRecvError::Disconnected) => break,
+            }
+        }
+        let sizes: Vec<u64> = group
+            .iter()
+            .map(|j| u64::try_from(j.records.len()).unwrap_or(u64::MAX))
+            .collect();
+        let mut records: Vec<DecisionRecord> = group
+            .iter_mut()
+            .flat_map(|j| std::mem::take(&mut j.records))
+            .collect();
+        let result = store
+            .record_decisions(&mut records)
+            .map_err(|e| crate::error::join_chain(e.to_string(), std::error::Error::source(&e)));
+        // Each job learns the sequence number of its first record.
+        let mut next = result.as_ref().ok().copied();
+        for (job, size) in group.into_iter().zip(sizes) {
+            let outcome = match (&result, next) {
+                (Ok(_), Some(seq)) => Ok(seq),
+                (Err(e), _) => Err(e.clone()),
+                (Ok(_), None) => Err("sequence numbers ran out".to_owned()),
+            };
+            next = next.and_then(|n| n.checked_add(size));
+            // A waiter that gave up is no loss: its records are committed.
+            let _ = job.done.send(outcome);
+        }
+    }
+}
+
+/// Records submitted, not yet known durable.
+struct Pending {
+    rx: Option<Receiver<Outcome>>,
+}
+
+impl Pending {
+    fn wait(self) -> Outcome {
+        match self.rx {
+            Some(rx) => rx
+                .recv()
+                .unwrap_or_else(|_| Err("the decision log stopped".to_owned())),
+            None => Err("the decision log is not running".to_owned()),
+        }
+    }
+}
+
+/// Decisions whose records may still be on their way to disk. [`Settled::settle`]
+/// waits for the commit; a decision must not be acknowledged before.
+#[must_use = "a decision is acknowledged only once settled"]
+pub struct Settled {
+    decisions: Vec<Decision>,
+    pending: Option<Pending>,
+}
+
+impl Settled {
+    /// Nothing to record.
+    pub(crate) fn done(decisions: Vec<Decision>) -> Self {
+        Self {
+            decisions,
+            pending: None,
+        }
+    }
+
+    /// True if a commit must be waited for (worth moving off an async thread).
+    pub fn is_pending(&self) -> bool {
+        self.pending.is_some()
+    }
+
+    /// Waits for the records' commit and returns the decisions. If they could not be
+    /// recorded, each decision that needed a record becomes a deny with an error
+    /// saying why: a decision that cannot be recorded is not given (fail closed).
+    pub fn settle(self) -> Vec<Decision> {
+        let Some(pending) = self.pending else {
+            return self.decisions;
+        };
+        match pending.wait() {
+            Ok(_) => self.decisions,
+            Err(why) => self
+                .decisions
+                .into_iter()
+                .map(|mut d| {
+                    if needs_record(&d) {
+                        d.decision = Effect::Deny;
+                        d.errors.push(DecisionError {
+                            policy: None,
+                            message: format!("the decision could not be recorded: {why}"),
+                        });
+                    }
+                    d
+                })
+                .collect(),
+        }
+    }
+}
+
+/// Whether DESIGN's rule asks for a record: a deny, or any obligation.
+pub(crate) fn needs_record(d: &Decision) -> bool {
+    d.decision == Effect::Deny || !d.obligations.is_empty()
+}
+
+/// Submits the records `decisions` need (if any) to `log`.
+pub(crate) fn submit(
+    log: Option<&DecisionLog>,
+    policy_digest: &str,
+    asked: &[&Request],
+    decisions: Vec<Decision>,
+) -> Settled {
+    let Some(log) = log else {
+        return Settled::done(decisions);
+    };
+    let time_unix_ms = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+    let records: Vec<DecisionRecord> = asked
+        .iter()
+        .zip(&decisions)
+        .filter(|(_, d)| needs_record(d))
+        .map(|(r, d)| DecisionRecord {
+            seq: 0,
+            time_unix_ms,
+            principal: r.principal.to_string(),
+            action: r.action.to_string(),
+            resource: r.resource.to_string(),
+            policy_digest: policy_digest.to_owned(),
+            decision: d.clone(),
+        })
+        .collect();
+    if records.is_empty() {
+        return Settled::done(decisions);
+    }
+    Settled {
+        decisions,
+        pending: Some(log.submit(records)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_decision_that_cannot_be_recorded_becomes_a_deny_saying_why() {
+        let allow_with_alert = Decision {
+            decision: Effect::Allow,
+            reasons: Vec::new(),
+            obligations: vec![crate::decision::Obligation {
+                kind: "alert".into(),
+                target: None,
+                parameters: Default::default(),
+                policy: "p".into(),
+            }],
+            errors: Vec::new(),
+        };
+        let plain_allow = Decision {
+            obligations: Vec::new(),
+            ..allow_with_alert.clone()
+        };
+        let settled = Settled {
+            decisions: vec![allow_with_alert, plain_allow.clone()],
+            pending: Some(Pending { rx: None }),
+        };
+        assert!(settled.is_pending());
+        let out = settled.settle();
+        assert_eq!(out[0].decision, Effect::Deny);
+        assert_eq!(
+            out[0].errors[0].message,
+            "the decision could not be recorded: the decision log is not running"
+        );
+        // A decision that needed no record is left as it was.
+        assert_eq!(out[1], plain_allow);
+    }
+}
