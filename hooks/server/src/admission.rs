@@ -46,14 +46,33 @@ pub(crate) async fn validate(
     State(state): State<AppState>,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    review(&state, body, Mode::Validate)
+    review_off_loop(state, body, Mode::Validate).await
 }
 
 pub(crate) async fn mutate(
     State(state): State<AppState>,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    review(&state, body, Mode::Mutate)
+    review_off_loop(state, body, Mode::Mutate).await
+}
+
+/// With a state store attached, a denying review waits for its decision records to
+/// be committed, so the review runs on the blocking pool rather than stalling an
+/// async worker; without one it runs in place.
+async fn review_off_loop(
+    state: AppState,
+    body: Result<Bytes, BytesRejection>,
+    mode: Mode,
+) -> Response {
+    if state.engine().state().is_none() {
+        return review(&state, body, mode);
+    }
+    tokio::task::spawn_blocking(move || review(&state, body, mode))
+        .await
+        .unwrap_or_else(|e| {
+            tracing::error!(error = %e, "admission review task failed");
+            ApiError::Internal.into_response()
+        })
 }
 
 /// The response part of an AdmissionReview being built.
@@ -374,7 +393,7 @@ fn validate_workload(state: &AppState, uid: &str, w: &Workload, dry_run: bool) -
     let decide = |r: &Request| {
         // A dry run leaves no trace: no metrics, no records.
         if dry_run {
-            state.engine().decide(r)
+            state.engine().decide_dry_run(r)
         } else {
             state.decide(r)
         }

@@ -82,7 +82,7 @@ pub(crate) async fn decide(
     let value = json_body(&state, body, "request")?;
     let request =
         Request::from_json_value(&value).map_err(|e| ApiError::BadRequest(e.to_string()))?;
-    Ok(Json(state.decide(&request)))
+    Ok(Json(state.decide_async(request).await))
 }
 
 pub(crate) async fn decide_batch(
@@ -120,7 +120,9 @@ pub(crate) async fn decide_batch(
                 .map_err(|e| ApiError::BadRequest(format!("requests[{i}]: {e}")))
         })
         .collect::<Result<Vec<_>, _>>()?;
-    let decisions = if requests.len() >= BLOCKING_BATCH {
+    // Large batches, and any batch whose denies must be recorded before the answer,
+    // are decided on the blocking pool.
+    let decisions = if requests.len() >= BLOCKING_BATCH || state.engine().state().is_some() {
         let s = state.clone();
         tokio::task::spawn_blocking(move || s.decide_batch(&requests))
             .await

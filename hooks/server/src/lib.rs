@@ -137,6 +137,28 @@ impl AppState {
         api::timed_decide(self, request)
     }
 
+    /// Decides, and if the decision must be recorded first (a deny or obligations,
+    /// with a state store attached), waits for the commit on the blocking pool rather
+    /// than on the async worker.
+    pub(crate) async fn decide_async(&self, request: Request) -> Decision {
+        let start = Instant::now();
+        let settled = self.engine().decide_deferred(&request);
+        let decision = if settled.is_pending() {
+            tokio::task::spawn_blocking(move || settled.settle())
+                .await
+                .ok()
+                .and_then(|mut d| d.pop())
+                .unwrap_or_else(|| Decision::error("the decision record could not be awaited"))
+        } else {
+            settled
+                .settle()
+                .pop()
+                .unwrap_or_else(|| Decision::error("no decision"))
+        };
+        self.metrics().record_decision(&decision, start.elapsed());
+        decision
+    }
+
     pub(crate) fn decide_batch(&self, requests: &[Request]) -> Vec<Decision> {
         let start = Instant::now();
         let decisions = self.engine().decide_batch(requests);

@@ -402,6 +402,30 @@ async fn verify_passes_an_intact_checkpoint_and_blocks_the_node_on_a_flipped_byt
     let sched = json!({"principal": "Workload::\"train-1\"", "action": "schedule", "resource": "Node::\"gpu-a1\""});
     let (_, d) = call(&s, Method::POST, "/v1/decide", Some(&sched), None).await;
     assert_eq!(d["reasons"][0]["policy"], "placement.blocked-node");
+
+    // Every deny was recorded before it was answered: the forbidden anonymous
+    // verify, the failed read, and the schedule onto the blocked node.
+    let records = store.decisions(0, 100).unwrap();
+    let summary: Vec<(String, String, String)> = records
+        .iter()
+        .map(|r| {
+            (
+                r.action.clone(),
+                r.resource.clone(),
+                r.decision.reasons[0].policy.clone(),
+            )
+        })
+        .collect();
+    assert_eq!(records.len(), 3, "{summary:?}");
+    assert_eq!(summary[1].0, r#"Action::"read""#, "{summary:?}");
+    assert_eq!(
+        summary[2],
+        (
+            r#"Action::"schedule""#.to_owned(),
+            r#"Node::"gpu-a1""#.to_owned(),
+            "placement.blocked-node".to_owned()
+        )
+    );
 }
 
 #[tokio::test]
