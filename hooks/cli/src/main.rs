@@ -119,6 +119,18 @@ enum Command {
         #[command(flatten)]
         state: integrity::StateArgs,
     },
+    /// Print the decision log of a state directory (denies and decisions with
+    /// obligations), one JSON record per line, oldest first.
+    Audit {
+        /// The first sequence number to print.
+        #[arg(long, default_value_t = 0)]
+        from: u64,
+        /// The most records to print.
+        #[arg(long, default_value_t = 1000)]
+        limit: usize,
+        #[command(flatten)]
+        state: integrity::StateArgs,
+    },
     /// Run policy test cases (scenario files) and report each.
     Test {
         /// A scenario file or a directory of them.
@@ -278,6 +290,7 @@ fn run(cli: Cli) -> Result<u8> {
             &policies,
         ),
         Command::Nodes { command, state } => integrity::nodes(&command, &state),
+        Command::Audit { from, limit, state } => integrity::audit(from, limit, &state),
     }
 }
 

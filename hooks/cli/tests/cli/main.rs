@@ -389,6 +389,28 @@ fn seal_verify_and_a_flipped_byte_blocks_the_reading_node() {
     assert_eq!(out.status.code(), Some(0));
     assert_eq!(text(&out.stdout).trim(), "[]");
     assert_eq!(probity_env(&schedule, &env).status.code(), Some(0));
+
+    // Both denies were recorded in the decision log; the allow after unblocking was not.
+    let out = probity_env(&["audit"], &env);
+    assert_eq!(out.status.code(), Some(0));
+    let records: Vec<serde_json::Value> = text(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(records.len(), 2, "{}", text(&out.stdout));
+    assert_eq!(records[0]["seq"], 0);
+    assert_eq!(records[0]["action"], "Action::\"read\"");
+    assert_eq!(
+        records[0]["decision"]["obligations"][0]["kind"],
+        "block_node"
+    );
+    assert_eq!(records[1]["action"], "Action::\"schedule\"");
+    assert_eq!(
+        records[1]["decision"]["reasons"][0]["policy"],
+        "placement.blocked-node"
+    );
+    let out = probity_env(&["audit", "--from", "1"], &env);
+    assert_eq!(text(&out.stdout).lines().count(), 1);
 }
 
 #[test]
