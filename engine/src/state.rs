@@ -404,18 +404,7 @@ impl StateStore {
 
     /// Up to `limit` decision records with sequence number `from` or later, in order.
     pub fn decisions(&self, from: u64, limit: usize) -> Result<Vec<DecisionRecord>, StateError> {
-        let read = || -> Result<Vec<(u64, Vec<u8>)>, redb::Error> {
-            let txn = self.db.begin_read()?;
-            let table = txn.open_table(DECISIONS)?;
-            let mut out = Vec::new();
-            for row in table.range(from..)?.take(limit) {
-                let (k, v) = row?;
-                out.push((k.value(), v.value().to_vec()));
-            }
-            Ok(out)
-        };
-        read()
-            .map_err(self.db_err("reading decision records"))?
+        self.read_log(DECISIONS, from, limit, "reading decision records")?
             .into_iter()
             .map(|(seq, raw)| {
                 serde_json::from_slice::<DecisionRecord>(&raw)
@@ -427,23 +416,33 @@ impl StateStore {
 
     /// All events with sequence number `from` or later, in order.
     pub fn events(&self, from: u64) -> Result<Vec<Event>, StateError> {
-        let read = || -> Result<Vec<(u64, Vec<u8>)>, redb::Error> {
-            let txn = self.db.begin_read()?;
-            let table = txn.open_table(EVENTS)?;
-            let mut out = Vec::new();
-            for row in table.range(from..)? {
-                let (k, v) = row?;
-                out.push((k.value(), v.value().to_vec()));
-            }
-            Ok(out)
-        };
-        read()
-            .map_err(self.db_err("reading events"))?
+        self.read_log(EVENTS, from, usize::MAX, "reading events")?
             .into_iter()
             .map(|(seq, raw)| {
                 decode_event(seq, &raw).ok_or_else(|| self.corrupt("events", &seq.to_string()))
             })
             .collect()
+    }
+
+    /// Up to `limit` raw rows of an append-only log table, from sequence number `from`.
+    fn read_log(
+        &self,
+        table: TableDefinition<u64, &[u8]>,
+        from: u64,
+        limit: usize,
+        operation: &'static str,
+    ) -> Result<Vec<(u64, Vec<u8>)>, StateError> {
+        let read = || -> Result<Vec<(u64, Vec<u8>)>, redb::Error> {
+            let txn = self.db.begin_read()?;
+            let table = txn.open_table(table)?;
+            let mut out = Vec::new();
+            for row in table.range(from..)?.take(limit) {
+                let (k, v) = row?;
+                out.push((k.value(), v.value().to_vec()));
+            }
+            Ok(out)
+        };
+        read().map_err(self.db_err(operation))
     }
 }
 
