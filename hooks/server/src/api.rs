@@ -4,8 +4,8 @@ use std::time::Instant;
 
 use axum::Json;
 use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
-use axum::extract::{Path, State};
+use axum::extract::rejection::{BytesRejection, QueryRejection};
+use axum::extract::{Path, Query, State};
 use axum::http::Extensions;
 use probity::{Decision, EntityUid, Request};
 use serde::Deserialize;
@@ -273,6 +273,62 @@ pub(crate) async fn unblock_node(
 
 pub(crate) async fn blocked_nodes(State(state): State<AppState>) -> Json<Value> {
     Json(json!({ "nodes": state.engine().blocked_nodes() }))
+}
+
+/// Most decision records one `GET /v1/decisions` returns.
+const MAX_DECISION_RECORDS: usize = 1000;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct DecisionsQuery {
+    #[serde(default)]
+    from: u64,
+    limit: Option<usize>,
+}
+
+/// The decision log, oldest first: `?from=<seq>&limit=<n>` (at most 1000, default
+/// 100). For callers the API policies let read it (admins, auditors).
+pub(crate) async fn decisions(
+    State(state): State<AppState>,
+    ext: Extensions,
+    query: Result<Query<DecisionsQuery>, QueryRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let Query(query) = query.map_err(|e| ApiError::BadRequest(e.body_text()))?;
+    let caller = caller(&ext);
+    authorize(&state, &caller, "decisions", "read", None)?;
+    let Some(store) = state.engine().state().cloned() else {
+        return Err(ApiError::Unavailable(
+            "no state directory is configured, so no decision is recorded".into(),
+        ));
+    };
+    let limit = query.limit.unwrap_or(100).min(MAX_DECISION_RECORDS);
+    let from = query.from;
+    let records = tokio::task::spawn_blocking(move || store.decisions(from, limit))
+        .await
+        .map_err(|e| {
+            tracing::error!(error = %e, "decision log read task failed");
+            ApiError::Internal
+        })?
+        .map_err(|e| {
+            tracing::error!(error = %e, "reading the decision log failed");
+            ApiError::Internal
+        })?;
+    let next = records.last().map_or(from, |r| r.seq + 1);
+    let records: Vec<Value> = records
+        .into_iter()
+        .map(|r| {
+            json!({
+                "seq": r.seq,
+                "time_unix_ms": r.time_unix_ms,
+                "principal": r.principal,
+                "action": r.action,
+                "resource": r.resource,
+                "policy_digest": r.policy_digest,
+                "decision": r.decision,
+            })
+        })
+        .collect();
+    Ok(Json(json!({ "records": records, "next": next })))
 }
 
 pub(crate) async fn policy_status(State(state): State<AppState>) -> Json<probity::PolicyStatus> {

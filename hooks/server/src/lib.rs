@@ -188,6 +188,7 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/nodes/{id}/block", post(api::block_node))
         .route("/v1/nodes/{id}/unblock", post(api::unblock_node))
         .route("/v1/policy/status", get(api::policy_status))
+        .route("/v1/decisions", get(api::decisions))
         .route("/v1/verify", post(api::verify))
         .route("/v1/admission/validate", post(admission::validate))
         .route("/v1/admission/mutate", post(admission::mutate))

@@ -439,3 +439,90 @@ async fn verify_without_a_state_directory_is_unavailable() {
         "{out}"
     );
 }
+
+#[tokio::test]
+async fn the_decision_log_is_read_by_auditors_and_admins_only() {
+    use probity::state::StateStore;
+    use std::sync::Arc;
+
+    let tmp = tempfile::tempdir().unwrap();
+    let store = Arc::new(StateStore::open(&tmp.path().join("state")).unwrap());
+    let mut config = Config::default();
+    config
+        .auth
+        .groups
+        .insert("auditors".into(), vec!["cn:audit-export".into()]);
+    let engine = crate::engine();
+    engine.attach_state(store).unwrap();
+    let s = probity_server::AppState::new(engine, config);
+
+    // Two denies and an allow: the denies are recorded before they are answered.
+    for node in ["gpu-blocked", "gpu-a1", "gpu-blocked"] {
+        let req = json!({"principal": "Workload::\"train-1\"", "action": "schedule",
+                         "resource": format!("Node::\"{node}\"")});
+        let (status, _) = call(&s, Method::POST, "/v1/decide", Some(&req), None).await;
+        assert_eq!(status, StatusCode::OK);
+    }
+
+    let (status, out) = call(
+        &s,
+        Method::GET,
+        "/v1/decisions",
+        None,
+        Some("cn:audit-export"),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{out}");
+    let records = out["records"].as_array().unwrap();
+    assert_eq!(records.len(), 2, "{out}");
+    assert_eq!(records[0]["seq"], 0);
+    assert_eq!(records[1]["seq"], 1);
+    assert_eq!(records[0]["resource"], "Node::\"gpu-blocked\"");
+    assert_eq!(records[0]["decision"]["decision"], "deny");
+    assert_eq!(out["next"], 2);
+
+    let (_, out) = call(
+        &s,
+        Method::GET,
+        "/v1/decisions?from=1&limit=5",
+        None,
+        Some("uid:0"),
+    )
+    .await;
+    assert_eq!(out["records"].as_array().unwrap().len(), 1, "{out}");
+
+    // Anyone else is refused, and the refusal is itself a recorded deny.
+    let (status, _) = call(&s, Method::GET, "/v1/decisions", None, Some("cn:sidecar")).await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    let (status, _) = call(&s, Method::GET, "/v1/decisions", None, None).await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    let (_, out) = call(&s, Method::GET, "/v1/decisions?from=2", None, Some("uid:0")).await;
+    let refusals = out["records"].as_array().unwrap();
+    assert_eq!(refusals.len(), 2, "{out}");
+    assert_eq!(refusals[0]["principal"], "ApiCaller::\"cn:sidecar\"");
+    assert_eq!(refusals[0]["resource"], "Api::\"decisions\"");
+
+    let (status, out) = call(
+        &s,
+        Method::GET,
+        "/v1/decisions?limit=x",
+        None,
+        Some("uid:0"),
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{out}");
+}
+
+#[tokio::test]
+async fn without_a_state_directory_the_decision_log_is_unavailable() {
+    let s = probity_server::AppState::new(crate::engine(), Config::default());
+    let (status, out) = call(&s, Method::GET, "/v1/decisions", None, Some("uid:0")).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    assert!(
+        out["error"]
+            .as_str()
+            .unwrap()
+            .contains("no state directory"),
+        "{out}"
+    );
+}
