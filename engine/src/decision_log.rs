@@ -14,7 +14,7 @@
 //! [`Settled`] turns that into a deny (fail closed).
 
 use std::sync::Arc;
-use std::sync::mpsc::{Receiver, SyncSender, TryRecvError, sync_channel};
+use std::sync::mpsc::{Receiver, SyncSender, TryRecvError, TrySendError, sync_channel};
 use std::thread::JoinHandle;
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -54,15 +54,27 @@ impl DecisionLog {
         })
     }
 
-    /// Submits records; the returned handle waits for their commit.
+    /// Submits records without blocking; the returned handle waits for their commit.
+    /// When the queue is full the job travels with the handle and is sent by
+    /// [`Pending::wait`], so a caller on an async thread never blocks here.
     fn submit(&self, records: Vec<DecisionRecord>) -> Pending {
         let (done, rx) = sync_channel(1);
         let job = Job { records, done };
-        match self.jobs.as_ref().map(|j| j.send(job)) {
-            Some(Ok(())) => Pending { rx: Some(rx) },
+        let Some(jobs) = self.jobs.as_ref() else {
+            return Pending::stopped();
+        };
+        match jobs.try_send(job) {
+            Ok(()) => Pending {
+                rx: Some(rx),
+                unsent: None,
+            },
+            Err(TrySendError::Full(job)) => Pending {
+                rx: Some(rx),
+                unsent: Some((jobs.clone(), job)),
+            },
             // The writer is gone (it stops only when the log is dropped, so this is a
             // thread that died): nothing can be recorded.
-            _ => Pending { rx: None },
+            Err(TrySendError::Disconnected(_)) => Pending::stopped(),
         }
     }
 }
@@ -116,13 +128,26 @@ fn write_loop(store: &StateStore, inbox: &Receiver<Job>) {
     }
 }
 
-/// Records submitted, not yet known durable.
+/// Records submitted (or, with the queue full, ready to be), not yet known durable.
 struct Pending {
     rx: Option<Receiver<Outcome>>,
+    unsent: Option<(SyncSender<Job>, Job)>,
 }
 
 impl Pending {
+    fn stopped() -> Self {
+        Self {
+            rx: None,
+            unsent: None,
+        }
+    }
+
     fn wait(self) -> Outcome {
+        if let Some((jobs, job)) = self.unsent
+            && jobs.send(job).is_err()
+        {
+            return Err("the decision log stopped".to_owned());
+        }
         match self.rx {
             Some(rx) => rx
                 .recv()
@@ -156,7 +181,8 @@ impl Settled {
 
     /// Waits for the records' commit and returns the decisions. If they could not be
     /// recorded, each decision that needed a record becomes a deny with an error
-    /// saying why: a decision that cannot be recorded is not given (fail closed).
+    /// saying why (an allow's obligations are dropped, a deny's kept): a decision that
+    /// cannot be recorded is not given (fail closed).
     pub fn settle(self) -> Vec<Decision> {
         let Some(pending) = self.pending else {
             return self.decisions;
@@ -168,6 +194,11 @@ impl Settled {
                 .into_iter()
                 .map(|mut d| {
                     if needs_record(&d) {
+                        // An allow's obligations (an alert, a burst) belonged to the
+                        // allow; a deny's (a block) are how it fails closed, and stay.
+                        if d.decision == Effect::Allow {
+                            d.obligations.clear();
+                        }
                         d.decision = Effect::Deny;
                         d.errors.push(DecisionError {
                             policy: None,
@@ -227,6 +258,28 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_job_held_back_by_a_full_queue_is_sent_by_the_waiter() {
+        let (jobs, inbox) = sync_channel::<Job>(1);
+        let (done, rx) = sync_channel(1);
+        let pending = Pending {
+            rx: Some(rx),
+            unsent: Some((
+                jobs,
+                Job {
+                    records: Vec::new(),
+                    done,
+                },
+            )),
+        };
+        let writer = std::thread::spawn(move || {
+            let job = inbox.recv().unwrap();
+            job.done.send(Ok(7)).unwrap();
+        });
+        assert_eq!(pending.wait(), Ok(7));
+        writer.join().unwrap();
+    }
+
+    #[test]
     fn a_decision_that_cannot_be_recorded_becomes_a_deny_saying_why() {
         let allow_with_alert = Decision {
             decision: Effect::Allow,
@@ -245,7 +298,7 @@ mod tests {
         };
         let settled = Settled {
             decisions: vec![allow_with_alert, plain_allow.clone()],
-            pending: Some(Pending { rx: None }),
+            pending: Some(Pending::stopped()),
         };
         assert!(settled.is_pending());
         let out = settled.settle();
@@ -254,6 +307,8 @@ mod tests {
             out[0].errors[0].message,
             "the decision could not be recorded: the decision log is not running"
         );
+        // The allow's obligations went with the allow.
+        assert!(out[0].obligations.is_empty());
         // A decision that needed no record is left as it was.
         assert_eq!(out[1], plain_allow);
     }

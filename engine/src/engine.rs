@@ -501,12 +501,15 @@ impl Engine {
     /// is refused.
     pub fn attach_state(&self, state: Arc<StateStore>) -> Result<(), EntityError> {
         let blocked = state.blocked_nodes().map_err(EntityError::State)?;
-        if self.shared.state.set(Arc::clone(&state)).is_err() {
+        // The log starts before the store counts as attached, so no decision made with
+        // the store attached goes unrecorded; a losing second call drops (and joins)
+        // its own log.
+        let log = DecisionLog::start(Arc::clone(&state)).map_err(EntityError::DecisionLog)?;
+        if self.shared.decision_log.set(log).is_err()
+            || self.shared.state.set(Arc::clone(&state)).is_err()
+        {
             return Err(EntityError::StateAlreadyAttached);
         }
-        let log = DecisionLog::start(Arc::clone(&state)).map_err(EntityError::DecisionLog)?;
-        // Only this call, which won the `state` cell above, gets here.
-        let _ = self.shared.decision_log.set(log);
         for node in blocked {
             self.set_blocked_in_memory(&node.node, Some((&node.reason, node.since_unix)))?;
         }

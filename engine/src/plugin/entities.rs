@@ -8,7 +8,8 @@
 //! a reload) comes with a new, empty cache, so nothing stale is ever served.
 //!
 //! Invariant: the cache holds at most one entry per stored entity and one per entity
-//! type, so it is bounded by the store it mirrors.
+//! type that has stored entities, so it is bounded by the store it mirrors, whatever
+//! uids and type names callers and plugins ask for.
 
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
@@ -206,7 +207,7 @@ impl Cached {
 /// A snapshot's entities with their batch cache.
 pub(crate) struct PluginEntities {
     entities: Arc<Entities>,
-    by_uid: RwLock<HashMap<EntityUid, Option<Arc<Cached>>>>,
+    by_uid: RwLock<HashMap<EntityUid, Arc<Cached>>>,
     by_type: RwLock<HashMap<String, Arc<Batch>>>,
 }
 
@@ -232,19 +233,21 @@ impl PluginEntities {
             .unwrap_or_else(|p| p.into_inner())
             .get(uid)
         {
-            return hit.clone();
+            return Some(Arc::clone(hit));
         }
         let made = self
             .entities
             .get(uid)
             .and_then(|e| e.to_json_value().ok())
             .and_then(|json| Cached::from_json(&json))
-            .map(Arc::new);
+            .map(Arc::new)?;
+        // Only stored entities are cached: uids come from callers, and caching misses
+        // would let them grow the cache without bound.
         self.by_uid
             .write()
             .unwrap_or_else(|p| p.into_inner())
-            .insert(uid.clone(), made.clone());
-        made
+            .insert(uid.clone(), Arc::clone(&made));
+        Some(made)
     }
 
     /// The stored entities of one type (none for an unknown type).
@@ -271,10 +274,13 @@ impl PluginEntities {
             }
         }
         let made = Arc::new(batch);
-        self.by_type
-            .write()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(type_name.to_owned(), Arc::clone(&made));
+        // Type names come from plugins: only types with stored entities are cached.
+        if !made.uids.is_empty() {
+            self.by_type
+                .write()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(type_name.to_owned(), Arc::clone(&made));
+        }
         made
     }
 
@@ -286,15 +292,16 @@ impl PluginEntities {
         let mut taken: Vec<(String, String)> = Vec::new();
         for json in extra {
             let mut one = Batch::default();
-            if one.push_json(json).is_some() && out.append(&one).is_some() {
-                let uid = json.get("uid");
-                let part = |k: &str| {
-                    uid.and_then(|u| u.get(k))
-                        .and_then(Value::as_str)
-                        .unwrap_or_default()
-                        .to_owned()
-                };
-                taken.push((part("type"), part("id")));
+            if one.push_json(json).is_some()
+                && let Some(uid) = one.uids.first().copied()
+                && out.append(&one).is_some()
+            {
+                // Read back from the batch, so every uid form (plain or `__entity`)
+                // gives the same key.
+                taken.push((
+                    one.text_of(uid.type_name).to_owned(),
+                    one.text_of(uid.id).to_owned(),
+                ));
             }
         }
         // A linear check for duplicates: a closure holds a handful of stored entities.
@@ -438,6 +445,29 @@ mod tests {
             .unwrap();
         assert_eq!(attrs(&zones, z2 as u32), ["ceiling=long 20"]);
         assert!(cache.of_type("Nothing").uids.is_empty());
+    }
+
+    #[test]
+    fn unknown_uids_and_types_are_not_cached() {
+        let cache = PluginEntities::new(store());
+        for i in 0..50 {
+            let gone = cedar("Node", &format!("gone-{i}"));
+            cache.closure(&[], [&gone, &cedar("Node", "n1")]);
+            assert!(cache.of_type(&format!("Nothing{i}")).uids.is_empty());
+        }
+        // n1 and the zone it points to; none of the 50 misses
+        assert_eq!(cache.by_uid.read().unwrap().len(), 2);
+        assert!(cache.by_type.read().unwrap().is_empty());
+    }
+
+    #[test]
+    fn a_request_entity_written_as_an_entity_reference_still_shadows_the_stored_one() {
+        let cache = PluginEntities::new(store());
+        let extra = [json!({"uid": {"__entity": {"type": "Node", "id": "n1"}},
+                            "attrs": {"watts": 9}, "parents": []})];
+        let batch = cache.closure(&extra, [&cedar("Node", "n1"), &cedar("Node", "n1")]);
+        assert_eq!(ids(&batch), ["Node/n1", "Zone/z1"]);
+        assert_eq!(attrs(&batch, 0), ["watts=long 9"]);
     }
 
     #[test]

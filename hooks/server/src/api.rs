@@ -53,8 +53,9 @@ fn caller(ext: &Extensions) -> Caller {
         .unwrap_or_else(Caller::anonymous)
 }
 
-/// Asks the policies whether the caller may `operation` on `api`.
-fn authorize(
+/// Asks the policies whether the caller may `operation` on `api`. A refusal is a deny,
+/// recorded (with a state store) before it is answered, off the async worker.
+async fn authorize(
     state: &AppState,
     caller: &Caller,
     api: &str,
@@ -64,7 +65,7 @@ fn authorize(
     let request = caller
         .manage_request(&state.config().auth, api, operation, node)
         .map_err(|e| ApiError::BadRequest(e.to_string()))?;
-    let decision = state.decide(&request);
+    let decision = state.decide_async(request).await;
     if decision.is_allowed() {
         Ok(())
     } else {
@@ -142,7 +143,7 @@ pub(crate) async fn upsert_entities(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<Value>, ApiError> {
     let caller = caller(&ext);
-    authorize(&state, &caller, "entities", "upsert", None)?;
+    authorize(&state, &caller, "entities", "upsert", None).await?;
     let value = json_body(&state, body, "entities")?;
     let n = state
         .engine()
@@ -164,7 +165,7 @@ pub(crate) async fn remove_entities(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<Value>, ApiError> {
     let caller = caller(&ext);
-    authorize(&state, &caller, "entities", "remove", None)?;
+    authorize(&state, &caller, "entities", "remove", None).await?;
     let value = json_body(&state, body, "uids")?;
     let list = match value {
         Value::Array(a) => a,
@@ -235,7 +236,7 @@ pub(crate) async fn block_node(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<Value>, ApiError> {
     let caller = caller(&ext);
-    authorize(&state, &caller, "nodes", "block", Some(&node))?;
+    authorize(&state, &caller, "nodes", "block", Some(&node)).await?;
     let bytes = body.map_err(|r| body_error(&state, &r))?;
     let parsed: BlockBody = if bytes.iter().all(u8::is_ascii_whitespace) {
         BlockBody::default()
@@ -262,7 +263,7 @@ pub(crate) async fn unblock_node(
     Path(node): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
     let caller = caller(&ext);
-    authorize(&state, &caller, "nodes", "unblock", Some(&node))?;
+    authorize(&state, &caller, "nodes", "unblock", Some(&node)).await?;
     state
         .engine()
         .unblock_node(&node)
@@ -295,7 +296,7 @@ pub(crate) async fn decisions(
 ) -> Result<Json<Value>, ApiError> {
     let Query(query) = query.map_err(|e| ApiError::BadRequest(e.body_text()))?;
     let caller = caller(&ext);
-    authorize(&state, &caller, "decisions", "read", None)?;
+    authorize(&state, &caller, "decisions", "read", None).await?;
     let Some(store) = state.engine().state().cloned() else {
         return Err(ApiError::Unavailable(
             "no state directory is configured, so no decision is recorded".into(),
@@ -374,7 +375,7 @@ pub(crate) async fn verify(
             "expected {{\"path\": .., \"id\": .., \"node\": .., \"manifest\"?: ..}}: {e}"
         ))
     })?;
-    authorize(&state, &caller, "verify", "verify", Some(&body.node))?;
+    authorize(&state, &caller, "verify", "verify", Some(&body.node)).await?;
     let engine = state.engine().clone();
     let Some(store) = engine.state().cloned() else {
         return Err(ApiError::Unavailable(

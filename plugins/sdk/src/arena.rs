@@ -17,7 +17,10 @@
 //! glue, compiled for wasm32 alone (a single-threaded target), touches raw pointers.
 
 // The arithmetic is used by the wasm32 glue alone, and tested everywhere.
-#![cfg_attr(not(target_arch = "wasm32"), allow(dead_code))]
+#![cfg_attr(
+    not(all(target_arch = "wasm32", not(target_feature = "atomics"))),
+    allow(dead_code)
+)]
 
 /// Where an allocation of `size` bytes aligned to `align` (a power of two) starts in
 /// a chunk whose free space is `next..end`, and where the free space then starts.
@@ -36,10 +39,12 @@ pub(crate) fn chunk_for(size: usize, align: usize) -> usize {
     size.saturating_add(align).max(CHUNK_BYTES)
 }
 
-#[cfg(target_arch = "wasm32")]
+// Single-threaded wasm only: the glue's loads and stores are not atomic as pairs, so
+// a wasm build with threads (`+atomics`) keeps the system allocator.
+#[cfg(all(target_arch = "wasm32", not(target_feature = "atomics")))]
 pub use glue::CallArena;
 
-#[cfg(target_arch = "wasm32")]
+#[cfg(all(target_arch = "wasm32", not(target_feature = "atomics")))]
 #[allow(
     unsafe_code,
     reason = "a global allocator is an unsafe trait implementation over raw pointers"
@@ -78,7 +83,8 @@ mod glue {
         }
     }
 
-    // SAFETY: wasm32-wasip2 has no threads, so the loads and stores below never race
+    // SAFETY: this is compiled only for wasm32 without threads (no `atomics` target
+    // feature; wasm32-wasip2 has none), so the loads and stores below never race
     // (the atomics are there to make the static `Sync` without unsafe, not for
     // ordering). Every pointer returned lies inside a chunk obtained from `System`
     // with room for `layout.size()` bytes at `layout.align()`, and chunks are never

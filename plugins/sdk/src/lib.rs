@@ -40,7 +40,7 @@ mod wasm;
 
 #[doc(hidden)]
 pub mod __private {
-    #[cfg(target_arch = "wasm32")]
+    #[cfg(all(target_arch = "wasm32", not(target_feature = "atomics")))]
     pub use crate::arena::CallArena;
     pub use crate::wasm::{bindings, describe, evaluate};
 }
@@ -572,7 +572,7 @@ macro_rules! export_plugin {
         $crate::export_plugin!($plugin, allocator = arena);
     };
     ($plugin:ty, allocator = arena) => {
-        #[cfg(target_arch = "wasm32")]
+        #[cfg(all(target_arch = "wasm32", not(target_feature = "atomics")))]
         #[global_allocator]
         static __PROBITY_CALL_ARENA: $crate::__private::CallArena =
             $crate::__private::CallArena::new();
