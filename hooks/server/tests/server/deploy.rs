@@ -1,6 +1,7 @@
 //! The Kubernetes manifests in hooks/deploy follow the webhook rules: failurePolicy Fail,
 //! a short timeout, no side effects, v1 reviews, and Probity's own and the system
-//! namespaces excluded.
+//! namespaces excluded; and the webhook CA is injected from the certificate the
+//! webhook serves with.
 
 use serde::Deserialize;
 use serde_json::Value;
@@ -137,4 +138,76 @@ fn the_sidecar_shares_its_socket_directory_through_a_volume() {
         volume.get("hostPath").is_some() || volume.get("emptyDir").is_some(),
         "{volume}"
     );
+}
+
+#[test]
+fn the_webhook_ca_comes_from_the_certificate_the_deployment_serves_with() {
+    let docs = documents();
+    let find = |kind: &str, name: &str| {
+        docs.iter()
+            .map(|(_, d)| d)
+            .find(|d| d["kind"] == kind && d["metadata"]["name"] == name)
+            .unwrap_or_else(|| panic!("no {kind} {name} in hooks/deploy"))
+    };
+    // The serving certificate: its Secret is what the webhook Deployment mounts, and
+    // it names the Service the webhook configurations call.
+    let service = find("Service", "probity-webhook");
+    let dns = format!(
+        "probity-webhook.{}.svc",
+        service["metadata"]["namespace"].as_str().unwrap()
+    );
+    let cert = find("Certificate", "probity-webhook-tls");
+    let secret = cert["spec"]["secretName"].as_str().unwrap();
+    let names: Vec<&str> = cert["spec"]["dnsNames"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect();
+    assert!(names.contains(&dns.as_str()), "{names:?} lacks {dns}");
+    let deployment = docs
+        .iter()
+        .map(|(_, d)| d)
+        .find(|d| d["kind"] == "Deployment")
+        .unwrap();
+    let mounted: Vec<&str> = deployment["spec"]["template"]["spec"]["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|v| v["secret"]["secretName"].as_str())
+        .collect();
+    assert!(
+        mounted.contains(&secret),
+        "the Deployment mounts {mounted:?}, not {secret}"
+    );
+    // Its issuer chain is defined here too.
+    let issuer = cert["spec"]["issuerRef"]["name"].as_str().unwrap();
+    find("Issuer", issuer);
+    // Both webhook configurations take their CA from it, and none carries a stale or
+    // empty caBundle beside the injection.
+    let inject = format!(
+        "{}/{}",
+        cert["metadata"]["namespace"].as_str().unwrap(),
+        "probity-webhook-tls"
+    );
+    for (file, doc) in &docs {
+        if !doc["kind"]
+            .as_str()
+            .unwrap()
+            .ends_with("WebhookConfiguration")
+        {
+            continue;
+        }
+        assert_eq!(
+            doc["metadata"]["annotations"]["cert-manager.io/inject-ca-from"], inject,
+            "{file}"
+        );
+        for hook in doc["webhooks"].as_array().unwrap() {
+            assert!(
+                hook["clientConfig"].get("caBundle").is_none(),
+                "{file}: {} sets caBundle",
+                hook["name"]
+            );
+        }
+    }
 }
