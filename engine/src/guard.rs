@@ -10,7 +10,7 @@ use serde_json::{Map, Value};
 
 use crate::decision::{Decision, DecisionError};
 use crate::engine::Engine;
-use crate::integrity::VerifyReport;
+use crate::integrity::{VerifiedReader, VerifyReport};
 use crate::request::{EntityUid, Request};
 
 impl Engine {
@@ -84,5 +84,25 @@ impl Engine {
             }
         }
         decision
+    }
+
+    /// Puts a [`VerifiedReader`] under the policies: the first integrity failure it
+    /// meets while `node` reads becomes [`Engine::decide_read`]'s deny, with its
+    /// obligations carried out (the node blocked) and the event and decision recorded,
+    /// exactly as a failed whole-object verification. Replaces any earlier
+    /// [`VerifiedReader::on_failure`] hook.
+    pub fn guard_reader<R: std::io::Read + std::io::Seek>(
+        &self,
+        reader: VerifiedReader<R>,
+        node: &str,
+    ) -> VerifiedReader<R> {
+        let engine = self.clone();
+        let node = node.to_owned();
+        let checkpoint = reader.manifest().object_id().to_owned();
+        reader.on_failure(move |err| {
+            // The decision's consequences are what matter here; the reader returns the
+            // integrity error to its caller either way.
+            let _ = engine.decide_read(&node, &checkpoint, Err(err));
+        })
     }
 }

@@ -479,8 +479,9 @@ pub fn verify_object(
 
 /// Records an integrity failure: appends it to the event log (durably) and, when `node` is
 /// given and the object's bytes differ from the manifest, blocks that node. This is what
-/// [`verify_object`] does on failure; call it from a [`VerifiedReader::on_failure`] hook to
-/// treat reader failures the same way.
+/// [`verify_object`] does on failure. It blocks without consulting the policies: for
+/// a reader under the policies use [`crate::Engine::guard_reader`], and for a whole
+/// object [`crate::Engine::decide_read`] (the CLI and the server do the latter).
 pub fn record_failure(
     registry: &StateStore,
     object_id: &str,

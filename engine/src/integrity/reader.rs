@@ -87,8 +87,9 @@ impl<R: Read + Seek> VerifiedReader<R> {
         self
     }
 
-    /// Calls `hook` with the first integrity failure (not with plain I/O errors), e.g. to
-    /// record it and block the node with [`super::record_failure`].
+    /// Calls `hook` with the first integrity failure (not with plain I/O errors).
+    /// [`crate::Engine::guard_reader`] installs one that puts the failure through the
+    /// policies (a `read` decision that blocks the node).
     pub fn on_failure(mut self, hook: impl FnMut(&IntegrityError) + Send + 'static) -> Self {
         self.on_failure = Some(Box::new(hook));
         self

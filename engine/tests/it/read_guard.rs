@@ -143,3 +143,78 @@ fn attaching_a_second_state_store_is_refused() {
             .is_err()
     );
 }
+
+#[test]
+fn a_guarded_reader_that_meets_a_flipped_byte_blocks_the_node_through_the_policies() {
+    use std::io::Read;
+
+    let tmp = tempfile::tempdir().unwrap();
+    let anchor = SoftwareAnchor::load_or_generate(&tmp.path().join("anchor.key")).unwrap();
+    let path = tmp.path().join("epoch-8.ckpt");
+    let data: Vec<u8> = (0..3 * 4096 + 17).map(|i| (i * 37 % 251) as u8).collect();
+    std::fs::write(&path, &data).unwrap();
+    let options = HashOptions {
+        chunk_size: 4096,
+        ..HashOptions::default()
+    };
+    let state = Arc::new(StateStore::open(&tmp.path().join("state")).unwrap());
+    let signed = integrity::seal(&path, "llm/epoch-8", 1, &anchor, &state, &options).unwrap();
+    let verifier = Verifier::new(anchor.public_key().clone());
+    let engine = Engine::from_embedded_defaults().unwrap();
+    engine.attach_state(Arc::clone(&state)).unwrap();
+    engine.upsert_entities(&cluster()).unwrap();
+
+    // Intact: the whole object reads, and nothing is blocked or recorded.
+    let reader = integrity::VerifiedReader::new(
+        std::fs::File::open(&path).unwrap(),
+        &signed,
+        &verifier,
+        &state,
+    )
+    .unwrap();
+    let mut out = Vec::new();
+    engine
+        .guard_reader(reader, "gpu-a1")
+        .read_to_end(&mut out)
+        .unwrap();
+    assert_eq!(out, data);
+    assert!(engine.blocked_nodes().is_empty());
+
+    // One flipped byte in chunk 1: the read fails there, and the failure becomes the
+    // policies' deny, whose block_node blocks the reading node.
+    let mut bad = data.clone();
+    bad[4096 + 9] ^= 0x01;
+    std::fs::write(&path, &bad).unwrap();
+    let reader = integrity::VerifiedReader::new(
+        std::fs::File::open(&path).unwrap(),
+        &signed,
+        &verifier,
+        &state,
+    )
+    .unwrap();
+    let err = engine
+        .guard_reader(reader, "gpu-a1")
+        .read_to_end(&mut Vec::new())
+        .unwrap_err();
+    assert!(err.to_string().contains("chunk 1"), "{err}");
+    let blocked = engine.blocked_nodes();
+    assert!(
+        blocked["gpu-a1"]
+            .reason
+            .contains("integrity.unverified-read"),
+        "{blocked:?}"
+    );
+    assert!(state.blocked("gpu-a1").unwrap().is_some());
+    assert_eq!(
+        engine
+            .decide(&schedule_onto("gpu-a1"))
+            .reason_ids()
+            .collect::<Vec<_>>(),
+        ["placement.blocked-node"]
+    );
+    // The denied read is in the decision log with its obligation.
+    let records = state.decisions(0, 10).unwrap();
+    assert_eq!(records[0].action, "Action::\"read\"");
+    assert_eq!(records[0].resource, "Checkpoint::\"llm/epoch-8\"");
+    assert_eq!(records[0].decision.obligations[0].kind, "block_node");
+}
