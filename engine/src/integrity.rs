@@ -429,7 +429,10 @@ pub struct VerifyOptions<'a> {
     /// Default: [`HashOptions::default`].
     pub hash: HashOptions<'a>,
     /// The node doing the verification. When set, a content mismatch blocks this node in the
-    /// state store. Default: none.
+    /// state store directly, without the policies and without telling any engine: a
+    /// store-level path for programs that run no engine. With an engine, leave it unset
+    /// and pass the outcome to [`crate::Engine::decide_read`], as the CLI and the
+    /// server do. Default: none.
     pub node: Option<&'a str>,
     /// The object id the caller expects. When set, a validly signed manifest of another
     /// object is refused ([`IntegrityError::ObjectMismatch`]): set it whenever the caller
