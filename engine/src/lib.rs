@@ -71,4 +71,4 @@ pub use plugin::{
 };
 pub use request::{EntityUid, MAX_REQUEST_BYTES, Request};
 pub use source::MAX_SOURCE_BYTES;
-pub use watch::ReloadWatcher;
+pub use watch::{DEFAULT_DEBOUNCE, ReloadWatcher};
