@@ -164,19 +164,16 @@ fn a_guarded_reader_that_meets_a_flipped_byte_blocks_the_node_through_the_polici
     engine.attach_state(Arc::clone(&state)).unwrap();
     engine.upsert_entities(&cluster()).unwrap();
 
+    // gpu-a1 reads the file through a guarded reader.
+    let guarded = || {
+        let file = std::fs::File::open(&path).unwrap();
+        let reader = integrity::VerifiedReader::new(file, &signed, &verifier, &state).unwrap();
+        engine.guard_reader(reader, "gpu-a1")
+    };
+
     // Intact: the whole object reads, and nothing is blocked or recorded.
-    let reader = integrity::VerifiedReader::new(
-        std::fs::File::open(&path).unwrap(),
-        &signed,
-        &verifier,
-        &state,
-    )
-    .unwrap();
     let mut out = Vec::new();
-    engine
-        .guard_reader(reader, "gpu-a1")
-        .read_to_end(&mut out)
-        .unwrap();
+    guarded().read_to_end(&mut out).unwrap();
     assert_eq!(out, data);
     assert!(engine.blocked_nodes().is_empty());
 
@@ -185,17 +182,7 @@ fn a_guarded_reader_that_meets_a_flipped_byte_blocks_the_node_through_the_polici
     let mut bad = data.clone();
     bad[4096 + 9] ^= 0x01;
     std::fs::write(&path, &bad).unwrap();
-    let reader = integrity::VerifiedReader::new(
-        std::fs::File::open(&path).unwrap(),
-        &signed,
-        &verifier,
-        &state,
-    )
-    .unwrap();
-    let err = engine
-        .guard_reader(reader, "gpu-a1")
-        .read_to_end(&mut Vec::new())
-        .unwrap_err();
+    let err = guarded().read_to_end(&mut Vec::new()).unwrap_err();
     assert!(err.to_string().contains("chunk 1"), "{err}");
     let blocked = engine.blocked_nodes();
     assert!(
