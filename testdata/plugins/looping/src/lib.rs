@@ -1,23 +1,14 @@
-//! Never returns: the epoch deadline must stop it.
-wit_bindgen::generate!({ path: "../../../plugins/wit", world: "plugin" });
-
-use exports::probity::plugin::evaluator::{Description, Guest, Request, Verdict};
+//! Never returns: the epoch deadline must stop it. Written with the SDK, as a plugin
+//! author would, so the SDK's own glue is under test too.
+use probity_plugin_sdk::{Description, Host, Plugin, Request, Verdict, export_plugin};
 
 struct Hostile;
 
-fn describe(name: &str) -> Description {
-    Description {
-        name: name.into(),
-        version: "0.0.0".into(),
-        actions: vec!["comply".into()],
-    }
-}
-
-impl Guest for Hostile {
+impl Plugin for Hostile {
     fn describe() -> Description {
-        describe("looping")
+        Description::new("looping", "0.0.0", ["comply"])
     }
-    fn evaluate(_: Request) -> Verdict {
+    fn evaluate(_: &Request, _: &dyn Host) -> Verdict {
         let mut n: u64 = 0;
         loop {
             n = std::hint::black_box(n.wrapping_add(1));
@@ -25,4 +16,4 @@ impl Guest for Hostile {
     }
 }
 
-export!(Hostile);
+export_plugin!(Hostile);

@@ -1,39 +1,20 @@
 //! Returns a verdict the contract's types allow but the engine must refuse: an empty
 //! reason id and an obligation kind nobody knows.
-wit_bindgen::generate!({ path: "../../../plugins/wit", world: "plugin" });
-
-use exports::probity::plugin::evaluator::{Description, Guest, Outcome, Request, Verdict};
+use probity_plugin_sdk::{
+    Description, Host, Obligation, Plugin, Reason, Request, Severity, Verdict, export_plugin,
+};
 
 struct Hostile;
 
-fn describe(name: &str) -> Description {
-    Description {
-        name: name.into(),
-        version: "0.0.0".into(),
-        actions: vec!["comply".into()],
-    }
-}
-
-use exports::probity::plugin::evaluator::{Obligation, Reason, Severity};
-
-impl Guest for Hostile {
+impl Plugin for Hostile {
     fn describe() -> Description {
-        describe("malformed")
+        Description::new("malformed", "0.0.0", ["comply"])
     }
-    fn evaluate(_: Request) -> Verdict {
-        Verdict::Allow(Outcome {
-            reasons: vec![Reason {
-                id: String::new(),
-                message: "trust me".into(),
-                severity: Severity::Info,
-            }],
-            obligations: vec![Obligation {
-                kind: "launch_missiles".into(),
-                target: None,
-                parameters: vec![],
-            }],
-        })
+    fn evaluate(_: &Request, _: &dyn Host) -> Verdict {
+        Verdict::allow()
+            .with_reason(Reason::new("", "trust me", Severity::Info))
+            .with_obligation(Obligation::new("launch_missiles"))
     }
 }
 
-export!(Hostile);
+export_plugin!(Hostile);

@@ -1,23 +1,14 @@
-//! Allocates until the memory cap stops it.
-wit_bindgen::generate!({ path: "../../../plugins/wit", world: "plugin" });
-
-use exports::probity::plugin::evaluator::{Description, Guest, Request, Verdict};
+//! Allocates until the memory cap stops it (through the SDK's call arena, as an SDK
+//! plugin would).
+use probity_plugin_sdk::{Description, Host, Plugin, Request, Verdict, export_plugin};
 
 struct Hostile;
 
-fn describe(name: &str) -> Description {
-    Description {
-        name: name.into(),
-        version: "0.0.0".into(),
-        actions: vec!["comply".into()],
-    }
-}
-
-impl Guest for Hostile {
+impl Plugin for Hostile {
     fn describe() -> Description {
-        describe("memory-bomb")
+        Description::new("memory-bomb", "0.0.0", ["comply"])
     }
-    fn evaluate(_: Request) -> Verdict {
+    fn evaluate(_: &Request, _: &dyn Host) -> Verdict {
         let mut hoard: Vec<Vec<u8>> = Vec::new();
         loop {
             hoard.push(std::hint::black_box(vec![7u8; 1 << 20]));
@@ -28,4 +19,4 @@ impl Guest for Hostile {
     }
 }
 
-export!(Hostile);
+export_plugin!(Hostile);

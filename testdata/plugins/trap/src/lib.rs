@@ -1,23 +1,13 @@
 //! Traps (a wasm `unreachable`) in the middle of an evaluation.
-wit_bindgen::generate!({ path: "../../../plugins/wit", world: "plugin" });
-
-use exports::probity::plugin::evaluator::{Description, Guest, Request, Verdict};
+use probity_plugin_sdk::{Description, Host, Plugin, Request, Verdict, export_plugin};
 
 struct Hostile;
 
-fn describe(name: &str) -> Description {
-    Description {
-        name: name.into(),
-        version: "0.0.0".into(),
-        actions: vec!["comply".into()],
-    }
-}
-
-impl Guest for Hostile {
+impl Plugin for Hostile {
     fn describe() -> Description {
-        describe("trap")
+        Description::new("trap", "0.0.0", ["comply"])
     }
-    fn evaluate(r: Request) -> Verdict {
+    fn evaluate(r: &Request, _: &dyn Host) -> Verdict {
         if std::hint::black_box(r.action.len()) < usize::MAX {
             core::arch::wasm32::unreachable();
         }
@@ -25,4 +15,4 @@ impl Guest for Hostile {
     }
 }
 
-export!(Hostile);
+export_plugin!(Hostile);
