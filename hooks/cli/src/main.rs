@@ -461,12 +461,7 @@ fn eval(
         engine.attach_state(std::sync::Arc::new(state))?;
     }
     if let Some(path) = entities {
-        let bytes = read_limited(path, MAX_ENTITIES_BYTES)?;
-        let json: serde_json::Value = serde_json::from_slice(&bytes)
-            .with_context(|| format!("{} is not valid JSON", path.display()))?;
-        engine
-            .upsert_entities(&json)
-            .with_context(|| format!("cannot load entities from {}", path.display()))?;
+        load_entities(&engine, path)?;
     }
     let bytes = read_limited(request, probity::MAX_REQUEST_BYTES as u64)?;
     let request = Request::from_json_slice(&bytes)
