@@ -138,6 +138,18 @@ impl Batch {
         Some(())
     }
 
+    /// Entity number `i`'s type and id ("" for a number out of range).
+    fn uid_text(&self, i: usize) -> (&str, &str) {
+        self.uids
+            .get(i)
+            .map_or(("", ""), |u| (self.text_of(u.type_name), self.text_of(u.id)))
+    }
+
+    /// Whether the batch holds the entity `type_name`, `id`.
+    fn contains(&self, type_name: &str, id: &str) -> bool {
+        (0..self.uids.len()).any(|i| self.uid_text(i) == (type_name, id))
+    }
+
     /// The text a span points to ("" if it points outside).
     fn text_of(&self, s: Span) -> &str {
         let start = s.offset as usize;
@@ -167,12 +179,9 @@ impl Batch {
     }
 }
 
-/// One stored entity as a batch of one, its uid, and the uids its attributes
-/// reference.
+/// One stored entity as a batch of one, and the uids its attributes reference.
 pub(crate) struct Cached {
     batch: Batch,
-    type_name: String,
-    id: String,
     refs: Vec<EntityUid>,
 }
 
@@ -180,7 +189,6 @@ impl Cached {
     fn from_json(json: &Value) -> Option<Self> {
         let mut batch = Batch::default();
         batch.push_json(json)?;
-        let uid = json.get("uid")?;
         let refs = batch
             .attrs
             .iter()
@@ -195,12 +203,7 @@ impl Cached {
                 _ => None,
             })
             .collect();
-        Some(Self {
-            type_name: uid.get("type")?.as_str()?.to_owned(),
-            id: uid.get("id")?.as_str()?.to_owned(),
-            refs,
-            batch,
-        })
+        Some(Self { batch, refs })
     }
 }
 
@@ -289,40 +292,24 @@ impl PluginEntities {
     /// attributes point to, one level deep (a node's zone), each once.
     pub fn closure(&self, extra: &[Value], roots: [&EntityUid; 2]) -> Batch {
         let mut out = Batch::default();
-        let mut taken: Vec<(String, String)> = Vec::new();
         for json in extra {
             let mut one = Batch::default();
-            if one.push_json(json).is_some()
-                && let Some(uid) = one.uids.first().copied()
-                && out.append(&one).is_some()
-            {
-                // Read back from the batch, so every uid form (plain or `__entity`)
-                // gives the same key.
-                taken.push((
-                    one.text_of(uid.type_name).to_owned(),
-                    one.text_of(uid.id).to_owned(),
-                ));
+            if one.push_json(json).is_some() {
+                out.append(&one);
             }
         }
-        // A linear check for duplicates: a closure holds a handful of stored entities.
-        let mut stored: Vec<Arc<Cached>> = Vec::new();
         for root in roots {
             let Some(cached) = self.entity(root) else {
                 continue;
             };
-            let refs: Vec<Arc<Cached>> =
-                cached.refs.iter().filter_map(|r| self.entity(r)).collect();
-            stored.push(cached);
-            stored.extend(refs);
-        }
-        let mut seen: Vec<&Cached> = Vec::new();
-        for c in &stored {
-            let dup = taken.iter().any(|(t, i)| *t == c.type_name && *i == c.id)
-                || seen
-                    .iter()
-                    .any(|s| s.type_name == c.type_name && s.id == c.id);
-            if !dup && out.append(&c.batch).is_some() {
-                seen.push(c);
+            let refs = cached.refs.iter().filter_map(|r| self.entity(r));
+            for c in std::iter::once(Arc::clone(&cached)).chain(refs) {
+                // A linear check: a closure holds a handful of entities. An entity
+                // already there (request-scoped, or reached twice) keeps its place.
+                let (type_name, id) = c.batch.uid_text(0);
+                if !out.contains(type_name, id) {
+                    out.append(&c.batch);
+                }
             }
         }
         out
