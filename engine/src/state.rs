@@ -149,6 +149,18 @@ pub struct DecisionRecord {
     pub decision: Decision,
 }
 
+impl DecisionRecord {
+    /// The record as listed to operators (`probity audit`, `GET /v1/decisions`): its
+    /// fields with the sequence number, which storage keeps as the key.
+    pub fn to_json(&self) -> serde_json::Value {
+        let mut v = serde_json::to_value(self).unwrap_or_default();
+        if let Some(o) = v.as_object_mut() {
+            o.insert("seq".into(), self.seq.into());
+        }
+        v
+    }
+}
+
 /// The durable state store under a state directory.
 #[derive(Debug)]
 pub struct StateStore {

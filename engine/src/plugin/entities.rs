@@ -140,9 +140,9 @@ impl Batch {
 
     /// Entity number `i`'s type and id ("" for a number out of range).
     fn uid_text(&self, i: usize) -> (&str, &str) {
-        self.uids
-            .get(i)
-            .map_or(("", ""), |u| (self.text_of(u.type_name), self.text_of(u.id)))
+        self.uids.get(i).map_or(("", ""), |u| {
+            (self.text_of(u.type_name), self.text_of(u.id))
+        })
     }
 
     /// Whether the batch holds the entity `type_name`, `id`.

@@ -306,16 +306,7 @@ pub fn nodes(command: &NodesCommand, state_args: &StateArgs) -> Result<u8> {
 pub fn audit(from: u64, limit: usize, state_args: &StateArgs) -> Result<u8> {
     let state = open_state(state_args)?;
     for record in state.decisions(from, limit)? {
-        let line = serde_json::json!({
-            "seq": record.seq,
-            "time_unix_ms": record.time_unix_ms,
-            "principal": record.principal,
-            "action": record.action,
-            "resource": record.resource,
-            "policy_digest": record.policy_digest,
-            "decision": record.decision,
-        });
-        println!("{line}");
+        println!("{}", record.to_json());
     }
     Ok(exit::ALLOW)
 }

@@ -7,6 +7,7 @@ use axum::body::Bytes;
 use axum::extract::rejection::{BytesRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
 use axum::http::Extensions;
+use probity::state::DecisionRecord;
 use probity::{Decision, EntityUid, Request};
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -315,20 +316,7 @@ pub(crate) async fn decisions(
             ApiError::Internal
         })?;
     let next = records.last().map_or(from, |r| r.seq + 1);
-    let records: Vec<Value> = records
-        .into_iter()
-        .map(|r| {
-            json!({
-                "seq": r.seq,
-                "time_unix_ms": r.time_unix_ms,
-                "principal": r.principal,
-                "action": r.action,
-                "resource": r.resource,
-                "policy_digest": r.policy_digest,
-                "decision": r.decision,
-            })
-        })
-        .collect();
+    let records: Vec<Value> = records.iter().map(DecisionRecord::to_json).collect();
     Ok(Json(json!({ "records": records, "next": next })))
 }
 
