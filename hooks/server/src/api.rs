@@ -1,7 +1,5 @@
 //! The JSON API under `/v1`: decide, batch decide, entities, node blocks, policy status.
 
-use std::time::Instant;
-
 use axum::Json;
 use axum::body::Bytes;
 use axum::extract::rejection::{BytesRejection, QueryRejection};
@@ -322,14 +320,6 @@ pub(crate) async fn decisions(
 
 pub(crate) async fn policy_status(State(state): State<AppState>) -> Json<probity::PolicyStatus> {
     Json(state.engine().status())
-}
-
-/// Times one decision into the metrics.
-pub(crate) fn timed_decide(state: &AppState, request: &Request) -> Decision {
-    let start = Instant::now();
-    let d = state.engine().decide(request);
-    state.metrics().record_decision(&d, start.elapsed());
-    d
 }
 
 /// Largest signed manifest `/v1/verify` reads.

@@ -32,13 +32,15 @@ pub struct Config {
     pub log: LogConfig,
 }
 
-/// Durable state (blocklist, manifest registry, event log) and `POST /v1/verify`.
+/// Durable state (blocklist, manifest registry, event log, decision log) and
+/// `POST /v1/verify`.
 #[derive(Debug, Clone, Default, Deserialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
 pub struct IntegrityConfig {
     /// State directory: blocks made through the API or by failed verifications survive
-    /// restarts there, and `/v1/verify` keeps its registry there. Default: none (blocks
-    /// live in memory only, and `/v1/verify` answers 503).
+    /// restarts there, `/v1/verify` keeps its registry there, and denies and
+    /// obligations are recorded there before they are answered. Default: none (blocks
+    /// live in memory only, nothing is recorded, and `/v1/verify` answers 503).
     pub state_dir: Option<PathBuf>,
     /// Pinned public key (hex SEC1) that signs manifests. Default: `STATE_DIR/trusted.pub`.
     pub public_key: Option<PathBuf>,

@@ -133,8 +133,14 @@ impl AppState {
         &self.inner.metrics
     }
 
+    /// Decides and times the decision into the metrics. Waits for the decision's
+    /// record in place: for callers already off the async workers (admission reviews
+    /// with a state store run on the blocking pool).
     pub(crate) fn decide(&self, request: &Request) -> Decision {
-        api::timed_decide(self, request)
+        let start = Instant::now();
+        let d = self.engine().decide(request);
+        self.metrics().record_decision(&d, start.elapsed());
+        d
     }
 
     /// Decides, and if the decision must be recorded first (a deny or obligations,
@@ -143,18 +149,17 @@ impl AppState {
     pub(crate) async fn decide_async(&self, request: Request) -> Decision {
         let start = Instant::now();
         let settled = self.engine().decide_deferred(&request);
-        let decision = if settled.is_pending() {
+        let decisions = if settled.is_pending() {
             tokio::task::spawn_blocking(move || settled.settle())
                 .await
-                .ok()
-                .and_then(|mut d| d.pop())
-                .unwrap_or_else(|| Decision::error("the decision record could not be awaited"))
+                .unwrap_or_default()
         } else {
-            settled
-                .settle()
-                .pop()
-                .unwrap_or_else(|| Decision::error("no decision"))
+            settled.settle()
         };
+        let decision = decisions
+            .into_iter()
+            .next()
+            .unwrap_or_else(|| Decision::error("the decision record could not be awaited"));
         self.metrics().record_decision(&decision, start.elapsed());
         decision
     }
