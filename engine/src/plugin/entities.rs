@@ -7,9 +7,9 @@
 //! use, and later calls append copies of it: text and plain numbers, no parsing. A new snapshot (an entity update,
 //! a reload) comes with a new, empty cache, so nothing stale is ever served.
 //!
-//! Invariant: the cache holds at most one entry per stored entity and one per entity
-//! type that has stored entities, so it is bounded by the store it mirrors, whatever
-//! uids and type names callers and plugins ask for.
+//! Invariant: the cache holds at most one entry per stored entity and at most
+//! `MAX_CACHED_TYPES` type names, so it stays bounded whatever uids and type names
+//! callers and plugins ask for.
 
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
@@ -207,6 +207,9 @@ impl Cached {
     }
 }
 
+/// Most entity type names one snapshot's cache remembers (a schema has a few dozen).
+const MAX_CACHED_TYPES: usize = 256;
+
 /// A snapshot's entities with their batch cache.
 pub(crate) struct PluginEntities {
     entities: Arc<Entities>,
@@ -277,12 +280,11 @@ impl PluginEntities {
             }
         }
         let made = Arc::new(batch);
-        // Type names come from plugins: only types with stored entities are cached.
-        if !made.uids.is_empty() {
-            self.by_type
-                .write()
-                .unwrap_or_else(|p| p.into_inner())
-                .insert(type_name.to_owned(), Arc::clone(&made));
+        // Type names come from plugins, so the cache is bounded; an absent type is
+        // cached too, since finding it absent costs a scan of the whole store.
+        let mut by_type = self.by_type.write().unwrap_or_else(|p| p.into_inner());
+        if by_type.len() < MAX_CACHED_TYPES {
+            by_type.insert(type_name.to_owned(), Arc::clone(&made));
         }
         made
     }
@@ -435,16 +437,18 @@ mod tests {
     }
 
     #[test]
-    fn unknown_uids_and_types_are_not_cached() {
+    fn unknown_uids_are_not_cached_and_type_names_are_bounded() {
         let cache = PluginEntities::new(store());
         for i in 0..50 {
             let gone = cedar("Node", &format!("gone-{i}"));
             cache.closure(&[], [&gone, &cedar("Node", "n1")]);
-            assert!(cache.of_type(&format!("Nothing{i}")).uids.is_empty());
         }
         // n1 and the zone it points to; none of the 50 misses
         assert_eq!(cache.by_uid.read().unwrap().len(), 2);
-        assert!(cache.by_type.read().unwrap().is_empty());
+        for i in 0..MAX_CACHED_TYPES + 50 {
+            assert!(cache.of_type(&format!("Nothing{i}")).uids.is_empty());
+        }
+        assert_eq!(cache.by_type.read().unwrap().len(), MAX_CACHED_TYPES);
     }
 
     #[test]
