@@ -1,18 +1,36 @@
 #!/usr/bin/env bash
 # Installs what Probity's tests and server need on a fresh Debian machine that has only
 # the Rust toolchain (run as root). Idempotent: it installs only what is missing.
+#
+# The real services the tests start themselves (rsyslog, Alertmanager, auditd, sshd,
+# etcd) are installed with a policy-rc.d that exits 101, so that installing a package
+# never starts its service: the tests start and stop each one by PID on loopback or
+# in a network namespace they create.
 set -euo pipefail
 
-packages=(softhsm2 opensc)
+packages=(
+  softhsm2 opensc                                   # PKCS#11 (the HSM anchor, KEKs)
+  nftables iptables iproute2                        # firewall collectors and baseline, netns tests
+  rsyslog rsyslog-gnutls rsyslog-relp               # the SIEM the forwarder delivers to
+  prometheus-alertmanager                           # alert obligations
+  auditd openssh-server sudo                        # elevation after a remote login
+  etcd-server etcd-client protobuf-compiler         # cluster state (etcd-client's build needs protoc)
+  golang-go python3-pytest python3-cryptography valgrind pkg-config  # C ABI callers
+)
 missing=()
 for p in "${packages[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
 done
 if [ ${#missing[@]} -gt 0 ]; then
   echo "setup: installing ${missing[*]}" >&2
+  # No package may start its service: the tests own every daemon they run.
+  if [ ! -e /usr/sbin/policy-rc.d ]; then
+    printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d
+    chmod 0755 /usr/sbin/policy-rc.d
+  fi
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
-  apt-get install -y -qq "${missing[@]}" >/dev/null
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
 if ! rustup target list --installed | grep -qx wasm32-wasip2; then

@@ -8,17 +8,22 @@ use std::sync::Arc;
 use std::time::SystemTime;
 
 use cedar_policy::{
-    ActionConstraint, Effect, Entities, Entity, EntityUid, PolicyId, PolicySet, Schema,
-    ValidationMode, Validator,
+    ActionConstraint, Effect, EntityUid, PolicyId, PolicySet, Schema, ValidationMode, Validator,
 };
+use cedar_policy_core::ast::{self, EntityType};
+use cedar_policy_core::validator::ValidatorSchema;
+use serde_json::Value;
 use sha2::{Digest, Sha256};
+use smol_str::SmolStr;
 
 use crate::config::Config;
 use crate::decision::Severity;
 use crate::diagnostic::SourceDiagnostic;
 use crate::error::LoadError;
+use crate::facts::FactOrigins;
 use crate::plugin::PluginSet;
 use crate::source::{SourceFile, Sources};
+use crate::store::{Converter, Stored};
 
 /// Obligation kinds the default policies and callers understand. An unknown kind is a
 /// load error: a typo must not silently drop an obligation.
@@ -42,13 +47,73 @@ pub(crate) struct TargetPath {
 pub(crate) enum TargetRoot {
     Principal,
     Resource,
+    /// Only in message placeholders: a context attribute.
+    Context,
+}
+
+/// A message or obligation parameter: plain text, or text with `{path}` placeholders
+/// (`{resource.gpuModel}`, `{context.port}`) filled from the decision's facts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum MessageTemplate {
+    Plain(String),
+    Parts(Vec<MessagePart>),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum MessagePart {
+    Text(String),
+    Path(TargetPath),
+}
+
+impl MessageTemplate {
+    /// Reads `text`; `{` and `}` are written `{{` and `}}`.
+    fn parse(text: &str) -> Result<Self, String> {
+        if !text.contains(['{', '}']) {
+            return Ok(Self::Plain(text.to_owned()));
+        }
+        let mut parts = Vec::new();
+        let mut literal = String::new();
+        let mut chars = text.chars().peekable();
+        while let Some(c) = chars.next() {
+            match c {
+                '{' if chars.peek() == Some(&'{') => {
+                    chars.next();
+                    literal.push('{');
+                }
+                '}' if chars.peek() == Some(&'}') => {
+                    chars.next();
+                    literal.push('}');
+                }
+                '{' => {
+                    let mut path = String::new();
+                    loop {
+                        match chars.next() {
+                            Some('}') => break,
+                            Some(c) => path.push(c),
+                            None => return Err(format!("\"{text}\": a `{{` is never closed")),
+                        }
+                    }
+                    if !literal.is_empty() {
+                        parts.push(MessagePart::Text(std::mem::take(&mut literal)));
+                    }
+                    parts.push(MessagePart::Path(parse_path(path.trim(), true)?));
+                }
+                '}' => return Err(format!("\"{text}\": a `}}` has no `{{` (write `}}}}`)")),
+                c => literal.push(c),
+            }
+        }
+        if !literal.is_empty() {
+            parts.push(MessagePart::Text(literal));
+        }
+        Ok(Self::Parts(parts))
+    }
 }
 
 #[derive(Debug, Clone)]
 pub(crate) struct ObligationSpec {
     pub kind: String,
     pub target: Option<TargetPath>,
-    pub parameters: BTreeMap<String, String>,
+    pub parameters: BTreeMap<String, MessageTemplate>,
 }
 
 /// What the annotations of one policy say, read once at load time.
@@ -57,7 +122,7 @@ pub(crate) struct PolicyMeta {
     pub id: String,
     pub forbid: bool,
     pub severity: Severity,
-    pub message: String,
+    pub message: MessageTemplate,
     pub obligation: Option<ObligationSpec>,
 }
 
@@ -70,8 +135,19 @@ pub(crate) struct Bundle {
     pub by_action: HashMap<EntityUid, PolicySet>,
     pub schema: Schema,
     pub meta: HashMap<PolicyId, Arc<PolicyMeta>>,
+    /// Which facts the engine owns, from the schema's `@owned` annotations.
+    pub origins: FactOrigins,
+    /// The blocklist's entity type and attribute, parsed.
+    pub blocklist: Option<(EntityType, SmolStr)>,
     /// `Settings::"active"` and the `GpuModel`s, from the configuration.
-    pub settings: Vec<Entity>,
+    pub settings: Vec<(ast::EntityUID, Arc<Stored>)>,
+    /// Entity literals of the policies that can apply to each action: slice roots.
+    pub literals: HashMap<EntityUid, Vec<ast::EntityUID>>,
+    /// Entity literals of every policy, for actions the schema does not know.
+    pub all_literals: Vec<ast::EntityUID>,
+    /// The schema's action entities, when it has action groups (slices need them for
+    /// `action in ...`); else empty.
+    pub action_entities: Vec<Arc<ast::Entity>>,
     /// The plugins of `plugins.toml`, if any, loaded and pre-instantiated.
     pub plugins: PluginSet,
     pub digest: String,
@@ -83,6 +159,9 @@ impl Bundle {
     /// Parses, checks and validates every source; reports every problem found, located.
     pub fn compile(sources: &Sources) -> Result<Self, LoadError> {
         let mut problems = Vec::new();
+        let origins = FactOrigins::read(&sources.schema)
+            .map_err(|found| problems.extend(found))
+            .unwrap_or_default();
         let config = Config::parse(&sources.config.name, &sources.config.text)
             .map_err(|d| problems.push(*d))
             .ok();
@@ -169,21 +248,21 @@ impl Bundle {
                 problems.push(d);
             }
             if let Some(config) = &config {
-                match Entities::from_json_value(config.entities_json(), Some(schema)) {
-                    Ok(entities) => {
-                        settings = entities
-                            .iter()
-                            .filter(|e| !e.uid().type_name().to_string().ends_with("Action"))
-                            .cloned()
-                            .collect();
+                let converter = Converter::new(schema.as_ref(), &origins);
+                for item in config.entities_json().as_array().into_iter().flatten() {
+                    match converter.entity(item) {
+                        Ok(c) => settings.push((c.uid, Arc::new(c.stored))),
+                        Err((uid, e)) => problems.push(SourceDiagnostic::new(
+                            &sources.config.name,
+                            &sources.config.text,
+                            0,
+                            0,
+                            format!(
+                                "the configuration does not fit the schema's {} entity: {e}",
+                                uid.as_deref().unwrap_or("Settings or GpuModel")
+                            ),
+                        )),
                     }
-                    Err(e) => problems.push(SourceDiagnostic::new(
-                        &sources.config.name,
-                        &sources.config.text,
-                        0,
-                        0,
-                        format!("the configuration does not fit the schema's Settings or GpuModel entity: {e}"),
-                    )),
                 }
             }
         }
@@ -197,17 +276,27 @@ impl Bundle {
         }
 
         match (schema, problems.is_empty()) {
-            (Some(schema), true) => Ok(Self {
-                by_action: slice_by_action(&policies, &schema),
-                policies,
-                schema,
-                meta,
-                settings,
-                digest: digest(sources, &plugins),
-                plugins,
-                files: sources.policies.iter().map(|f| f.name.clone()).collect(),
-                loaded_at: SystemTime::now(),
-            }),
+            (Some(schema), true) => {
+                let by_action = slice_by_action(&policies, &schema);
+                Ok(Self {
+                    literals: literals_by_action(&policies, &by_action),
+                    by_action,
+                    all_literals: literals_of(&policies),
+                    action_entities: action_entities(&schema),
+                    blocklist: origins.blocklist.as_ref().and_then(|b| {
+                        Some((crate::store::entity_type(&b.entity_type)?, b.attr.clone()))
+                    }),
+                    origins,
+                    policies,
+                    schema,
+                    meta,
+                    settings,
+                    digest: digest(sources, &plugins),
+                    plugins,
+                    files: sources.policies.iter().map(|f| f.name.clone()).collect(),
+                    loaded_at: SystemTime::now(),
+                })
+            }
             _ => Err(LoadError::Invalid { problems }),
         }
     }
@@ -220,6 +309,111 @@ impl Bundle {
     /// action the schema does not know (validation then rejects the request anyway).
     pub fn policies_for(&self, action: &EntityUid) -> &PolicySet {
         self.by_action.get(action).unwrap_or(&self.policies)
+    }
+
+    /// The entity literals of the policies that can apply to `action`.
+    pub fn literals_for(&self, action: &EntityUid) -> &[ast::EntityUID] {
+        self.literals.get(action).unwrap_or(&self.all_literals)
+    }
+
+    /// The schema in Cedar's internal form, for the store's converter.
+    pub fn validator_schema(&self) -> &ValidatorSchema {
+        self.schema.as_ref()
+    }
+
+    /// The blocklist's type (as written) and attribute, for plugin entity JSON.
+    pub fn blocklist_target(&self) -> Option<(String, SmolStr)> {
+        self.origins
+            .blocklist
+            .as_ref()
+            .map(|b| (b.entity_type.clone(), b.attr.clone()))
+    }
+}
+
+/// Every entity literal in `policies` (scope constraints and conditions): the
+/// entities a policy can name without reaching them through the request.
+fn literals_of(policies: &PolicySet) -> Vec<ast::EntityUID> {
+    let mut out: Vec<ast::EntityUID> = Vec::new();
+    for p in policies.policies() {
+        if let Ok(json) = p.to_json() {
+            collect_literals(&json, &mut out, 0);
+        }
+    }
+    out.sort();
+    out.dedup();
+    out
+}
+
+fn collect_literals(v: &Value, out: &mut Vec<ast::EntityUID>, depth: usize) {
+    if depth > 256 {
+        return;
+    }
+    match v {
+        Value::Object(o) => {
+            let is_uid = o.contains_key("__entity")
+                || (o.len() == 2
+                    && o.get("type").is_some_and(Value::is_string)
+                    && o.get("id").is_some_and(Value::is_string));
+            if is_uid {
+                if let Ok(u) = crate::store::parse_uid(v) {
+                    out.push(u);
+                }
+                return;
+            }
+            for x in o.values() {
+                collect_literals(x, out, depth + 1);
+            }
+        }
+        Value::Array(a) => {
+            for x in a {
+                collect_literals(x, out, depth + 1);
+            }
+        }
+        _ => {}
+    }
+}
+
+/// The literals of each action's slice, from each policy's literals read once.
+fn literals_by_action(
+    policies: &PolicySet,
+    by_action: &HashMap<EntityUid, PolicySet>,
+) -> HashMap<EntityUid, Vec<ast::EntityUID>> {
+    let per_policy: HashMap<PolicyId, Vec<ast::EntityUID>> = policies
+        .policies()
+        .map(|p| {
+            let mut found = Vec::new();
+            if let Ok(json) = p.to_json() {
+                collect_literals(&json, &mut found, 0);
+            }
+            (p.id().clone(), found)
+        })
+        .collect();
+    by_action
+        .iter()
+        .map(|(action, set)| {
+            let mut all: Vec<ast::EntityUID> = set
+                .policies()
+                .filter_map(|p| per_policy.get(p.id()))
+                .flatten()
+                .cloned()
+                .collect();
+            all.sort();
+            all.dedup();
+            (action.clone(), all)
+        })
+        .collect()
+}
+
+fn action_entities(schema: &Schema) -> Vec<Arc<ast::Entity>> {
+    if schema.action_groups().next().is_none() {
+        return Vec::new();
+    }
+    match schema.action_entities() {
+        Ok(entities) => entities
+            .iter()
+            .map(|e| Arc::new(<cedar_policy::Entity as AsRef<ast::Entity>>::as_ref(e).clone()))
+            .collect(),
+        Err(_) => Vec::new(),
     }
 }
 
@@ -276,11 +470,11 @@ fn read_meta(
         })?,
         None => Severity::Info,
     };
-    let message = if forbid {
+    let message = MessageTemplate::parse(&if forbid {
         require("message")?
     } else {
         annotation("message").unwrap_or_default()
-    };
+    })?;
     let obligation = match annotation("obligation") {
         None => {
             if annotation("target").is_some() {
@@ -300,9 +494,9 @@ fn read_meta(
                 .annotations()
                 .filter_map(|(k, v)| {
                     k.strip_prefix("param_")
-                        .map(|k| (k.to_owned(), v.to_owned()))
+                        .map(|k| MessageTemplate::parse(v).map(|t| (k.to_owned(), t)))
                 })
-                .collect();
+                .collect::<Result<_, _>>()?;
             Some(ObligationSpec {
                 kind,
                 target,
@@ -320,19 +514,30 @@ fn read_meta(
 }
 
 fn parse_target(text: &str) -> Result<TargetPath, String> {
+    parse_path(text, false).map_err(|e| format!("@target(\"{text}\") {e}"))
+}
+
+/// `principal`, `resource` (or, in messages, `context`) followed by `.attr`s.
+fn parse_path(text: &str, in_message: bool) -> Result<TargetPath, String> {
     let mut parts = text.split('.');
     let root = match parts.next() {
         Some("principal") => TargetRoot::Principal,
         Some("resource") => TargetRoot::Resource,
-        _ => {
+        Some("context") if in_message => TargetRoot::Context,
+        _ if in_message => {
             return Err(format!(
-                "@target(\"{text}\") must start with principal or resource"
+                "placeholder {{{text}}} must start with principal, resource or context"
             ));
         }
+        _ => return Err("must start with principal or resource".into()),
     };
     let attrs: Vec<String> = parts.map(str::to_owned).collect();
     if attrs.iter().any(|a| a.is_empty()) {
-        return Err(format!("@target(\"{text}\") has an empty attribute name"));
+        return Err(if in_message {
+            format!("placeholder {{{text}}} has an empty attribute name")
+        } else {
+            "has an empty attribute name".into()
+        });
     }
     Ok(TargetPath { root, attrs })
 }
@@ -426,5 +631,28 @@ mod tests {
         );
         assert!(parse_target("context.x").is_err());
         assert!(parse_target("principal..a").is_err());
+    }
+
+    #[test]
+    fn message_placeholders_parse_and_braces_escape() {
+        assert_eq!(
+            MessageTemplate::parse("plain").unwrap(),
+            MessageTemplate::Plain("plain".into())
+        );
+        let t = MessageTemplate::parse("model {resource.gpuModel} on {{x}}").unwrap();
+        assert_eq!(
+            t,
+            MessageTemplate::Parts(vec![
+                MessagePart::Text("model ".into()),
+                MessagePart::Path(TargetPath {
+                    root: TargetRoot::Resource,
+                    attrs: vec!["gpuModel".into()]
+                }),
+                MessagePart::Text(" on {x}".into()),
+            ])
+        );
+        assert!(MessageTemplate::parse("open {resource").is_err());
+        assert!(MessageTemplate::parse("{action.x}").is_err());
+        assert!(MessageTemplate::parse("stray }").is_err());
     }
 }

@@ -17,6 +17,8 @@ use crate::diagnostic::SourceDiagnostic;
 pub struct Config {
     /// Inbound TCP ports a node may listen on.
     pub inbound_port_baseline: Vec<u16>,
+    /// Inbound UDP ports a node may listen on (default none).
+    pub inbound_udp_port_baseline: Vec<u16>,
     /// Maximum age of a key that may encrypt, in days.
     pub key_max_age_days: u32,
     /// Window after a remote login in which elevation needs authorization, in minutes.
@@ -31,6 +33,8 @@ pub struct Config {
     pub inference_cpus_per_gpu: u32,
     /// The workload class that goes only to its dedicated zone.
     pub rlhf_class: String,
+    /// The workload classes admission accepts.
+    pub workload_classes: Vec<String>,
     /// Largest share (percent) of one GPU's memory a workload may request.
     pub gpu_memory_max_pct: u32,
     /// On-prem GPU occupancy (percent) at which placements carry burst_to_cloud.
@@ -55,6 +59,8 @@ struct RawConfig {
 #[serde(deny_unknown_fields)]
 struct RawSecurity {
     inbound_port_baseline: Vec<Spanned<i64>>,
+    #[serde(default)]
+    inbound_udp_port_baseline: Vec<Spanned<i64>>,
     key_max_age_days: Spanned<i64>,
     elevation_window_minutes: Spanned<i64>,
 }
@@ -67,6 +73,8 @@ struct RawPlacement {
     inference_namespace: Spanned<String>,
     inference_cpus_per_gpu: Spanned<i64>,
     rlhf_class: Spanned<String>,
+    #[serde(default)]
+    workload_classes: Option<Spanned<Vec<Spanned<String>>>>,
     gpu_memory_max_pct: Spanned<i64>,
     burst_occupancy_pct: Spanned<i64>,
 }
@@ -77,6 +85,66 @@ struct RawThermal {
     power_spike_pct: Spanned<i64>,
     zone_power_ceiling_pct: Spanned<i64>,
     gpu_temp_target_c: BTreeMap<String, Spanned<i64>>,
+}
+
+/// Each threshold's allowed range, and why its ends are where they are: a value that
+/// would switch its rule off is refused at file:line:column rather than silently
+/// accepted (`elevation_window_minutes = 0` would never alert, `zone_power_ceiling_pct
+/// = 0` would stop all scheduling, one over 100 would never stop any).
+pub(crate) const RANGES: &[(&str, i64, i64, &str)] = &[
+    ("inbound_port_baseline", 1, 65_535, "a TCP port"),
+    ("inbound_udp_port_baseline", 1, 65_535, "a UDP port"),
+    ("key_max_age_days", 1, 36_500, "0 would refuse every key"),
+    (
+        "elevation_window_minutes",
+        1,
+        10_080,
+        "0 would switch the elevation rule off",
+    ),
+    (
+        "inference_cpus_per_gpu",
+        1,
+        1_024,
+        "0 would switch the GPU:CPU rule off",
+    ),
+    (
+        "gpu_memory_max_pct",
+        1,
+        100,
+        "0 refuses every GPU workload; over 100 switches the rule off",
+    ),
+    ("burst_occupancy_pct", 1, 100, "over 100 would never burst"),
+    (
+        "power_spike_pct",
+        1,
+        1_000,
+        "0 would call every reading a spike",
+    ),
+    (
+        "zone_power_ceiling_pct",
+        1,
+        100,
+        "0 stops all scheduling; over 100 never stops any",
+    ),
+    ("gpu_temp_target_c", 1, 149, "degrees C"),
+];
+
+fn range_of(name: &str) -> Range<i64> {
+    let key = name.split('.').next().unwrap_or(name);
+    RANGES
+        .iter()
+        .find(|(n, ..)| *n == key)
+        .map_or(i64::MIN..i64::MAX, |(_, lo, hi, _)| {
+            *lo..hi.saturating_add(1)
+        })
+}
+
+fn why_of(name: &str) -> &'static str {
+    let key = name.split('.').next().unwrap_or(name);
+    RANGES
+        .iter()
+        .find(|(n, ..)| *n == key)
+        .map_or("", |(.., why)| why)
 }
 
 /// Checks numbers against their allowed range and reports the first that is out of it.
@@ -90,22 +158,28 @@ impl Checker<'_> {
         &self,
         name: &str,
         value: &Spanned<i64>,
-        allowed: Range<i64>,
     ) -> Result<T, Box<SourceDiagnostic>> {
+        let allowed = range_of(name);
         let v = *value.get_ref();
         if let (true, Ok(ok)) = (allowed.contains(&v), T::try_from(v)) {
             return Ok(ok);
         }
         let span = value.span();
+        let why = why_of(name);
         Err(Box::new(SourceDiagnostic::new(
             self.file,
             self.text,
             span.start,
             span.len(),
             format!(
-                "{name} must be between {} and {}, found {v}",
+                "{name} must be between {} and {}, found {v}{}",
                 allowed.start,
-                allowed.end - 1
+                allowed.end - 1,
+                if why.is_empty() {
+                    String::new()
+                } else {
+                    format!(" ({why})")
+                }
             ),
         )))
     }
@@ -143,58 +217,69 @@ impl Config {
             ))
         })?;
         let c = Checker { file, text };
-        let pct = 1..101;
         let s = &raw.security;
         let p = &raw.placement;
         let t = &raw.thermal;
-        let inbound_port_baseline = s
-            .inbound_port_baseline
-            .iter()
-            .map(|port| c.range("inbound_port_baseline", port, 1..65536))
-            .collect::<Result<Vec<u16>, _>>()?;
+        let ports = |name: &str, list: &[Spanned<i64>]| {
+            list.iter()
+                .map(|port| c.range(name, port))
+                .collect::<Result<Vec<u16>, _>>()
+        };
         let gpu_temp_target_c = t
             .gpu_temp_target_c
             .iter()
             .map(|(model, v)| {
                 Ok((
                     model.clone(),
-                    c.range(&format!("gpu_temp_target_c.{model}"), v, 1..150)?,
+                    c.range(&format!("gpu_temp_target_c.{model}"), v)?,
                 ))
             })
             .collect::<Result<BTreeMap<_, _>, Box<SourceDiagnostic>>>()?;
+        let rlhf_class = c.non_empty("rlhf_class", &p.rlhf_class)?;
+        // Without a list, the classes the default policies and admission know.
+        let workload_classes = match &p.workload_classes {
+            None => ["inference", "training", "batch", rlhf_class.as_str()]
+                .iter()
+                .map(|s| (*s).to_owned())
+                .collect(),
+            Some(list) => {
+                let names = list
+                    .get_ref()
+                    .iter()
+                    .map(|n| c.non_empty("workload_classes", n))
+                    .collect::<Result<Vec<String>, _>>()?;
+                if !names.contains(&rlhf_class) {
+                    let span = list.span();
+                    return Err(Box::new(SourceDiagnostic::new(
+                        file,
+                        text,
+                        span.start,
+                        span.len(),
+                        format!("workload_classes must include rlhf_class ({rlhf_class:?})"),
+                    )));
+                }
+                names
+            }
+        };
         Ok(Self {
-            inbound_port_baseline,
-            key_max_age_days: c.range("key_max_age_days", &s.key_max_age_days, 1..36_501)?,
-            elevation_window_minutes: c.range(
-                "elevation_window_minutes",
-                &s.elevation_window_minutes,
-                0..10_081,
+            inbound_port_baseline: ports("inbound_port_baseline", &s.inbound_port_baseline)?,
+            inbound_udp_port_baseline: ports(
+                "inbound_udp_port_baseline",
+                &s.inbound_udp_port_baseline,
             )?,
+            key_max_age_days: c.range("key_max_age_days", &s.key_max_age_days)?,
+            elevation_window_minutes: c
+                .range("elevation_window_minutes", &s.elevation_window_minutes)?,
             pinned_driver: c.non_empty("pinned_driver", &p.pinned_driver)?,
             pinned_cuda_image: c.non_empty("pinned_cuda_image", &p.pinned_cuda_image)?,
             inference_namespace: c.non_empty("inference_namespace", &p.inference_namespace)?,
-            inference_cpus_per_gpu: c.range(
-                "inference_cpus_per_gpu",
-                &p.inference_cpus_per_gpu,
-                1..1025,
-            )?,
-            rlhf_class: c.non_empty("rlhf_class", &p.rlhf_class)?,
-            gpu_memory_max_pct: c.range(
-                "gpu_memory_max_pct",
-                &p.gpu_memory_max_pct,
-                pct.clone(),
-            )?,
-            burst_occupancy_pct: c.range(
-                "burst_occupancy_pct",
-                &p.burst_occupancy_pct,
-                pct.clone(),
-            )?,
-            power_spike_pct: c.range("power_spike_pct", &t.power_spike_pct, 1..1001)?,
-            zone_power_ceiling_pct: c.range(
-                "zone_power_ceiling_pct",
-                &t.zone_power_ceiling_pct,
-                pct,
-            )?,
+            inference_cpus_per_gpu: c.range("inference_cpus_per_gpu", &p.inference_cpus_per_gpu)?,
+            rlhf_class,
+            workload_classes,
+            gpu_memory_max_pct: c.range("gpu_memory_max_pct", &p.gpu_memory_max_pct)?,
+            burst_occupancy_pct: c.range("burst_occupancy_pct", &p.burst_occupancy_pct)?,
+            power_spike_pct: c.range("power_spike_pct", &t.power_spike_pct)?,
+            zone_power_ceiling_pct: c.range("zone_power_ceiling_pct", &t.zone_power_ceiling_pct)?,
             gpu_temp_target_c,
         })
     }
@@ -205,6 +290,8 @@ impl Config {
             "uid": { "type": "Settings", "id": "active" },
             "attrs": {
                 "inboundPortBaseline": self.inbound_port_baseline,
+                "inboundUdpPortBaseline": self.inbound_udp_port_baseline,
+                "workloadClasses": self.workload_classes,
                 "keyMaxAgeSeconds": i64::from(self.key_max_age_days) * 86_400,
                 "elevationWindowSeconds": i64::from(self.elevation_window_minutes) * 60,
                 "pinnedDriver": self.pinned_driver,
@@ -278,5 +365,49 @@ mod tests {
         let v = parse(DEFAULT).unwrap().entities_json();
         assert_eq!(v[0]["attrs"]["keyMaxAgeSeconds"], 90 * 86_400);
         assert_eq!(v[0]["attrs"]["inferenceCpuMillisPerGpu"], 8000);
+    }
+}
+
+#[cfg(test)]
+mod disabling_values {
+    use super::*;
+
+    const DEFAULT: &str = include_str!("../../policies/probity.toml");
+
+    /// Each value that would switch its rule off, refused at its own line and column.
+    #[test]
+    fn thresholds_that_disable_their_rule_are_refused_where_they_stand() {
+        for (from, to) in [
+            (
+                "elevation_window_minutes = 5",
+                "elevation_window_minutes = 0",
+            ),
+            ("key_max_age_days = 90", "key_max_age_days = 0"),
+            ("power_spike_pct = 25", "power_spike_pct = 0"),
+            ("zone_power_ceiling_pct = 95", "zone_power_ceiling_pct = 0"),
+            (
+                "zone_power_ceiling_pct = 95",
+                "zone_power_ceiling_pct = 101",
+            ),
+            ("burst_occupancy_pct = 90", "burst_occupancy_pct = 101"),
+            ("inference_cpus_per_gpu = 8", "inference_cpus_per_gpu = 0"),
+            ("gpu_memory_max_pct = 90", "gpu_memory_max_pct = 0"),
+            ("gpu_memory_max_pct = 90", "gpu_memory_max_pct = 101"),
+        ] {
+            assert!(DEFAULT.contains(from), "{from}");
+            let text = DEFAULT.replace(from, to);
+            let err = Config::parse("probity.toml", &Arc::from(text.as_str())).unwrap_err();
+            let name = to.split(' ').next().unwrap();
+            assert!(
+                err.message.starts_with(&format!("{name} must be between")),
+                "{to}: {err}"
+            );
+            let line = text.lines().position(|l| l.starts_with(to)).unwrap() + 1;
+            assert_eq!(
+                (err.line, err.column),
+                (line, to.len() - to.rsplit(' ').next().unwrap().len() + 1),
+                "{to}"
+            );
+        }
     }
 }

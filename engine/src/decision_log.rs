@@ -16,7 +16,6 @@
 use std::sync::Arc;
 use std::sync::mpsc::{Receiver, SyncSender, TryRecvError, TrySendError, sync_channel};
 use std::thread::JoinHandle;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::decision::{Decision, DecisionError, Effect};
 use crate::request::Request;
@@ -221,15 +220,13 @@ pub(crate) fn needs_record(d: &Decision) -> bool {
 pub(crate) fn submit(
     log: Option<&DecisionLog>,
     policy_digest: &str,
+    time_unix_ms: u64,
     asked: &[&Request],
     decisions: Vec<Decision>,
 ) -> Settled {
     let Some(log) = log else {
         return Settled::done(decisions);
     };
-    let time_unix_ms = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
     let records: Vec<DecisionRecord> = asked
         .iter()
         .zip(&decisions)

@@ -1,44 +1,89 @@
 //! The [`Engine`]: a policy set and an entity store behind one atomic pointer.
 //!
 //! Readers load the current [`Snapshot`] without locking; writers (entity updates,
-//! reloads) build a new snapshot beside it and swap it in whole. A decision therefore
-//! always sees one policy set with one store, never a mix, and never waits on a writer.
+//! blocks, reloads) build a new snapshot beside it and swap it in whole. A decision
+//! therefore always sees one policy set with one store, never a mix, and never waits on
+//! a writer. Concurrent writers are coalesced: whoever finds no write in progress
+//! applies every queued change in one new snapshot (a group commit of facts).
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::SystemTime;
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
 
 use arc_swap::{ArcSwap, ArcSwapOption};
-use cedar_policy::{Authorizer, Context, Entities, Entity, EvalResult, RestrictedExpression};
-use serde_json::Value;
+use cedar_policy::{Authorizer, Context, Entities, EvalResult};
+use cedar_policy_core::ast::{self, EntityUID};
+use serde_json::{Map, Value};
 
-use crate::bundle::{Bundle, PolicyMeta, TargetPath, TargetRoot};
+use crate::bundle::{Bundle, MessagePart, MessageTemplate, PolicyMeta, TargetPath, TargetRoot};
+use crate::clock::{Clock, SystemClock};
 use crate::decision::{Decision, DecisionError, Effect, Obligation, Reason};
 use crate::decision_log::{self, DecisionLog, Settled};
 use crate::error::{EntityError, LoadError};
+use crate::facts::{ContextOwner, EntityOwner};
 use crate::plugin::{PluginEntities, PluginInfo};
 use crate::request::{EntityUid, Request, kind};
+use crate::slice::SliceSource;
 use crate::source::Origin;
 use crate::state::StateStore;
+use crate::store::{self, Converted, Converter, Store, Stored};
 
-/// Entity types that only the configuration defines.
-const RESERVED_TYPES: &[&str] = &["Settings", "GpuModel"];
+/// Most earlier blocks a block record remembers.
+const MAX_BLOCK_HISTORY: usize = 32;
 
 /// Why a node is blocked, and since when.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct BlockRecord {
-    /// What blocked it (a policy id, an operator's note).
+    /// What blocked it first (a policy id, an operator's note).
     pub reason: String,
-    /// When, in Unix seconds.
+    /// When it was first blocked, in Unix seconds.
     pub since: u64,
+    /// Later blocks of the node while it stayed blocked, oldest first (at most 32).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub history: Vec<BlockEvent>,
 }
 
-/// One consistent view: the policy set and the entities decisions read.
+/// A block of an already blocked node.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct BlockEvent {
+    /// Why.
+    pub reason: String,
+    /// When, in Unix seconds.
+    pub at: u64,
+}
+
+impl BlockRecord {
+    /// A new block.
+    pub fn new(reason: impl Into<String>, since: u64) -> Self {
+        Self {
+            reason: reason.into(),
+            since,
+            history: Vec::new(),
+        }
+    }
+
+    /// This record after another block: the first reason and time stay, the new one
+    /// joins the history.
+    pub fn blocked_again(mut self, reason: impl Into<String>, at: u64) -> Self {
+        if self.history.len() >= MAX_BLOCK_HISTORY {
+            self.history.remove(0);
+        }
+        self.history.push(BlockEvent {
+            reason: reason.into(),
+            at,
+        });
+        self
+    }
+}
+
+/// One consistent view: the policy set and the facts decisions read.
 pub(crate) struct Snapshot {
     pub bundle: Arc<Bundle>,
-    pub entities: Arc<Entities>,
+    pub store: Store,
+    /// The entities the engine owns, materialized once (they change only with the
+    /// configuration or the server's caller list).
+    pub owned: Arc<HashMap<EntityUID, Arc<ast::Entity>>>,
     pub blocked: Arc<BTreeMap<String, BlockRecord>>,
     /// The same entities as plugins see them, with their JSON cached.
     pub plugin_entities: Arc<PluginEntities>,
@@ -47,28 +92,83 @@ pub(crate) struct Snapshot {
 impl Snapshot {
     fn new(
         bundle: Arc<Bundle>,
-        entities: Entities,
+        store: Store,
+        owned: Arc<HashMap<EntityUID, Arc<ast::Entity>>>,
         blocked: Arc<BTreeMap<String, BlockRecord>>,
     ) -> Self {
-        let entities = Arc::new(entities);
+        let plugin_entities = Arc::new(PluginEntities::new(
+            store.clone(),
+            Arc::clone(&blocked),
+            bundle.blocklist_target(),
+        ));
         Self {
             bundle,
-            plugin_entities: Arc::new(PluginEntities::new(Arc::clone(&entities))),
-            entities,
+            store,
+            owned,
             blocked,
+            plugin_entities,
         }
     }
+
+    /// The slice source for a request with `extra` entities of its own.
+    fn slicer<'a>(&'a self, extra: &'a HashMap<EntityUID, Arc<Stored>>) -> SliceSource<'a> {
+        SliceSource {
+            store: &self.store,
+            owned: &self.owned,
+            extra,
+            blocked: &self.blocked,
+            blocklist: self.bundle.blocklist.as_ref().map(|(t, a)| (t, a)),
+            actions: &self.bundle.action_entities,
+        }
+    }
+
+    /// Whether `id` names a blocked entity of the blocklist's type.
+    fn blocked_view(&self, uid: &EntityUID) -> Option<(&smol_str::SmolStr, bool)> {
+        let (ty, attr) = self.bundle.blocklist.as_ref()?;
+        if uid.entity_type() != ty {
+            return None;
+        }
+        let id: &str = uid.eid().as_ref();
+        Some((attr, self.blocked.contains_key(id)))
+    }
+}
+
+/// What a write works on: the next snapshot's parts.
+#[derive(Clone)]
+struct Working {
+    bundle: Arc<Bundle>,
+    store: Store,
+    owned: Arc<HashMap<EntityUID, Arc<ast::Entity>>>,
+    blocked: Arc<BTreeMap<String, BlockRecord>>,
+    changed: bool,
+}
+
+type WriteOp = Box<dyn FnOnce(&mut Working) -> Result<usize, EntityError> + Send>;
+
+/// Writers queue here; one of them applies the queue in one snapshot.
+#[derive(Default)]
+struct Writes {
+    state: Mutex<WriteState>,
+    done: Condvar,
+}
+
+#[derive(Default)]
+struct WriteState {
+    queue: Vec<(u64, WriteOp)>,
+    finished: HashMap<u64, Result<usize, EntityError>>,
+    next: u64,
+    busy: bool,
 }
 
 struct Shared {
     origin: Origin,
     current: ArcSwap<Snapshot>,
-    /// Serialises writers; readers never take it.
-    writer: Mutex<()>,
+    writes: Writes,
     last_error: ArcSwapOption<LoadError>,
     reloads: AtomicU64,
     reload_errors: AtomicU64,
     authorizer: Authorizer,
+    clock: Arc<dyn Clock>,
     /// Where blocks are made durable, once attached.
     state: std::sync::OnceLock<Arc<StateStore>>,
     /// Records denies and obligations in the state store, once one is attached.
@@ -81,8 +181,17 @@ struct Shared {
 /// use probity::{Engine, Request};
 ///
 /// let engine = Engine::from_embedded_defaults().unwrap();
+/// engine.upsert_entities(&serde_json::json!([
+///   {"uid": {"type": "Cluster", "id": "c"}, "attrs": {"gpusTotal": 8, "gpusAllocated": 0}, "parents": []},
+///   {"uid": {"type": "Zone", "id": "z"}, "parents": [],
+///    "attrs": {"cluster": {"__entity": {"type": "Cluster", "id": "c"}}, "powerDrawW": 0, "powerCeilingW": 9000}},
+///   {"uid": {"type": "Node", "id": "cpu-001"}, "parents": [],
+///    "attrs": {"zone": {"__entity": {"type": "Zone", "id": "z"}}, "rack": "r1", "driverVersion": "",
+///      "cudaImage": "", "gpuNode": false, "gpuCount": 0, "cpuCount": 64, "gpuMemoryMiB": 0,
+///      "hottestGpuTempC": 0, "powerDrawW": 300, "powerWindowMeanW": 300}}
+/// ])).unwrap();
 /// let request = Request::from_json_slice(br#"{
-///     "principal": "Node::\"gpu-001\"", "action": "listen", "resource": "Node::\"gpu-001\"",
+///     "principal": "Node::\"cpu-001\"", "action": "listen", "resource": "Node::\"cpu-001\"",
 ///     "context": {"port": 8080, "protocol": "tcp"}
 /// }"#).unwrap();
 /// let decision = engine.decide(&request);
@@ -95,13 +204,14 @@ pub struct Engine {
     shared: Arc<Shared>,
 }
 
-/// Builds an [`Engine`] from a policy directory.
+/// Builds an [`Engine`] from a policy directory or the embedded defaults.
 #[derive(Debug, Clone)]
 pub struct EngineBuilder {
-    dir: PathBuf,
+    dir: Option<PathBuf>,
     schema: Option<PathBuf>,
     config: Option<PathBuf>,
     plugins: Option<PathBuf>,
+    clock: Option<Arc<dyn Clock>>,
 }
 
 impl EngineBuilder {
@@ -125,17 +235,27 @@ impl EngineBuilder {
         self
     }
 
+    /// Uses `clock` for the time of decisions, blocks and records instead of the
+    /// system clock (tests, replays).
+    pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = Some(clock);
+        self
+    }
+
     /// Loads and validates the set. Fails if any file is invalid.
     pub fn build(self) -> Result<Engine, LoadError> {
-        let origin = Origin::Dir {
-            schema: self
-                .schema
-                .unwrap_or_else(|| self.dir.join("probity.cedarschema")),
-            config: self.config.unwrap_or_else(|| self.dir.join("probity.toml")),
-            plugins: self.plugins,
-            dir: self.dir,
+        let origin = match self.dir {
+            None => Origin::Embedded,
+            Some(dir) => Origin::Dir {
+                schema: self
+                    .schema
+                    .unwrap_or_else(|| dir.join("probity.cedarschema")),
+                config: self.config.unwrap_or_else(|| dir.join("probity.toml")),
+                plugins: self.plugins,
+                dir,
+            },
         };
-        Engine::from_origin(origin)
+        Engine::from_origin(origin, self.clock.unwrap_or_else(|| Arc::new(SystemClock)))
     }
 }
 
@@ -156,7 +276,7 @@ pub struct PolicyStatus {
     pub reload_errors: u64,
     /// The last rejected reload's error, until a good set loads.
     pub last_error: Option<String>,
-    /// Number of entities in the store (including configuration entities).
+    /// Number of entities in the store (including the ones the engine owns).
     pub entities: usize,
     /// The plugins of the live set (from `plugins.toml`).
     pub plugins: Vec<PluginInfo>,
@@ -166,33 +286,48 @@ impl Engine {
     /// Starts building an engine from the policies under `dir`.
     pub fn builder(dir: impl Into<PathBuf>) -> EngineBuilder {
         EngineBuilder {
-            dir: dir.into(),
+            dir: Some(dir.into()),
             schema: None,
             config: None,
             plugins: None,
+            clock: None,
+        }
+    }
+
+    /// Starts building an engine on the default policies compiled into Probity.
+    pub fn defaults() -> EngineBuilder {
+        EngineBuilder {
+            dir: None,
+            schema: None,
+            config: None,
+            plugins: None,
+            clock: None,
         }
     }
 
     /// An engine on the default policies, schema and configuration compiled into Probity.
     pub fn from_embedded_defaults() -> Result<Self, LoadError> {
-        Self::from_origin(Origin::Embedded)
+        Self::defaults().build()
     }
 
-    fn from_origin(origin: Origin) -> Result<Self, LoadError> {
-        let bundle = Bundle::compile(&origin.read()?)?;
-        let entities = Entities::empty()
-            .add_entities(bundle.settings.iter().cloned(), Some(&bundle.schema))
-            .map_err(|e| settings_error(&e))?;
-        let snapshot = Snapshot::new(Arc::new(bundle), entities, Arc::new(BTreeMap::new()));
+    fn from_origin(origin: Origin, clock: Arc<dyn Clock>) -> Result<Self, LoadError> {
+        let bundle = Arc::new(Bundle::compile(&origin.read()?)?);
+        let mut store = Store::default();
+        for (uid, stored) in &bundle.settings {
+            store.insert(uid.clone(), Arc::clone(stored));
+        }
+        let owned = Arc::new(owned_cache(&bundle, &store));
+        let snapshot = Snapshot::new(bundle, store, owned, Arc::new(BTreeMap::new()));
         Ok(Self {
             shared: Arc::new(Shared {
                 origin,
                 current: ArcSwap::from_pointee(snapshot),
-                writer: Mutex::new(()),
+                writes: Writes::default(),
                 last_error: ArcSwapOption::empty(),
                 reloads: AtomicU64::new(0),
                 reload_errors: AtomicU64::new(0),
                 authorizer: Authorizer::new(),
+                clock,
                 state: std::sync::OnceLock::new(),
                 decision_log: std::sync::OnceLock::new(),
             }),
@@ -207,19 +342,16 @@ impl Engine {
         }
     }
 
+    /// The engine's clock.
+    pub fn clock(&self) -> &Arc<dyn Clock> {
+        &self.shared.clock
+    }
+
     pub(crate) fn watched_paths(&self) -> Vec<PathBuf> {
         let mut paths = self.shared.origin.watched_paths();
         // Plugin components may live outside the policy directory.
         paths.extend(self.shared.current.load().bundle.plugins.paths());
         paths
-    }
-
-    fn write_lock(&self) -> MutexGuard<'_, ()> {
-        // A writer that panicked left the snapshot untouched (it swaps only at the end).
-        self.shared
-            .writer
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// Decides one request. Never panics and never fails: problems become a deny
@@ -272,15 +404,127 @@ impl Engine {
         decision_log::submit(
             self.shared.decision_log.get(),
             &snapshot.bundle.digest,
+            self.shared.clock.now_unix_ms(),
             asked,
             decisions,
         )
     }
 
+    /// Whether `request` carries facts only an authorized reporter may supply (an
+    /// owned context attribute, or an action only reporters may ask), so that a server
+    /// knows to authorize its caller before marking it
+    /// [`Request::as_fact_reporter`].
+    pub fn needs_reporter(&self, request: &Request) -> bool {
+        let snapshot = self.shared.current.load();
+        let Some(facts) = snapshot.bundle.origins.action(request.action.id()) else {
+            return false;
+        };
+        facts.reporter_only
+            || request.context.as_ref().is_some_and(|c| {
+                facts.context.iter().any(|(attr, owner)| {
+                    c.contains_key(attr.as_str())
+                        && matches!(owner, ContextOwner::Reporter | ContextOwner::Clock)
+                })
+            })
+    }
+
+    /// The context a decision sees: the request's, checked against what the engine
+    /// owns, with the clock's attributes filled.
+    fn effective_context(
+        &self,
+        snapshot: &Snapshot,
+        request: &Request,
+    ) -> Result<Option<Map<String, Value>>, String> {
+        let action = request.action.id();
+        let Some(facts) = snapshot.bundle.origins.action(action) else {
+            return Ok(request.context.clone());
+        };
+        if facts.reporter_only && !request.reporter {
+            return Err(format!(
+                "only a caller authorized to report facts may ask `{action}`: its context is facts the engine owns"
+            ));
+        }
+        let mut context = request.context.clone().unwrap_or_default();
+        if !request.reporter {
+            for (attr, owner) in &facts.context {
+                if context.contains_key(attr.as_str()) {
+                    let source = match owner {
+                        ContextOwner::Clock => "the engine's clock",
+                        ContextOwner::Reporter => "an authorized reporter",
+                    };
+                    return Err(format!(
+                        "context.{attr} is a fact the engine owns (it comes from {source}); this caller may not supply it"
+                    ));
+                }
+            }
+        }
+        for attr in facts.clock_attrs() {
+            if !context.contains_key(attr.as_str()) {
+                context.insert(attr.to_string(), Value::from(self.shared.clock.now_unix()));
+            }
+        }
+        Ok(if context.is_empty() {
+            None
+        } else {
+            Some(context)
+        })
+    }
+
+    /// Converts and checks a request's own entities: they only add what the store
+    /// does not hold, and never an entity or attribute the engine owns.
+    fn request_entities(
+        snapshot: &Snapshot,
+        items: &[Value],
+    ) -> Result<HashMap<EntityUID, Arc<Stored>>, String> {
+        let bundle = &snapshot.bundle;
+        let converter = Converter::new(bundle.validator_schema(), &bundle.origins);
+        let mut out: HashMap<EntityUID, Arc<Stored>> = HashMap::with_capacity(items.len());
+        for (i, item) in items.iter().enumerate() {
+            let at = |uid: &EntityUID| format!("request entities[{i}] ({uid})");
+            // Ownership first: an owned entity is refused for what it is, not for how
+            // it is written.
+            if let Some(uid) = item.get("uid").and_then(|u| store::parse_uid(u).ok())
+                && let Some(owner) = bundle.origins.owner_of(&uid.entity_type().to_string())
+            {
+                return Err(format!(
+                    "{}: {} entities come from the engine ({}), never from a request",
+                    at(&uid),
+                    uid.entity_type(),
+                    owner.as_str()
+                ));
+            }
+            let c = converter.entity(item).map_err(|(uid, e)| match uid {
+                Some(u) => format!("request entities[{i}] ({u}): {e}"),
+                None => format!("request entities[{i}]: {e}"),
+            })?;
+            if let Some(owner) = bundle.origins.owner_of(&c.uid.entity_type().to_string()) {
+                return Err(format!(
+                    "{}: {} entities come from the engine ({}), never from a request",
+                    at(&c.uid),
+                    c.uid.entity_type(),
+                    owner.as_str()
+                ));
+            }
+            if snapshot.store.contains(&c.uid) {
+                return Err(format!(
+                    "{}: the store holds this entity, and a request may only add facts the store does not hold",
+                    at(&c.uid)
+                ));
+            }
+            check_claimed_block(snapshot, &c).map_err(|e| format!("{}: {e}", at(&c.uid)))?;
+            out.insert(c.uid, Arc::new(c.stored));
+        }
+        Ok(out)
+    }
+
     fn decide_in(&self, snapshot: &Snapshot, request: &Request) -> Decision {
         let bundle = &snapshot.bundle;
         let schema = &bundle.schema;
-        let context = match &request.context {
+        let context_json = match self.effective_context(snapshot, request) {
+            Ok(c) => c,
+            Err(e) => return Decision::error(e),
+        };
+        let context = match &context_json {
             None => Context::empty(),
             Some(map) => match Context::from_json_value(
                 Value::Object(map.clone()),
@@ -300,29 +544,31 @@ impl Engine {
             Ok(r) => r,
             Err(e) => return Decision::error(format!("invalid request: {e}")),
         };
-        // Request-scoped entities make a merged store for this call alone (and a cache
-        // for plugins that lives as long).
-        let merged: Arc<PluginEntities>;
-        let view: &Arc<PluginEntities> = if request.entities.is_empty() {
-            &snapshot.plugin_entities
+        let extra = if request.entities.is_empty() {
+            HashMap::new()
         } else {
-            match parse_entities(&request.entities, schema).and_then(|extra| {
-                Entities::clone(&snapshot.entities)
-                    .upsert_entities(extra, Some(schema))
-                    .map_err(invalid)
-            }) {
-                Ok(e) => {
-                    merged = Arc::new(PluginEntities::new(Arc::new(e)));
-                    &merged
-                }
-                Err(e) => return Decision::error(format!("request entities: {e}")),
+            match Self::request_entities(snapshot, &request.entities) {
+                Ok(e) => e,
+                Err(e) => return Decision::error(e),
             }
         };
-        let entities = view.entities();
+        let principal: &EntityUID = request.principal.0.as_ref();
+        let resource: &EntityUID = request.resource.0.as_ref();
+        let mut roots: Vec<EntityUID> = vec![principal.clone(), resource.clone()];
+        if let Some(c) = &context_json {
+            for v in c.values() {
+                context_refs(v, &mut roots, 0);
+            }
+        }
+        roots.extend(bundle.literals_for(&request.action.0).iter().cloned());
+        let entities = match snapshot.slicer(&extra).cut(roots) {
+            Ok(e) => e,
+            Err(e) => return Decision::error(e.to_string()),
+        };
         let response = self.shared.authorizer.is_authorized(
             &cedar_request,
             bundle.policies_for(&request.action.0),
-            entities,
+            &entities,
         );
         let mut errors = Vec::new();
         let mut failed_forbids = Vec::new();
@@ -351,6 +597,11 @@ impl Engine {
                 let failed = failed_forbids.into_iter().map(|m| (m, false));
                 (Effect::Deny, forbids.chain(failed).collect())
             };
+        let facts = Facts {
+            request,
+            entities: &entities,
+            context: context_json.as_ref(),
+        };
         let obligations = determining
             .iter()
             .filter(|(_, fired)| *fired)
@@ -358,11 +609,12 @@ impl Engine {
                 let spec = m.obligation.as_ref()?;
                 Some(Obligation {
                     kind: spec.kind.clone(),
-                    target: spec
-                        .target
-                        .as_ref()
-                        .and_then(|t| resolve_target(t, request, entities)),
-                    parameters: spec.parameters.clone(),
+                    target: spec.target.as_ref().and_then(|t| facts.target(t)),
+                    parameters: spec
+                        .parameters
+                        .iter()
+                        .map(|(k, v)| (k.clone(), facts.render(v)))
+                        .collect(),
                     policy: m.id.clone(),
                 })
             })
@@ -373,7 +625,7 @@ impl Engine {
                 .iter()
                 .map(|(m, _)| Reason {
                     policy: m.id.clone(),
-                    message: m.message.clone(),
+                    message: facts.render(&m.message),
                     severity: m.severity,
                 })
                 .collect(),
@@ -385,7 +637,19 @@ impl Engine {
         }
         match bundle.plugins.for_action(request.action.id()) {
             [] => cedar,
-            plugins => crate::plugin::combine(plugins, request, view, cedar),
+            plugins => {
+                let view = if extra.is_empty() {
+                    Arc::clone(&snapshot.plugin_entities)
+                } else {
+                    // Request-scoped entities get a cache of their own for this call.
+                    Arc::new(PluginEntities::new(
+                        snapshot.store.clone(),
+                        Arc::clone(&snapshot.blocked),
+                        bundle.blocklist_target(),
+                    ))
+                };
+                crate::plugin::combine(plugins, request, context_json.as_ref(), &view, cedar)
+            }
         }
     }
 
@@ -405,6 +669,7 @@ impl Engine {
         Some(crate::plugin::combine(
             std::slice::from_ref(plugin),
             request,
+            request.context.as_ref(),
             &snapshot.plugin_entities,
             neutral,
         ))
@@ -418,80 +683,250 @@ impl Engine {
         Some(snapshot.bundle.plugins.by_name(name)?.describe_ok())
     }
 
+    /// Applies `op` with every other queued write in one new snapshot.
+    fn write(&self, op: WriteOp) -> Result<usize, EntityError> {
+        let writes = &self.shared.writes;
+        let mut st = writes.state.lock().unwrap_or_else(PoisonError::into_inner);
+        let ticket = st.next;
+        st.next = st.next.wrapping_add(1);
+        st.queue.push((ticket, op));
+        loop {
+            if let Some(result) = st.finished.remove(&ticket) {
+                return result;
+            }
+            if st.busy {
+                st = writes.done.wait(st).unwrap_or_else(PoisonError::into_inner);
+                continue;
+            }
+            st.busy = true;
+            let batch = std::mem::take(&mut st.queue);
+            drop(st);
+            let results = {
+                // Clears `busy` even if a write panics, so others are not stranded.
+                let _busy = BusyGuard(writes);
+                self.apply(batch)
+            };
+            st = writes.state.lock().unwrap_or_else(PoisonError::into_inner);
+            st.finished.extend(results);
+            writes.done.notify_all();
+        }
+    }
+
+    fn apply(&self, batch: Vec<(u64, WriteOp)>) -> Vec<(u64, Result<usize, EntityError>)> {
+        let current = self.shared.current.load_full();
+        let mut w = Working {
+            bundle: Arc::clone(&current.bundle),
+            store: current.store.clone(),
+            owned: Arc::clone(&current.owned),
+            blocked: Arc::clone(&current.blocked),
+            changed: false,
+        };
+        let mut results = Vec::with_capacity(batch.len());
+        for (ticket, op) in batch {
+            let before = w.clone();
+            let result = op(&mut w);
+            if result.is_err() {
+                // A refused write changes nothing, whatever it did before failing.
+                w = before;
+            }
+            results.push((ticket, result));
+        }
+        if w.changed {
+            self.shared.current.store(Arc::new(Snapshot::new(
+                w.bundle, w.store, w.owned, w.blocked,
+            )));
+        }
+        results
+    }
+
     /// Adds or replaces entities (Cedar entity JSON: an array of
     /// `{"uid": .., "attrs": .., "parents": ..}`), validated against the schema.
-    /// All or nothing: on error the store is unchanged.
+    /// All or nothing: on error the store is unchanged. Entities the engine owns
+    /// (see [`Engine::owned_types`]) are refused; the blocklist attribute (`blocked`)
+    /// may be omitted, and if given must agree with the blocklist.
     pub fn upsert_entities(&self, json: &Value) -> Result<usize, EntityError> {
         let Value::Array(items) = json else {
             return Err(EntityError::Shape {
                 found: kind(json).into(),
             });
         };
-        let _guard = self.write_lock();
-        let current = self.shared.current.load_full();
-        let schema = &current.bundle.schema;
-        let mut parsed = parse_entities(items, schema)?;
-        for e in &mut parsed {
-            let uid = e.uid();
-            if RESERVED_TYPES.contains(&uid.type_name().to_string().as_str()) {
-                return Err(EntityError::Reserved {
-                    uid: uid.to_string(),
-                });
-            }
-            // A block outlives telemetry: upserting a blocked node keeps it blocked.
-            if is_blocked_node(&current.blocked, &uid) {
-                *e = with_blocked(e.clone(), true)?;
+        self.upsert_items(items)
+    }
+
+    fn upsert_items(&self, items: &[Value]) -> Result<usize, EntityError> {
+        // Converting is the dear part and runs outside the write queue; if a reload
+        // changes the schema meanwhile, the write converts again.
+        loop {
+            let snapshot = self.shared.current.load_full();
+            let bundle = Arc::clone(&snapshot.bundle);
+            let converted = convert_all(&bundle, items)?;
+            let result = self.write(Box::new(move |w: &mut Working| {
+                if !Arc::ptr_eq(&w.bundle, &bundle) {
+                    return Err(EntityError::SchemaChanged);
+                }
+                apply_upsert(w, converted)
+            }));
+            match result {
+                Err(EntityError::SchemaChanged) => continue,
+                other => return other,
             }
         }
-        let count = parsed.len();
-        let entities = Entities::clone(&current.entities)
-            .upsert_entities(parsed, Some(schema))
-            .map_err(invalid)?;
-        self.swap_entities(&current, entities, Arc::clone(&current.blocked));
-        Ok(count)
+    }
+
+    /// Reads an entity JSON array from `reader` and upserts it, converting each entity
+    /// as it is read (the whole document is never held as a JSON tree). All or
+    /// nothing, like [`Engine::upsert_entities`].
+    pub fn upsert_entities_from_reader(
+        &self,
+        reader: impl std::io::Read,
+    ) -> Result<usize, EntityError> {
+        let snapshot = self.shared.current.load_full();
+        let bundle = Arc::clone(&snapshot.bundle);
+        let converted = stream_convert(&bundle, reader)?;
+        let count = converted.len();
+        let result = self.write(Box::new(move |w: &mut Working| {
+            if !Arc::ptr_eq(&w.bundle, &bundle) {
+                return Err(EntityError::SchemaChanged);
+            }
+            apply_upsert(w, converted)
+        }));
+        match result {
+            Err(EntityError::SchemaChanged) => Err(EntityError::Invalid {
+                detail: "the policy set was reloaded while the entities were read; read them again"
+                    .into(),
+            }),
+            other => other.map(|_| count),
+        }
     }
 
     /// Removes entities by uid; unknown uids are ignored.
     pub fn remove_entities(&self, uids: &[EntityUid]) -> Result<(), EntityError> {
-        let _guard = self.write_lock();
-        let current = self.shared.current.load_full();
-        for uid in uids {
-            if RESERVED_TYPES.contains(&uid.type_name().as_str()) {
-                return Err(EntityError::Reserved {
-                    uid: uid.to_string(),
-                });
+        let uids: Vec<EntityUID> = uids.iter().map(|u| u.0.as_ref().clone()).collect();
+        self.write(Box::new(move |w: &mut Working| {
+            for uid in &uids {
+                if let Some(owner) = w.bundle.origins.owner_of(&uid.entity_type().to_string()) {
+                    return Err(EntityError::Reserved {
+                        uid: uid.to_string(),
+                        owner: owner.as_str(),
+                    });
+                }
+            }
+            for uid in &uids {
+                w.changed |= w.store.remove(uid);
+            }
+            Ok(uids.len())
+        }))
+        .map(|_| ())
+    }
+
+    /// Replaces every stored entity of the types `owner` supplies with `json`: the
+    /// server registers its API callers, groups and endpoints this way
+    /// ([`EntityOwner::Api`]). The configuration's entities come from `probity.toml`
+    /// only and are refused here.
+    pub fn replace_owned_entities(
+        &self,
+        owner: EntityOwner,
+        json: &Value,
+    ) -> Result<usize, EntityError> {
+        if owner == EntityOwner::Config {
+            return Err(EntityError::Invalid {
+                detail: "configuration entities come from probity.toml".into(),
+            });
+        }
+        let Value::Array(items) = json else {
+            return Err(EntityError::Shape {
+                found: kind(json).into(),
+            });
+        };
+        loop {
+            let snapshot = self.shared.current.load_full();
+            let bundle = Arc::clone(&snapshot.bundle);
+            let converter = Converter::new(bundle.validator_schema(), &bundle.origins);
+            let mut converted = Vec::with_capacity(items.len());
+            for (i, item) in items.iter().enumerate() {
+                let c = converter
+                    .entity(item)
+                    .map_err(|(uid, e)| rejected(i, uid, e))?;
+                if bundle.origins.owner_of(&c.uid.entity_type().to_string()) != Some(owner) {
+                    return Err(rejected(
+                        i,
+                        Some(c.uid.to_string()),
+                        format!(
+                            "{} entities are not supplied by the {} owner",
+                            c.uid.entity_type(),
+                            owner.as_str()
+                        ),
+                    ));
+                }
+                converted.push(c);
+            }
+            let count = converted.len();
+            let result = self.write(Box::new(move |w: &mut Working| {
+                if !Arc::ptr_eq(&w.bundle, &bundle) {
+                    return Err(EntityError::SchemaChanged);
+                }
+                let stale: Vec<EntityUID> = w
+                    .store
+                    .iter()
+                    .filter(|(u, _)| {
+                        w.bundle.origins.owner_of(&u.entity_type().to_string()) == Some(owner)
+                    })
+                    .map(|(u, _)| u.clone())
+                    .collect();
+                for u in &stale {
+                    w.store.remove(u);
+                }
+                for c in converted {
+                    w.store.insert(c.uid, Arc::new(c.stored));
+                }
+                w.owned = Arc::new(owned_cache(&w.bundle, &w.store));
+                w.changed = true;
+                Ok(count)
+            }));
+            match result {
+                Err(EntityError::SchemaChanged) => continue,
+                other => return other,
             }
         }
-        let present: Vec<_> = uids
-            .iter()
-            .filter(|u| current.entities.get(&u.0).is_some())
-            .map(|u| u.0.clone())
-            .collect();
-        let entities = Entities::clone(&current.entities)
-            .remove_entities(present)
-            .map_err(invalid)?;
-        self.swap_entities(&current, entities, Arc::clone(&current.blocked));
-        Ok(())
+    }
+
+    /// The entity types the engine owns, with who supplies them.
+    pub fn owned_types(&self) -> BTreeMap<EntityOwner, std::collections::BTreeSet<String>> {
+        self.shared
+            .current
+            .load()
+            .bundle
+            .origins
+            .owned_types_by_owner()
     }
 
     /// One entity, as Cedar entity JSON.
     pub fn entity(&self, uid: &EntityUid) -> Option<Value> {
         let current = self.shared.current.load();
-        current.entities.get(&uid.0)?.to_json_value().ok()
+        let uid: &EntityUID = uid.0.as_ref();
+        let stored = current.store.get(uid)?;
+        Some(store::to_json(uid, stored, current.blocked_view(uid)))
     }
 
     /// Every stored entity of type `type_name` (all types if `None`), as Cedar entity JSON,
-    /// sorted by uid. Configuration entities (`Settings`, `GpuModel`) are included.
+    /// sorted by uid. The entities the engine owns (`Settings`, `GpuModel`, ...) are included.
     pub fn entities_json(&self, type_name: Option<&str>) -> Vec<Value> {
         let current = self.shared.current.load();
-        let mut found: Vec<(String, Value)> = current
-            .entities
-            .iter()
-            .filter(|e| type_name.is_none_or(|t| e.uid().type_name().to_string() == t))
-            .filter_map(|e| Some((e.uid().to_string(), e.to_json_value().ok()?)))
-            .collect();
-        found.sort_by(|a, b| a.0.cmp(&b.0));
-        found.into_iter().map(|(_, v)| v).collect()
+        let json = |(uid, stored): (&EntityUID, &Arc<Stored>)| {
+            store::to_json(uid, stored, current.blocked_view(uid))
+        };
+        match type_name {
+            None => current.store.iter().map(json).collect(),
+            Some(t) => match store::entity_type(t) {
+                Some(ty) => current.store.of_type(&ty).map(json).collect(),
+                None => Vec::new(),
+            },
+        }
+    }
+
+    /// Number of entities in the store.
+    pub fn entity_count(&self) -> usize {
+        self.shared.current.load().store.len()
     }
 
     /// Makes blocks durable in `state`: the nodes it holds as blocked are blocked in the
@@ -510,10 +945,16 @@ impl Engine {
         {
             return Err(EntityError::StateAlreadyAttached);
         }
-        for node in blocked {
-            self.set_blocked_in_memory(&node.node, Some((&node.reason, node.since_unix)))?;
-        }
-        Ok(())
+        self.write(Box::new(move |w: &mut Working| {
+            let mut map = BTreeMap::clone(&w.blocked);
+            for node in blocked {
+                map.insert(node.node.clone(), node.record);
+            }
+            w.blocked = Arc::new(map);
+            w.changed = true;
+            Ok(0)
+        }))
+        .map(|_| ())
     }
 
     /// The attached state store, if any.
@@ -521,16 +962,53 @@ impl Engine {
         self.shared.state.get()
     }
 
-    /// Blocks a node: placement policies deny scheduling onto it, and a later upsert of
-    /// the node keeps it blocked until [`Engine::unblock_node`]. The node need not be in
-    /// the store yet. With a state store attached, the block is durable before this returns.
+    /// Blocks a node: every decision about it is denied (the policies see its
+    /// `blocked` attribute, even before any fact about it arrived), and only
+    /// [`Engine::unblock_node`] lifts it. Blocking a blocked node keeps the first
+    /// reason and time and adds this one to the record's history. With a state store
+    /// attached, the block is durable before it takes effect in memory, and both
+    /// happen in one write, so memory never disagrees with the store.
     pub fn block_node(&self, node_id: &str, reason: &str) -> Result<(), EntityError> {
-        self.set_blocked(node_id, Some(reason))
+        validate_node_id(node_id)?;
+        let node = node_id.to_owned();
+        let reason = reason.to_owned();
+        let state = self.shared.state.get().cloned();
+        let now = u64::try_from(self.shared.clock.now_unix()).unwrap_or(0);
+        self.write(Box::new(move |w: &mut Working| {
+            let record = match w.blocked.get(&node) {
+                Some(existing) => existing.clone().blocked_again(reason, now),
+                None => BlockRecord::new(reason, now),
+            };
+            if let Some(state) = &state {
+                state
+                    .put_block(&node, &record)
+                    .map_err(EntityError::State)?;
+            }
+            let mut map = BTreeMap::clone(&w.blocked);
+            map.insert(node, record);
+            w.blocked = Arc::new(map);
+            w.changed = true;
+            Ok(1)
+        }))
+        .map(|_| ())
     }
 
-    /// Lifts a block set by [`Engine::block_node`].
+    /// Lifts a block set by [`Engine::block_node`]; durable first, like a block.
     pub fn unblock_node(&self, node_id: &str) -> Result<(), EntityError> {
-        self.set_blocked(node_id, None)
+        validate_node_id(node_id)?;
+        let node = node_id.to_owned();
+        let state = self.shared.state.get().cloned();
+        self.write(Box::new(move |w: &mut Working| {
+            if let Some(state) = &state {
+                state.unblock_node(&node).map_err(EntityError::State)?;
+            }
+            let mut map = BTreeMap::clone(&w.blocked);
+            map.remove(&node);
+            w.blocked = Arc::new(map);
+            w.changed = true;
+            Ok(1)
+        }))
+        .map(|_| ())
     }
 
     /// The blocked nodes and why.
@@ -538,102 +1016,56 @@ impl Engine {
         BTreeMap::clone(&self.shared.current.load().blocked)
     }
 
-    fn set_blocked(&self, node_id: &str, reason: Option<&str>) -> Result<(), EntityError> {
-        if let Some(state) = self.shared.state.get() {
-            match reason {
-                Some(r) => state.block_node(node_id, r),
-                None => state.unblock_node(node_id).map(|_| ()),
-            }
-            .map_err(EntityError::State)?;
-        }
-        let since = SystemTime::now()
-            .duration_since(SystemTime::UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs());
-        self.set_blocked_in_memory(node_id, reason.map(|r| (r, since)))
-    }
-
-    fn set_blocked_in_memory(
-        &self,
-        node_id: &str,
-        block: Option<(&str, u64)>,
-    ) -> Result<(), EntityError> {
-        let uid = EntityUid::new("Node", node_id).map_err(invalid)?;
-        let _guard = self.write_lock();
-        let current = self.shared.current.load_full();
-        let mut blocked = BTreeMap::clone(&current.blocked);
-        match block {
-            Some((r, since)) => {
-                blocked.insert(
-                    node_id.to_owned(),
-                    BlockRecord {
-                        reason: r.to_owned(),
-                        since,
-                    },
-                );
-            }
-            None => {
-                blocked.remove(node_id);
-            }
-        }
-        let entities = match current.entities.get(&uid.0) {
-            Some(node) => {
-                let node = with_blocked(node.clone(), block.is_some())?;
-                Entities::clone(&current.entities)
-                    .upsert_entities([node], Some(&current.bundle.schema))
-                    .map_err(invalid)?
-            }
-            None => Entities::clone(&current.entities),
-        };
-        self.swap_entities(&current, entities, Arc::new(blocked));
-        Ok(())
-    }
-
-    fn swap_entities(
-        &self,
-        current: &Snapshot,
-        entities: Entities,
-        blocked: Arc<BTreeMap<String, BlockRecord>>,
-    ) {
-        self.shared.current.store(Arc::new(Snapshot::new(
-            Arc::clone(&current.bundle),
-            entities,
-            blocked,
-        )));
-    }
-
     /// Reads the policy directory again and, if the whole set is valid, swaps it in.
     /// On error the previous set keeps serving and the error stays in
     /// [`Engine::last_error`] until a good set loads.
     pub fn reload(&self) -> Result<(), Arc<LoadError>> {
-        let result = self
+        let compiled = self
             .shared
             .origin
             .read()
             .and_then(|sources| Bundle::compile(&sources));
-        let _guard = self.write_lock();
-        let outcome = result.and_then(|bundle| {
-            let current = self.shared.current.load_full();
-            if bundle.digest == current.bundle.digest {
-                return Ok(());
+        let outcome = match compiled {
+            Err(e) => Err(e),
+            Ok(bundle) => {
+                let bundle = Arc::new(bundle);
+                self.write(Box::new(move |w: &mut Working| {
+                    if bundle.digest == w.bundle.digest {
+                        return Ok(0);
+                    }
+                    // The configuration's entities go with the set that made them.
+                    let stale: Vec<EntityUID> = w
+                        .store
+                        .iter()
+                        .filter(|(u, _)| {
+                            w.bundle.origins.owner_of(&u.entity_type().to_string())
+                                == Some(EntityOwner::Config)
+                        })
+                        .map(|(u, _)| u.clone())
+                        .collect();
+                    for u in &stale {
+                        w.store.remove(u);
+                    }
+                    for (uid, stored) in &bundle.settings {
+                        w.store.insert(uid.clone(), Arc::clone(stored));
+                    }
+                    w.owned = Arc::new(owned_cache(&bundle, &w.store));
+                    w.bundle = bundle;
+                    w.changed = true;
+                    Ok(1)
+                }))
+                .map_err(|e| LoadError::Invalid {
+                    problems: vec![crate::diagnostic::SourceDiagnostic::new(
+                        "probity.toml",
+                        &Arc::from(""),
+                        0,
+                        0,
+                        format!("the new set could not be swapped in: {e}"),
+                    )],
+                })
+                .map(|_| ())
             }
-            let stale: Vec<_> = current
-                .entities
-                .iter()
-                .map(Entity::uid)
-                .filter(|u| RESERVED_TYPES.contains(&u.type_name().to_string().as_str()))
-                .collect();
-            let entities = Entities::clone(&current.entities)
-                .remove_entities(stale)
-                .map_err(|e| settings_error(&e))?
-                .add_entities(bundle.settings.iter().cloned(), Some(&bundle.schema))
-                .map_err(|e| settings_error(&e))?;
-            self.shared.current.store(Arc::new(Snapshot::new(
-                Arc::new(bundle),
-                entities,
-                Arc::clone(&current.blocked),
-            )));
-            Ok(())
-        });
+        };
         match outcome {
             Ok(()) => {
                 self.shared.last_error.store(None);
@@ -664,12 +1096,12 @@ impl Engine {
             policies: b.policy_count(),
             loaded_at: b
                 .loaded_at
-                .duration_since(SystemTime::UNIX_EPOCH)
+                .duration_since(std::time::SystemTime::UNIX_EPOCH)
                 .map_or(0, |d| d.as_secs()),
             reloads: self.shared.reloads.load(Ordering::Relaxed),
             reload_errors: self.shared.reload_errors.load(Ordering::Relaxed),
             last_error: self.last_error().map(|e| e.detail()),
-            entities: current.entities.iter().count(),
+            entities: current.store.len(),
             plugins: b.plugins.infos(),
         }
     }
@@ -686,74 +1118,416 @@ impl Engine {
         ids.sort();
         ids
     }
-}
 
-fn is_blocked_node(blocked: &BTreeMap<String, BlockRecord>, uid: &cedar_policy::EntityUid) -> bool {
-    uid.type_name().to_string() == "Node" && blocked.contains_key(uid.id().unescaped())
-}
-
-fn with_blocked(entity: Entity, blocked: bool) -> Result<Entity, EntityError> {
-    let (uid, mut attrs, parents) = entity.into_inner();
-    attrs.insert(
-        "blocked".to_owned(),
-        RestrictedExpression::new_bool(blocked),
-    );
-    Entity::new(uid, attrs, parents).map_err(invalid)
-}
-
-fn invalid(e: impl std::error::Error) -> EntityError {
-    EntityError::Invalid {
-        detail: crate::error::join_chain(e.to_string(), e.source()),
+    /// Decides `request` in a world of its own: `entities` stored (not request-scoped),
+    /// `blocked` the blocklist, the engine's clock replaced by `now`. The engine's own
+    /// store and blocklist are neither read nor changed. For policy test cases
+    /// ([`crate::scenario`]); not a stable API.
+    #[doc(hidden)]
+    pub fn decide_in_world(
+        &self,
+        request: &Request,
+        entities: &[Value],
+        blocked: &[String],
+        now: Option<i64>,
+    ) -> Result<Decision, EntityError> {
+        let current = self.shared.current.load_full();
+        let bundle = Arc::clone(&current.bundle);
+        let mut store = Store::default();
+        for (uid, stored) in &bundle.settings {
+            store.insert(uid.clone(), Arc::clone(stored));
+        }
+        for (uid, stored) in current.store.iter() {
+            if bundle.origins.owner_of(&uid.entity_type().to_string()) == Some(EntityOwner::Api) {
+                store.insert(uid.clone(), Arc::clone(stored));
+            }
+        }
+        let mut map = BTreeMap::new();
+        for b in blocked {
+            map.insert(b.clone(), BlockRecord::new("scenario", 0));
+        }
+        let mut w = Working {
+            owned: Arc::new(owned_cache(&bundle, &store)),
+            bundle: Arc::clone(&bundle),
+            store,
+            blocked: Arc::new(map),
+            changed: false,
+        };
+        // The world's API callers and groups stand for the server's configuration.
+        let (api, facts): (Vec<Value>, Vec<Value>) = entities.iter().cloned().partition(|e| {
+            store::parse_uid(e.get("uid").unwrap_or(&Value::Null))
+                .ok()
+                .and_then(|u| bundle.origins.owner_of(&u.entity_type().to_string()))
+                == Some(EntityOwner::Api)
+        });
+        let converter = Converter::new(bundle.validator_schema(), &bundle.origins);
+        for (i, item) in api.iter().enumerate() {
+            let c = converter
+                .entity(item)
+                .map_err(|(uid, e)| rejected(i, uid, e))?;
+            w.store.insert(c.uid, Arc::new(c.stored));
+        }
+        w.owned = Arc::new(owned_cache(&bundle, &w.store));
+        let converted = convert_all(&bundle, &facts)?;
+        apply_upsert(&mut w, converted)?;
+        let snapshot = Snapshot::new(w.bundle, w.store, w.owned, w.blocked);
+        let world = match now {
+            None => self.clone(),
+            Some(t) => Engine {
+                shared: Arc::new(Shared {
+                    origin: self.shared.origin.clone(),
+                    current: ArcSwap::from_pointee(Snapshot::new(
+                        Arc::clone(&snapshot.bundle),
+                        snapshot.store.clone(),
+                        Arc::clone(&snapshot.owned),
+                        Arc::clone(&snapshot.blocked),
+                    )),
+                    writes: Writes::default(),
+                    last_error: ArcSwapOption::empty(),
+                    reloads: AtomicU64::new(0),
+                    reload_errors: AtomicU64::new(0),
+                    authorizer: Authorizer::new(),
+                    clock: Arc::new(crate::clock::ManualClock::at(t)),
+                    state: std::sync::OnceLock::new(),
+                    decision_log: std::sync::OnceLock::new(),
+                }),
+            },
+        };
+        Ok(world.decide_in(&snapshot, request))
     }
 }
 
-fn parse_entities(
-    items: &[Value],
-    schema: &cedar_policy::Schema,
-) -> Result<Vec<Entity>, EntityError> {
-    // Later entries with the same uid replace earlier ones.
-    let mut by_uid: HashMap<cedar_policy::EntityUid, usize> = HashMap::new();
-    let mut out: Vec<Entity> = Vec::with_capacity(items.len());
-    for item in items {
-        let e = Entity::from_json_value(item.clone(), Some(schema)).map_err(invalid)?;
-        match by_uid.get(&e.uid()) {
-            Some(&i) => {
-                if let Some(slot) = out.get_mut(i) {
-                    *slot = e;
+struct BusyGuard<'a>(&'a Writes);
+
+impl Drop for BusyGuard<'_> {
+    fn drop(&mut self) {
+        self.0
+            .state
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .busy = false;
+    }
+}
+
+/// The owned entities of `store`, materialized for slices.
+fn owned_cache(bundle: &Bundle, store: &Store) -> HashMap<EntityUID, Arc<ast::Entity>> {
+    store
+        .iter()
+        .filter(|(u, _)| {
+            bundle
+                .origins
+                .owner_of(&u.entity_type().to_string())
+                .is_some()
+        })
+        .map(|(u, s)| {
+            let ancestors = store.ancestors(&s.parents, &HashMap::new());
+            (
+                u.clone(),
+                Arc::new(store::materialize(u, s, ancestors, None)),
+            )
+        })
+        .collect()
+}
+
+fn rejected(index: usize, uid: Option<String>, problem: String) -> EntityError {
+    EntityError::Rejected {
+        index,
+        uid,
+        problem,
+    }
+}
+
+/// Converts entity JSON items; later items with the same uid replace earlier ones.
+fn convert_all(bundle: &Bundle, items: &[Value]) -> Result<Vec<Converted>, EntityError> {
+    let converter = Converter::new(bundle.validator_schema(), &bundle.origins);
+    let mut out: Vec<Converted> = Vec::with_capacity(items.len());
+    let mut at: HashMap<EntityUID, usize> = HashMap::with_capacity(items.len());
+    for (i, item) in items.iter().enumerate() {
+        if let Some(uid) = item.get("uid").and_then(|u| store::parse_uid(u).ok())
+            && let Some(owner) = bundle.origins.owner_of(&uid.entity_type().to_string())
+        {
+            return Err(EntityError::Reserved {
+                uid: uid.to_string(),
+                owner: owner.as_str(),
+            });
+        }
+        let c = converter
+            .entity(item)
+            .map_err(|(uid, e)| rejected(i, uid, e))?;
+        if let Some(owner) = bundle.origins.owner_of(&c.uid.entity_type().to_string()) {
+            return Err(EntityError::Reserved {
+                uid: c.uid.to_string(),
+                owner: owner.as_str(),
+            });
+        }
+        match at.get(&c.uid) {
+            Some(&j) => {
+                if let Some(slot) = out.get_mut(j) {
+                    *slot = c;
                 }
             }
             None => {
-                by_uid.insert(e.uid(), out.len());
-                out.push(e);
+                at.insert(c.uid.clone(), out.len());
+                out.push(c);
             }
         }
     }
     Ok(out)
 }
 
-fn settings_error(e: &dyn std::error::Error) -> LoadError {
-    LoadError::Invalid {
-        problems: vec![crate::diagnostic::SourceDiagnostic::new(
-            "probity.toml",
-            &Arc::from(""),
-            0,
-            0,
-            format!("configuration entities rejected: {e}"),
-        )],
+/// Reads a JSON array of entities from `reader`, converting each as it arrives.
+fn stream_convert(
+    bundle: &Bundle,
+    reader: impl std::io::Read,
+) -> Result<Vec<Converted>, EntityError> {
+    use serde::de::{Deserializer, SeqAccess, Visitor};
+    struct Items<'a> {
+        converter: Converter<'a>,
+        bundle: &'a Bundle,
+    }
+    impl<'de> Visitor<'de> for Items<'_> {
+        type Value = Result<Vec<Converted>, EntityError>;
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("a JSON array of entities")
+        }
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+            let mut out: Vec<Converted> = Vec::new();
+            let mut at: HashMap<EntityUID, usize> = HashMap::new();
+            let mut i = 0usize;
+            while let Some(item) = seq.next_element::<Value>()? {
+                let c = match self.converter.entity(&item) {
+                    Ok(c) => c,
+                    Err((uid, e)) => return Ok(Err(rejected(i, uid, e))),
+                };
+                if let Some(owner) = self
+                    .bundle
+                    .origins
+                    .owner_of(&c.uid.entity_type().to_string())
+                {
+                    return Ok(Err(EntityError::Reserved {
+                        uid: c.uid.to_string(),
+                        owner: owner.as_str(),
+                    }));
+                }
+                match at.get(&c.uid) {
+                    Some(&j) => {
+                        if let Some(slot) = out.get_mut(j) {
+                            *slot = c;
+                        }
+                    }
+                    None => {
+                        at.insert(c.uid.clone(), out.len());
+                        out.push(c);
+                    }
+                }
+                i += 1;
+            }
+            Ok(Ok(out))
+        }
+    }
+    let mut de = serde_json::Deserializer::from_reader(reader);
+    let converter = Converter::new(bundle.validator_schema(), &bundle.origins);
+    let result = de
+        .deserialize_seq(Items { converter, bundle })
+        .map_err(|e| EntityError::Json {
+            line: e.line(),
+            column: e.column(),
+            detail: e.to_string(),
+        })?;
+    de.end().map_err(|e| EntityError::Json {
+        line: e.line(),
+        column: e.column(),
+        detail: e.to_string(),
+    })?;
+    result
+}
+
+fn check_claimed_block(snapshot: &Snapshot, c: &Converted) -> Result<(), String> {
+    let (Some(claimed), Some((attr, blocked))) = (c.claimed_block, snapshot.blocked_view(&c.uid))
+    else {
+        return Ok(());
+    };
+    if claimed != blocked {
+        return Err(format!(
+            "`{attr}: {claimed}` contradicts the blocklist, which owns it (block and unblock nodes through the blocklist)"
+        ));
+    }
+    Ok(())
+}
+
+fn apply_upsert(w: &mut Working, converted: Vec<Converted>) -> Result<usize, EntityError> {
+    let count = converted.len();
+    let (ty, attr) = match &w.bundle.blocklist {
+        Some((t, a)) => (Some(t.clone()), Some(a.clone())),
+        None => (None, None),
+    };
+    let mut pending: HashMap<EntityUID, Arc<Stored>> = HashMap::with_capacity(count);
+    for c in &converted {
+        if let (Some(claimed), Some(t)) = (c.claimed_block, &ty)
+            && c.uid.entity_type() == t
+        {
+            let id: &str = c.uid.eid().as_ref();
+            let blocked = w.blocked.contains_key(id);
+            if claimed != blocked {
+                return Err(EntityError::Rejected {
+                    index: 0,
+                    uid: Some(c.uid.to_string()),
+                    problem: format!(
+                        "`{}: {claimed}` contradicts the blocklist, which owns it (block and unblock nodes through the blocklist)",
+                        attr.as_deref().unwrap_or("blocked")
+                    ),
+                });
+            }
+        }
+        pending.insert(c.uid.clone(), Arc::new(c.stored.clone()));
+    }
+    for c in &converted {
+        if w.store.would_cycle(&c.uid, &c.stored.parents, &pending) {
+            return Err(EntityError::Cycle {
+                uid: c.uid.to_string(),
+            });
+        }
+    }
+    for (uid, stored) in pending {
+        w.store.insert(uid, stored);
+    }
+    w.changed = true;
+    Ok(count)
+}
+
+/// A node id: what Kubernetes allows in a node name (a DNS subdomain), plus `_` and
+/// upper case, 1 to 253 bytes. Anything else (an empty id, a `Node::"x"` uid, quotes,
+/// spaces, control characters) is refused, so a typo cannot block a node that does
+/// not exist under that name.
+pub(crate) fn validate_node_id(id: &str) -> Result<(), EntityError> {
+    let ok = !id.is_empty()
+        && id.len() <= 253
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_'))
+        && !id.starts_with(['-', '.'])
+        && !id.ends_with(['-', '.']);
+    if ok {
+        Ok(())
+    } else {
+        Err(EntityError::NodeId {
+            id: truncate_id(id),
+        })
     }
 }
 
-/// Follows a `@target` path through entity-valued attributes.
-fn resolve_target(path: &TargetPath, request: &Request, entities: &Entities) -> Option<String> {
-    let mut uid = match path.root {
-        TargetRoot::Principal => request.principal.0.clone(),
-        TargetRoot::Resource => request.resource.0.clone(),
-    };
-    for attr in &path.attrs {
-        match entities.get(&uid)?.attr(attr)? {
-            Ok(EvalResult::EntityUid(next)) => uid = next,
-            _ => return None,
+fn truncate_id(s: &str) -> String {
+    match s.char_indices().nth(80) {
+        Some((i, _)) => format!("{}...", s.get(..i).unwrap_or(s)),
+        None => s.to_owned(),
+    }
+}
+
+/// Entity values in a context: `{"__entity": ..}` or `{"type", "id"}` objects.
+fn context_refs(v: &Value, out: &mut Vec<EntityUID>, depth: usize) {
+    if depth > 32 {
+        return;
+    }
+    match v {
+        Value::Object(o) => {
+            if (o.contains_key("__entity")
+                || (o.len() == 2 && o.contains_key("type") && o.contains_key("id")))
+                && let Ok(u) = store::parse_uid(v)
+            {
+                out.push(u);
+                return;
+            }
+            for x in o.values() {
+                context_refs(x, out, depth + 1);
+            }
+        }
+        Value::Array(a) => {
+            for x in a {
+                context_refs(x, out, depth + 1);
+            }
+        }
+        _ => {}
+    }
+}
+
+/// What a decision's reasons and obligations may name: the request, its slice and
+/// its context.
+struct Facts<'a> {
+    request: &'a Request,
+    entities: &'a Entities,
+    context: Option<&'a Map<String, Value>>,
+}
+
+impl Facts<'_> {
+    /// Follows a `@target` path through entity-valued attributes.
+    fn target(&self, path: &TargetPath) -> Option<String> {
+        let mut uid = match path.root {
+            TargetRoot::Principal => self.request.principal.0.clone(),
+            TargetRoot::Resource => self.request.resource.0.clone(),
+            TargetRoot::Context => return None,
+        };
+        for attr in &path.attrs {
+            match self.entities.get(&uid)?.attr(attr)? {
+                Ok(EvalResult::EntityUid(next)) => uid = next,
+                _ => return None,
+            }
+        }
+        Some(uid.to_string())
+    }
+
+    /// A message or parameter with its `{path}` placeholders filled.
+    fn render(&self, template: &MessageTemplate) -> String {
+        let parts = match template {
+            MessageTemplate::Plain(s) => return s.clone(),
+            MessageTemplate::Parts(parts) => parts,
+        };
+        let mut out = String::new();
+        for part in parts {
+            match part {
+                MessagePart::Text(t) => out.push_str(t),
+                MessagePart::Path(p) => out.push_str(&self.show(p)),
+            }
+        }
+        out
+    }
+
+    fn show(&self, path: &TargetPath) -> String {
+        const UNKNOWN: &str = "(unknown)";
+        let mut value: EvalResult = match path.root {
+            TargetRoot::Principal => EvalResult::EntityUid(self.request.principal.0.clone()),
+            TargetRoot::Resource => EvalResult::EntityUid(self.request.resource.0.clone()),
+            TargetRoot::Context => {
+                let mut v = match self.context {
+                    Some(c) => Value::Object(c.clone()),
+                    None => return UNKNOWN.into(),
+                };
+                for a in &path.attrs {
+                    v = match v.get(a) {
+                        Some(x) => x.clone(),
+                        None => return UNKNOWN.into(),
+                    };
+                }
+                return match v {
+                    Value::String(s) => s,
+                    other => other.to_string(),
+                };
+            }
+        };
+        for attr in &path.attrs {
+            let EvalResult::EntityUid(uid) = &value else {
+                return UNKNOWN.into();
+            };
+            value = match self.entities.get(uid).and_then(|e| e.attr(attr)) {
+                Some(Ok(v)) => v,
+                _ => return UNKNOWN.into(),
+            };
+        }
+        match value {
+            EvalResult::EntityUid(u) => u.id().unescaped().to_owned(),
+            EvalResult::String(s) => s,
+            EvalResult::Long(n) => n.to_string(),
+            EvalResult::Bool(b) => b.to_string(),
+            other => other.to_string(),
         }
     }
-    Some(uid.to_string())
 }

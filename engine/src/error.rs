@@ -140,12 +140,54 @@ pub enum EntityError {
     /// The decision log's writer thread could not start.
     #[error("cannot start the decision log")]
     DecisionLog(#[source] std::io::Error),
-    /// The update touches an entity that only the configuration may define.
-    #[error("{uid} comes from probity.toml and cannot be changed through the entity store")]
+    /// The update touches an entity that only the engine supplies (from probity.toml,
+    /// or from the server's caller configuration).
+    #[error(
+        "{uid} is supplied by the engine ({owner}) and cannot be changed through the entity store"
+    )]
     Reserved {
         /// The entity.
         uid: String,
+        /// Who supplies it: `config` or `api`.
+        owner: &'static str,
     },
+    /// One entity of the update is malformed or does not fit the schema.
+    #[error("entities[{index}]{}: {problem}", uid.as_ref().map(|u| format!(" ({u})")).unwrap_or_default())]
+    Rejected {
+        /// Its position in the update.
+        index: usize,
+        /// Its uid, when it has a readable one.
+        uid: Option<String>,
+        /// What is wrong, and where in the entity (`attrs.zone: ...`).
+        problem: String,
+    },
+    /// The entities are not valid JSON.
+    #[error("entities are not valid JSON at line {line}, column {column}: {detail}")]
+    Json {
+        /// 1-based line.
+        line: usize,
+        /// 1-based column.
+        column: usize,
+        /// The parser's message.
+        detail: String,
+    },
+    /// The update would make an entity its own ancestor.
+    #[error("{uid}: its parents would make it its own ancestor")]
+    Cycle {
+        /// The entity.
+        uid: String,
+    },
+    /// A node id that is not a node name.
+    #[error(
+        "{id:?} is not a node name (1-253 letters, digits, '-', '.' or '_', not starting or ending with '-' or '.')"
+    )]
+    NodeId {
+        /// The id, truncated.
+        id: String,
+    },
+    /// The policy set changed while the update was prepared (internal: retried).
+    #[error("the policy set was reloaded while the update was prepared")]
+    SchemaChanged,
 }
 
 /// Why the policy watcher could not start.

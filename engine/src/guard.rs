@@ -36,7 +36,10 @@ impl Engine {
             EntityUid::action("read"),
             EntityUid::new("Checkpoint", checkpoint),
         ) {
-            (Ok(p), Ok(a), Ok(r)) => Request::new(p, a, r).with_context(context),
+            // The verification is the engine's own: it reports the `verified` fact.
+            (Ok(p), Ok(a), Ok(r)) => Request::new(p, a, r)
+                .with_context(context)
+                .as_fact_reporter(),
             _ => return Decision::error(format!("cannot build a read request for node {node:?}")),
         };
         let mut decision = self.decide(&request);

@@ -43,32 +43,39 @@
 struct ReadmeDoctests;
 
 mod bundle;
+mod clock;
 mod config;
 mod decision;
 mod decision_log;
 mod diagnostic;
 mod engine;
 mod error;
+mod facts;
 mod guard;
 pub mod integrity;
 mod plugin;
 mod request;
 pub mod scenario;
+mod slice;
 mod source;
 pub mod state;
+mod store;
 mod watch;
 
 pub use bundle::OBLIGATION_KINDS;
+pub use clock::{Clock, ManualClock, SystemClock};
 pub use config::Config;
 pub use decision::{Decision, DecisionError, Effect, Obligation, Reason, Severity};
 pub use decision_log::Settled;
 pub use diagnostic::SourceDiagnostic;
-pub use engine::{BlockRecord, Engine, EngineBuilder, PolicyStatus};
+pub use engine::{BlockEvent, BlockRecord, Engine, EngineBuilder, PolicyStatus};
 pub use error::{EntityError, LoadError, RequestError, WatchError};
+pub use facts::{EntityOwner, OWNED_ANNOTATION};
 pub use plugin::{
     DEFAULT_PLUGIN_MEMORY_MIB, DEFAULT_PLUGIN_TIMEOUT_MS, MAX_PLUGIN_BYTES, PLUGIN_MANIFEST,
     PluginInfo, compile_uncached as __compile_plugin_uncached,
 };
 pub use request::{EntityUid, MAX_REQUEST_BYTES, Request};
+pub use slice::MAX_SLICE_ENTITIES;
 pub use source::MAX_SOURCE_BYTES;
 pub use watch::{DEFAULT_DEBOUNCE, ReloadWatcher};

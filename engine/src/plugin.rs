@@ -52,6 +52,9 @@ mod bindings {
         // The request's entities are lowered straight from the per-snapshot cache,
         // by reference, rather than cloned into owned records on every call.
         ownership: Borrowing { duplicate_if_necessary: true },
+        // Over its bound, `entities-of-type` traps the call rather than answer with a
+        // partial list.
+        imports: { "probity:plugin/host.entities-of-type": trappable },
     });
 }
 
@@ -298,12 +301,14 @@ enum Vote {
 pub(crate) fn combine(
     plugins: &[Arc<LoadedPlugin>],
     request: &Request,
+    context: Option<&serde_json::Map<String, serde_json::Value>>,
     entities: &Arc<PluginEntities>,
     cedar: Decision,
 ) -> Decision {
     let principal = request.principal.to_string();
     let resource = request.resource.to_string();
-    let context = request.context.as_ref().map_or_else(
+    // The context as the decision saw it: the engine's clock filled in.
+    let context = context.map_or_else(
         || "{}".to_owned(),
         |c| serde_json::to_string(c).unwrap_or_else(|_| "{}".to_owned()),
     );
@@ -312,7 +317,7 @@ pub(crate) fn combine(
     let batch = if plugins.iter().any(|p| p.entities) {
         entities.closure(
             &request.entities,
-            [&request.principal.0, &request.resource.0],
+            [request.principal.0.as_ref(), request.resource.0.as_ref()],
         )
     } else {
         Batch::default()

@@ -161,6 +161,9 @@ pub struct Request {
     pub(crate) resource: EntityUid,
     pub(crate) context: Option<Map<String, Value>>,
     pub(crate) entities: Vec<Value>,
+    /// Whether the asker may supply facts the engine owns (see
+    /// [`Request::as_fact_reporter`]).
+    pub(crate) reporter: bool,
 }
 
 impl Request {
@@ -172,7 +175,26 @@ impl Request {
             resource,
             context: None,
             entities: Vec::new(),
+            reporter: false,
         }
+    }
+
+    /// Marks the request as coming from a source allowed to report facts the engine
+    /// owns: the context attributes the schema marks `@owned("clock")` or
+    /// `@owned("reporter")` (a decision's time, whether a read verified, when a
+    /// remote login happened, power readings), and actions marked
+    /// `@owned("reporter")` (elevation). Without it such a request is a deny that
+    /// names the fact. The engine's own sources (verification, collectors) set it;
+    /// the server sets it only for callers the api policies allow to `report` on
+    /// `Api::"facts"`; a program linking the library decides for itself.
+    pub fn as_fact_reporter(mut self) -> Self {
+        self.reporter = true;
+        self
+    }
+
+    /// Whether the request may carry facts the engine owns.
+    pub fn is_fact_reporter(&self) -> bool {
+        self.reporter
     }
 
     /// Sets the context, a JSON object whose shape the schema gives per action.
@@ -185,8 +207,9 @@ impl Request {
         self
     }
 
-    /// Adds entities (Cedar entity JSON) that exist for this request only; they
-    /// override store entities with the same uid.
+    /// Adds entities (Cedar entity JSON) that exist for this request only. They may
+    /// only add facts the store does not hold: an entity the store holds, or one of a
+    /// type the engine owns, makes the decision a deny that names it.
     pub fn with_entities(mut self, entities: Vec<Value>) -> Self {
         self.entities = entities;
         self
@@ -262,6 +285,7 @@ impl Request {
             resource,
             context,
             entities,
+            reporter: false,
         })
     }
 
@@ -278,6 +302,16 @@ impl Request {
     /// The resource.
     pub fn resource(&self) -> &EntityUid {
         &self.resource
+    }
+
+    /// The context, as given.
+    pub fn context(&self) -> Option<&Map<String, Value>> {
+        self.context.as_ref()
+    }
+
+    /// The request-scoped entities, as given.
+    pub fn entities(&self) -> &[Value] {
+        &self.entities
     }
 }
 

@@ -4,7 +4,7 @@
 //!
 //! ```json
 //! {
-//!   "policy": "placement.blocked-node",
+//!   "policy": "security.blocked-node",
 //!   "entities": "../entities/cluster.json",
 //!   "cases": [
 //!     { "name": "healthy node",
@@ -13,16 +13,22 @@
 //!     { "name": "blocked node",
 //!       "entities": [ ...entities that replace or add to the file's... ],
 //!       "request": { ... },
-//!       "expect": {"decision": "deny", "reasons": ["placement.blocked-node"],
+//!       "expect": {"decision": "deny", "reasons": ["security.blocked-node"],
 //!                  "obligations": [{"kind": "alert", "target": "Node::\"gpu-001\""}]} }
 //!   ]
 //! }
 //! ```
 //!
 //! `entities` is an array of Cedar entities or a path (relative to the scenario file)
-//! to a JSON file holding one. `reasons` and `obligations`, when given, must match
-//! exactly (as sets); `errors` (default `false`) says whether evaluation errors are
-//! expected. `policy` names the rule the file covers.
+//! to a JSON file holding one; a case's entities replace the file's with the same uid
+//! and add to them. They are the case's *stored* facts: each case runs in a world of
+//! its own (the engine's store and blocklist are neither read nor changed), where
+//! `blocked` (file or case) lists the blocked nodes and `now` (file or case, Unix
+//! seconds) is the engine's clock. A case's request is asked as an authorized fact
+//! reporter unless the case says `"reporter": false` (to test what an ordinary caller
+//! may not claim). `reasons` and `obligations`, when given, must match exactly (as
+//! sets); `errors` (default `false`) says whether evaluation errors are expected.
+//! `policy` names the rule the file covers.
 
 use std::collections::BTreeSet;
 use std::fmt;
@@ -45,6 +51,10 @@ struct ScenarioFile {
     policy: Option<String>,
     #[serde(default)]
     entities: Option<Value>,
+    #[serde(default)]
+    blocked: Vec<String>,
+    #[serde(default)]
+    now: Option<i64>,
     cases: Vec<Case>,
 }
 
@@ -54,8 +64,18 @@ struct Case {
     name: String,
     #[serde(default)]
     entities: Vec<Value>,
+    #[serde(default)]
+    blocked: Option<Vec<String>>,
+    #[serde(default)]
+    now: Option<i64>,
+    #[serde(default = "yes")]
+    reporter: bool,
     request: Value,
     expect: Expect,
+}
+
+fn yes() -> bool {
+    true
 }
 
 #[derive(Deserialize)]
@@ -234,17 +254,46 @@ pub fn run_file(engine: &Engine, path: &Path) -> Result<Vec<CaseResult>, Scenari
             policy: file.policy.clone(),
             name: case.name.clone(),
             expected: case.expect.decision,
-            failure: run_case(engine, &shared, case).err(),
+            failure: run_case(engine, &file, &shared, case).err(),
         })
         .collect())
 }
 
-fn run_case(engine: &Engine, shared: &[Value], case: &Case) -> Result<(), String> {
-    let request =
+fn run_case(
+    engine: &Engine,
+    file: &ScenarioFile,
+    shared: &[Value],
+    case: &Case,
+) -> Result<(), String> {
+    let mut request =
         Request::from_json_value(&case.request).map_err(|e| format!("bad request: {e}"))?;
+    if case.reporter {
+        request = request.as_fact_reporter();
+    }
+    let key = |e: &Value| {
+        let u = e.get("uid")?;
+        let u = u.get("__entity").unwrap_or(u);
+        Some((
+            u.get("type")?.as_str()?.to_owned(),
+            u.get("id")?.as_str()?.to_owned(),
+        ))
+    };
     let mut entities = shared.to_vec();
-    entities.extend(case.entities.iter().cloned());
-    let decision = engine.decide(&request.with_entities(entities));
+    for e in &case.entities {
+        let k = key(e);
+        match entities.iter().position(|x| k.is_some() && key(x) == k) {
+            Some(i) => {
+                if let Some(slot) = entities.get_mut(i) {
+                    *slot = e.clone();
+                }
+            }
+            None => entities.push(e.clone()),
+        }
+    }
+    let blocked = case.blocked.as_ref().unwrap_or(&file.blocked);
+    let decision = engine
+        .decide_in_world(&request, &entities, blocked, case.now.or(file.now))
+        .map_err(|e| format!("the case's entities were refused: {e}"))?;
     check(&decision, &case.expect)
 }
 

@@ -53,6 +53,7 @@ pub(crate) const EMBEDDED_POLICIES: &[(&str, &str)] = embedded![
     "integrity/checkpoints.cedar",
     "placement/admission.cedar",
     "placement/scheduling.cedar",
+    "security/blocklist.cedar",
     "security/elevation.cedar",
     "security/keys.cedar",
     "security/network.cedar",

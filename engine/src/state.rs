@@ -18,6 +18,7 @@ use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 use crate::decision::Decision;
+use crate::engine::BlockRecord;
 
 /// Object id -> registry record (version, digest, signed manifest).
 const MANIFESTS: TableDefinition<&str, &[u8]> = TableDefinition::new("manifests");
@@ -105,10 +106,8 @@ pub struct RegistryEntry {
 pub struct BlockedNode {
     /// Node id.
     pub node: String,
-    /// Why it was blocked.
-    pub reason: String,
-    /// When, in seconds since the Unix epoch.
-    pub since_unix: u64,
+    /// Why and since when, with later blocks in its history.
+    pub record: BlockRecord,
 }
 
 /// An integrity failure, as recorded in the event log.
@@ -316,12 +315,27 @@ impl StateStore {
         }
     }
 
-    /// Blocks `node` with `reason` (replacing an earlier reason).
+    /// Blocks `node` with `reason`: a node already blocked keeps its first reason and
+    /// time, and this block joins its history.
     pub fn block_node(&self, node: &str, reason: &str) -> Result<(), StateError> {
-        let mut record = now_unix().to_be_bytes().to_vec();
-        record.extend_from_slice(reason.as_bytes());
+        let now = now_unix();
+        let record = match self.blocked(node)? {
+            Some(b) => b.record.blocked_again(reason, now),
+            None => BlockRecord::new(reason, now),
+        };
+        self.put_block(node, &record)
+    }
+
+    /// Stores `node`'s block record as it is (the engine computes it).
+    pub fn put_block(&self, node: &str, record: &BlockRecord) -> Result<(), StateError> {
+        let encoded = serde_json::to_vec(record).map_err(|e| StateError::Database {
+            path: self.path.clone(),
+            operation: "encoding a block record",
+            source: Box::new(e),
+        })?;
         self.write("blocking a node", |txn| {
-            txn.open_table(BLOCKLIST)?.insert(node, record.as_slice())?;
+            txn.open_table(BLOCKLIST)?
+                .insert(node, encoded.as_slice())?;
             Ok(())
         })
     }
@@ -499,12 +513,16 @@ fn decode_entry(raw: &[u8]) -> Option<RegistryEntry> {
 }
 
 fn decode_block(node: &str, raw: &[u8]) -> Option<BlockedNode> {
-    let since_unix = u64::from_be_bytes(raw.get(..8)?.try_into().ok()?);
-    let reason = String::from_utf8(raw.get(8..)?.to_vec()).ok()?;
+    let record = if raw.first() == Some(&b'{') {
+        serde_json::from_slice(raw).ok()?
+    } else {
+        // Stores written before block histories: 8 bytes of time, then the reason.
+        let since = u64::from_be_bytes(raw.get(..8)?.try_into().ok()?);
+        BlockRecord::new(String::from_utf8(raw.get(8..)?.to_vec()).ok()?, since)
+    };
     Some(BlockedNode {
         node: node.to_owned(),
-        reason,
-        since_unix,
+        record,
     })
 }
 
@@ -655,7 +673,7 @@ mod tests {
         }
         let s = StateStore::open(dir.path()).unwrap();
         assert_eq!(
-            s.blocked("node-1").unwrap().unwrap().reason,
+            s.blocked("node-1").unwrap().unwrap().record.reason,
             "chunk 3 mismatch"
         );
         assert_eq!(s.blocked_nodes().unwrap().len(), 1);

@@ -9,13 +9,22 @@
 //!
 //! Invariant: the cache holds at most one entry per stored entity and at most
 //! `MAX_CACHED_TYPES` type names, so it stays bounded whatever uids and type names
-//! callers and plugins ask for.
+//! callers and plugins ask for; `entities-of-type` hands out at most
+//! [`MAX_ENTITIES_OF_TYPE`] entities and traps the call beyond that.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, RwLock};
 
-use cedar_policy::{Entities, EntityId, EntityUid};
+use cedar_policy_core::ast::EntityUID;
 use serde_json::Value;
+use smol_str::SmolStr;
+
+use crate::engine::BlockRecord;
+use crate::store::{self, Store};
+
+/// Most entities `entities-of-type` returns; a plugin that asks for more traps (a deny
+/// naming the bound) rather than deciding on a partial list.
+pub const MAX_ENTITIES_OF_TYPE: usize = 10_000;
 
 use super::bindings::probity::plugin::types::{
     Attr, EntitiesParam, EntitiesResult, Parent, Span, Uid, Value as AttrValue,
@@ -182,7 +191,7 @@ impl Batch {
 /// One stored entity as a batch of one, and the uids its attributes reference.
 pub(crate) struct Cached {
     batch: Batch,
-    refs: Vec<EntityUid>,
+    refs: Vec<EntityUID>,
 }
 
 impl Cached {
@@ -194,10 +203,11 @@ impl Cached {
             .iter()
             .filter_map(|a| match a.value {
                 AttrValue::Entity(u) => {
-                    let type_name = batch.text_of(u.type_name).parse().ok()?;
-                    Some(EntityUid::from_type_name_and_id(
+                    let type_name = store::entity_type(batch.text_of(u.type_name))?;
+                    Some(EntityUID::from_components(
                         type_name,
-                        EntityId::new(batch.text_of(u.id)),
+                        cedar_policy_core::ast::Eid::new(batch.text_of(u.id)),
+                        None,
                     ))
                 }
                 _ => None,
@@ -212,27 +222,41 @@ const MAX_CACHED_TYPES: usize = 256;
 
 /// A snapshot's entities with their batch cache.
 pub(crate) struct PluginEntities {
-    entities: Arc<Entities>,
-    by_uid: RwLock<HashMap<EntityUid, Arc<Cached>>>,
-    by_type: RwLock<HashMap<String, Arc<Batch>>>,
+    store: Store,
+    blocked: Arc<BTreeMap<String, BlockRecord>>,
+    /// The blocklist's type and attribute, whose value the blocklist supplies.
+    blocklist: Option<(String, SmolStr)>,
+    by_uid: RwLock<HashMap<EntityUID, Arc<Cached>>>,
+    by_type: RwLock<HashMap<String, Arc<Result<Batch, usize>>>>,
 }
 
 impl PluginEntities {
-    /// An empty cache over `entities`.
-    pub fn new(entities: Arc<Entities>) -> Self {
+    /// An empty cache over `store`.
+    pub fn new(
+        store: Store,
+        blocked: Arc<BTreeMap<String, BlockRecord>>,
+        blocklist: Option<(String, SmolStr)>,
+    ) -> Self {
         Self {
-            entities,
+            store,
+            blocked,
+            blocklist,
             by_uid: RwLock::new(HashMap::new()),
             by_type: RwLock::new(HashMap::new()),
         }
     }
 
-    /// The entities themselves.
-    pub fn entities(&self) -> &Arc<Entities> {
-        &self.entities
+    fn json(&self, uid: &EntityUID, stored: &store::Stored) -> Value {
+        let view = self.blocklist.as_ref().and_then(|(t, attr)| {
+            (uid.entity_type().to_string() == *t).then(|| {
+                let id: &str = uid.eid().as_ref();
+                (attr, self.blocked.contains_key(id))
+            })
+        });
+        store::to_json(uid, stored, view)
     }
 
-    fn entity(&self, uid: &EntityUid) -> Option<Arc<Cached>> {
+    fn entity(&self, uid: &EntityUID) -> Option<Arc<Cached>> {
         if let Some(hit) = self
             .by_uid
             .read()
@@ -242,9 +266,9 @@ impl PluginEntities {
             return Some(Arc::clone(hit));
         }
         let made = self
-            .entities
+            .store
             .get(uid)
-            .and_then(|e| e.to_json_value().ok())
+            .map(|s| self.json(uid, s))
             .and_then(|json| Cached::from_json(&json))
             .map(Arc::new)?;
         // Only stored entities are cached: uids come from callers, and caching misses
@@ -256,8 +280,9 @@ impl PluginEntities {
         Some(made)
     }
 
-    /// The stored entities of one type (none for an unknown type).
-    pub fn of_type(&self, type_name: &str) -> Arc<Batch> {
+    /// The stored entities of one type (none for an unknown type), or, when there are
+    /// more than [`MAX_ENTITIES_OF_TYPE`], how many there are.
+    pub fn of_type(&self, type_name: &str) -> Arc<Result<Batch, usize>> {
         if let Some(hit) = self
             .by_type
             .read()
@@ -266,20 +291,7 @@ impl PluginEntities {
         {
             return Arc::clone(hit);
         }
-        let mut batch = Batch::default();
-        for e in self
-            .entities
-            .iter()
-            .filter(|e| e.uid().type_name().to_string() == type_name)
-        {
-            if let Ok(json) = e.to_json_value() {
-                let mut one = Batch::default();
-                if one.push_json(&json).is_some() {
-                    batch.append(&one);
-                }
-            }
-        }
-        let made = Arc::new(batch);
+        let made = Arc::new(self.list_type(type_name));
         // Type names come from plugins, so the cache is bounded; an absent type is
         // cached too, since finding it absent costs a scan of the whole store.
         let mut by_type = self.by_type.write().unwrap_or_else(|p| p.into_inner());
@@ -289,10 +301,32 @@ impl PluginEntities {
         made
     }
 
+    fn list_type(&self, type_name: &str) -> Result<Batch, usize> {
+        let mut batch = Batch::default();
+        let Some(ty) = store::entity_type(type_name) else {
+            return Ok(batch);
+        };
+        let count = self
+            .store
+            .of_type(&ty)
+            .take(MAX_ENTITIES_OF_TYPE + 1)
+            .count();
+        if count > MAX_ENTITIES_OF_TYPE {
+            return Err(self.store.of_type(&ty).count());
+        }
+        for (uid, stored) in self.store.of_type(&ty) {
+            let mut one = Batch::default();
+            if one.push_json(&self.json(uid, stored)).is_some() {
+                batch.append(&one);
+            }
+        }
+        Ok(batch)
+    }
+
     /// The entities a request carries to a plugin, as one batch: the request-scoped
     /// `extra` ones, then the stored principal and resource and the entities their
     /// attributes point to, one level deep (a node's zone), each once.
-    pub fn closure(&self, extra: &[Value], roots: [&EntityUid; 2]) -> Batch {
+    pub fn closure(&self, extra: &[Value], roots: [&EntityUID; 2]) -> Batch {
         let mut out = Batch::default();
         for json in extra {
             let mut one = Batch::default();
@@ -323,25 +357,36 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn store() -> Arc<Entities> {
-        Arc::new(
-            Entities::from_json_value(
-                json!([
-                    {"uid": {"type": "Node", "id": "n1"}, "parents": [{"type": "Zone", "id": "z1"}],
-                     "attrs": {"zone": {"__entity": {"type": "Zone", "id": "z1"}}, "watts": 5,
-                               "up": true, "rack": "r1", "tags": ["a"]}},
-                    {"uid": {"type": "Zone", "id": "z1"}, "attrs": {"ceiling": 10}, "parents": []},
-                    {"uid": {"type": "Zone", "id": "z2"}, "attrs": {"ceiling": 20}, "parents": []},
-                    {"uid": {"type": "Workload", "id": "w"}, "attrs": {}, "parents": []},
-                ]),
-                None,
-            )
-            .unwrap(),
+    fn cache() -> PluginEntities {
+        let items = json!([
+            {"uid": {"type": "Node", "id": "n1"}, "parents": [{"type": "Zone", "id": "z1"}],
+             "attrs": {"zone": {"__entity": {"type": "Zone", "id": "z1"}}, "watts": 5,
+                       "up": true, "rack": "r1", "tags": ["a"]}},
+            {"uid": {"type": "Zone", "id": "z1"}, "attrs": {"ceiling": 10}, "parents": []},
+            {"uid": {"type": "Zone", "id": "z2"}, "attrs": {"ceiling": 20}, "parents": []},
+            {"uid": {"type": "Workload", "id": "w"}, "attrs": {}, "parents": []},
+        ]);
+        let schema = cedar_policy::Schema::from_cedarschema_str(
+            "entity Zone = {ceiling: Long}; entity Node in [Zone] = {zone: Zone, watts: Long, up: Bool, rack: String, tags: Set<String>}; entity Workload;",
         )
+        .unwrap()
+        .0;
+        let origins = crate::facts::FactOrigins::default();
+        let converter = store::Converter::new(schema.as_ref(), &origins);
+        let mut s = Store::default();
+        for item in items.as_array().unwrap() {
+            let c = converter.entity(item).map_err(|e| e.1).unwrap();
+            s.insert(c.uid, Arc::new(c.stored));
+        }
+        PluginEntities::new(s, Arc::new(BTreeMap::new()), None)
     }
 
-    fn cedar(t: &str, id: &str) -> EntityUid {
-        EntityUid::from_type_name_and_id(t.parse().unwrap(), EntityId::new(id))
+    fn cedar(t: &str, id: &str) -> EntityUID {
+        EntityUID::from_components(
+            store::entity_type(t).unwrap(),
+            cedar_policy_core::ast::Eid::new(id),
+            None,
+        )
     }
 
     fn uid_text(b: &Batch, u: Uid) -> String {
@@ -372,7 +417,7 @@ mod tests {
 
     #[test]
     fn the_closure_follows_references_one_level_and_names_each_entity_once() {
-        let cache = PluginEntities::new(store());
+        let cache = cache();
         let node = cedar("Node", "n1");
         let batch = cache.closure(&[], [&cedar("Workload", "w"), &node]);
         assert_eq!(ids(&batch), ["Workload/w", "Node/n1", "Zone/z1"]);
@@ -385,7 +430,7 @@ mod tests {
 
     #[test]
     fn attribute_values_keep_their_types_and_spans_survive_appending() {
-        let cache = PluginEntities::new(store());
+        let cache = cache();
         // the node is the second entity, so its spans and number were moved
         let batch = cache.closure(&[], [&cedar("Workload", "w"), &cedar("Node", "n1")]);
         let mut node = attrs(&batch, 1);
@@ -412,7 +457,7 @@ mod tests {
 
     #[test]
     fn request_entities_come_first_and_shadow_stored_ones() {
-        let cache = PluginEntities::new(store());
+        let cache = cache();
         let extra =
             [json!({"uid": {"type": "Zone", "id": "z1"}, "attrs": {"ceiling": 99}, "parents": []})];
         let batch = cache.closure(&extra, [&cedar("Node", "n1"), &cedar("Node", "gone")]);
@@ -422,9 +467,10 @@ mod tests {
 
     #[test]
     fn entities_of_a_type_are_listed_and_an_unknown_type_is_empty() {
-        let cache = PluginEntities::new(store());
+        let cache = cache();
         let zones = cache.of_type("Zone");
-        let mut listed = ids(&zones);
+        let zones = zones.as_ref().as_ref().unwrap();
+        let mut listed = ids(zones);
         listed.sort();
         assert_eq!(listed, ["Zone/z1", "Zone/z2"]);
         let z2 = zones
@@ -432,13 +478,21 @@ mod tests {
             .iter()
             .position(|u| zones.text_of(u.id) == "z2")
             .unwrap();
-        assert_eq!(attrs(&zones, z2 as u32), ["ceiling=long 20"]);
-        assert!(cache.of_type("Nothing").uids.is_empty());
+        assert_eq!(attrs(zones, z2 as u32), ["ceiling=long 20"]);
+        assert!(
+            cache
+                .of_type("Nothing")
+                .as_ref()
+                .as_ref()
+                .unwrap()
+                .uids
+                .is_empty()
+        );
     }
 
     #[test]
     fn unknown_uids_are_not_cached_and_type_names_are_bounded() {
-        let cache = PluginEntities::new(store());
+        let cache = cache();
         for i in 0..50 {
             let gone = cedar("Node", &format!("gone-{i}"));
             cache.closure(&[], [&gone, &cedar("Node", "n1")]);
@@ -446,14 +500,22 @@ mod tests {
         // n1 and the zone it points to; none of the 50 misses
         assert_eq!(cache.by_uid.read().unwrap().len(), 2);
         for i in 0..MAX_CACHED_TYPES + 50 {
-            assert!(cache.of_type(&format!("Nothing{i}")).uids.is_empty());
+            assert!(
+                cache
+                    .of_type(&format!("Nothing{i}"))
+                    .as_ref()
+                    .as_ref()
+                    .unwrap()
+                    .uids
+                    .is_empty()
+            );
         }
         assert_eq!(cache.by_type.read().unwrap().len(), MAX_CACHED_TYPES);
     }
 
     #[test]
     fn a_request_entity_written_as_an_entity_reference_still_shadows_the_stored_one() {
-        let cache = PluginEntities::new(store());
+        let cache = cache();
         let extra = [json!({"uid": {"__entity": {"type": "Node", "id": "n1"}},
                             "attrs": {"watts": 9}, "parents": []})];
         let batch = cache.closure(&extra, [&cedar("Node", "n1"), &cedar("Node", "n1")]);

@@ -405,15 +405,21 @@ impl host::Host for CallState {
         self.now_ms
     }
 
-    fn entities_of_type(&mut self, type_name: String) -> EntitiesResult {
+    fn entities_of_type(&mut self, type_name: String) -> wasmtime::Result<EntitiesResult> {
         match &self.entities {
-            Some(entities) => entities.of_type(&type_name).result(),
-            None => EntitiesResult {
+            Some(entities) => match entities.of_type(&type_name).as_ref() {
+                Ok(batch) => Ok(batch.result()),
+                Err(count) => Err(wasmtime::Error::msg(format!(
+                    "entities-of-type({type_name}) would return {count} entities, over the bound of {}",
+                    super::entities::MAX_ENTITIES_OF_TYPE
+                ))),
+            },
+            None => Ok(EntitiesResult {
                 text: String::new(),
                 uids: Vec::new(),
                 attrs: Vec::new(),
                 parents: Vec::new(),
-            },
+            }),
         }
     }
 }

@@ -7,7 +7,7 @@ use probity::state::StateStore;
 use probity::{Effect, Engine, Request};
 use serde_json::json;
 
-use crate::{cluster, root};
+use crate::root;
 
 fn schedule(workload: &str, node: &str) -> Request {
     Request::from_json_value(&json!({
@@ -26,7 +26,7 @@ fn denies_and_obligations_are_recorded_durably_and_allows_and_dry_runs_are_not()
     {
         let store = Arc::new(StateStore::open(&dir).unwrap());
         let engine = Engine::builder(root().join("policies")).build().unwrap();
-        engine.upsert_entities(&cluster()).unwrap();
+        crate::load_cluster(&engine);
         engine.attach_state(Arc::clone(&store)).unwrap();
         digest = engine.status().digest;
 
@@ -87,7 +87,7 @@ fn concurrent_denies_are_all_recorded_with_distinct_numbers() {
     let tmp = tempfile::tempdir().unwrap();
     let store = Arc::new(StateStore::open(&tmp.path().join("state")).unwrap());
     let engine = Engine::builder(root().join("policies")).build().unwrap();
-    engine.upsert_entities(&cluster()).unwrap();
+    crate::load_cluster(&engine);
     engine.attach_state(Arc::clone(&store)).unwrap();
     engine.block_node("gpu-a1", "test").unwrap();
     let threads: Vec<_> = (0..4)

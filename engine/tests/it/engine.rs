@@ -18,7 +18,7 @@ fn schedule(workload: &str, node: &str) -> Request {
 
 fn loaded() -> Engine {
     let engine = Engine::from_embedded_defaults().unwrap();
-    engine.upsert_entities(&cluster()).unwrap();
+    crate::load_cluster(&engine);
     engine
 }
 
@@ -118,7 +118,7 @@ fn empty_policy_directory_denies_everything() {
     }
     let engine = Engine::builder(dir.path()).build().unwrap();
     assert_eq!(engine.status().policies, 0);
-    engine.upsert_entities(&cluster()).unwrap();
+    crate::load_cluster(&engine);
     let d = engine.decide(&schedule("train-1", "gpu-a1"));
     assert_eq!(d.decision, Effect::Deny);
     assert!(d.reasons.is_empty());
@@ -194,25 +194,37 @@ fn blocking_a_node_outlives_telemetry_until_unblocked() {
     let d = engine.decide(&schedule("train-1", "gpu-a1"));
     assert_eq!(
         d.reason_ids().collect::<Vec<_>>(),
-        ["placement.blocked-node"]
+        ["security.blocked-node"]
     );
-    // A sidecar's routine telemetry upsert says blocked=false; the block stands.
-    let node = cluster()
+    // A sidecar's routine telemetry upsert, without the blocklist's attribute: the
+    // block stands.
+    let mut node = cluster()
         .as_array()
         .unwrap()
         .iter()
         .find(|e| e["uid"]["id"] == "gpu-a1")
         .cloned()
         .unwrap();
-    engine.upsert_entities(&json!([node])).unwrap();
+    engine.upsert_entities(&json!([node.clone()])).unwrap();
     assert!(!engine.decide(&schedule("train-1", "gpu-a1")).is_allowed());
+    // One that says blocked=false contradicts the blocklist and is refused whole.
+    node["attrs"]["blocked"] = json!(false);
+    let err = engine.upsert_entities(&json!([node])).unwrap_err();
+    assert!(
+        err.to_string().contains("contradicts the blocklist"),
+        "{err}"
+    );
+    assert!(!engine.decide(&schedule("train-1", "gpu-a1")).is_allowed());
+    // The stored entity shows the blocklist's view.
+    let uid = "Node::\"gpu-a1\"".parse().unwrap();
+    assert_eq!(engine.entity(&uid).unwrap()["attrs"]["blocked"], true);
     assert_eq!(
         engine.blocked_nodes()["gpu-a1"].reason,
         "integrity.unverified-read"
     );
     engine.unblock_node("gpu-a1").unwrap();
     assert!(engine.decide(&schedule("train-1", "gpu-a1")).is_allowed());
-    assert!(engine.blocked_nodes().is_empty());
+    assert!(!engine.blocked_nodes().contains_key("gpu-a1"));
 }
 
 #[test]
@@ -281,7 +293,7 @@ fn readers_never_see_a_torn_store_while_a_writer_upserts_batches() {
              "attrs": {"zone": {"__entity": {"type": "Zone", "id": "zone-x"}}, "rack": "r",
                "driverVersion": "590.48.01", "cudaImage": "nvcr.io/nvidia/cuda:12.8.0-base-ubuntu24.04",
                "gpuModel": {"__entity": {"type": "GpuModel", "id": "A100"}}, "gpuCount": 8,
-               "cpuCount": 64, "gpuMemoryMiB": 81920, "blocked": false, "hottestGpuTempC": temp,
+               "gpuNode": true, "cpuCount": 64, "gpuMemoryMiB": 81920, "blocked": false, "hottestGpuTempC": temp,
                "powerDrawW": 3000, "powerWindowMeanW": 2900}}
         ])
     };

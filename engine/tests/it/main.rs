@@ -10,6 +10,7 @@
 
 mod decision_log;
 mod engine;
+mod facts;
 mod integrity;
 mod plugins;
 mod read_guard;
@@ -41,6 +42,18 @@ fn copy_dir(from: &Path, to: &Path) {
             std::fs::copy(entry.path(), target).unwrap();
         }
     }
+}
+
+/// Loads the shared cluster fixture into `engine`, with `gpu-blocked` blocked as its
+/// name says (the blocklist, not the entity JSON, says which nodes are blocked).
+pub fn load_cluster(engine: &probity::Engine) {
+    engine.upsert_entities(&cluster()).unwrap();
+    engine
+        .block_node(
+            "gpu-blocked",
+            "fixture: blocked since the cluster was set up",
+        )
+        .unwrap();
 }
 
 /// The shared cluster fixture.

@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use probity::{Decision, Effect, Engine, Request};
 use serde_json::json;
 
-use crate::{cluster, policy_copy, root};
+use crate::{policy_copy, root};
 
 /// The built component `name`, or a failure that says how to build it.
 pub fn plugin_wasm(name: &str) -> PathBuf {
@@ -43,7 +43,7 @@ fn engine_with(name: &str, action: &str, extra: &str) -> (tempfile::TempDir, Eng
         .plugins(m)
         .build()
         .unwrap();
-    engine.upsert_entities(&cluster()).unwrap();
+    crate::load_cluster(&engine);
     (tmp, engine)
 }
 
@@ -54,16 +54,18 @@ fn examples() -> Engine {
         .plugins(root().join("testdata/plugins/manifests/examples.toml"))
         .build()
         .unwrap();
-    engine.upsert_entities(&cluster()).unwrap();
+    crate::load_cluster(&engine);
     engine
 }
 
+/// A compliance check with power readings, as the node agent (a fact reporter) asks it.
 fn comply(node: &str, readings: serde_json::Value) -> Request {
     Request::from_json_value(
         &json!({"principal": format!("Node::\"{node}\""), "action": "comply",
         "resource": format!("Node::\"{node}\""), "context": {"powerReadingsW": readings}}),
     )
     .unwrap()
+    .as_fact_reporter()
 }
 
 fn listen(port: i64) -> Request {
@@ -298,7 +300,7 @@ fn a_broken_plugin_rejects_the_reload_and_the_previous_set_keeps_serving() {
     )
     .unwrap();
     let engine = Engine::builder(dir.path()).build().unwrap();
-    engine.upsert_entities(&cluster()).unwrap();
+    crate::load_cluster(&engine);
     let spike = || comply("gpu-a1", json!([3000, 3000, 3100, 4200]));
     assert!(!engine.decide(&spike()).is_allowed());
     let digest = engine.status().digest;
@@ -334,7 +336,7 @@ fn replacing_a_component_under_the_policy_directory_hot_reloads_it() {
     )
     .unwrap();
     let engine = Engine::builder(dir.path()).build().unwrap();
-    engine.upsert_entities(&cluster()).unwrap();
+    crate::load_cluster(&engine);
     let _watcher = engine.watch().unwrap();
     let before = engine.status().plugins[0].sha256.clone();
 

@@ -12,7 +12,6 @@ use probity::state::StateStore;
 use probity::{Effect, Engine, Request};
 use serde_json::json;
 
-use crate::cluster;
 use crate::integrity::with_softhsm;
 
 fn schedule_onto(node: &str) -> Request {
@@ -37,7 +36,7 @@ fn corrupt_read_blocks_the_node(anchor: &dyn Anchor, dir: &std::path::Path) {
 
     let engine = Engine::from_embedded_defaults().unwrap();
     engine.attach_state(Arc::clone(&state)).unwrap();
-    engine.upsert_entities(&cluster()).unwrap();
+    engine.upsert_entities(&crate::cluster()).unwrap();
     let verify = |node| {
         let opts = VerifyOptions {
             node: Some(node),
@@ -74,17 +73,17 @@ fn corrupt_read_blocks_the_node(anchor: &dyn Anchor, dir: &std::path::Path) {
     let s = engine.decide(&schedule_onto("gpu-a1"));
     assert_eq!(
         s.reason_ids().collect::<Vec<_>>(),
-        ["placement.blocked-node"]
+        ["security.blocked-node"]
     );
-    assert!(engine.decide(&schedule_onto("gpu-h1")).is_allowed());
+    assert!(engine.decide(&schedule_onto("gpu-spike")).is_allowed());
 
     // Durable: the block and the denied read are in the state store, and a new engine on
     // the same state refuses the node too.
     let blocked = state.blocked("gpu-a1").unwrap().unwrap();
     assert!(
-        blocked.reason.contains("integrity.unverified-read"),
+        blocked.record.reason.contains("integrity.unverified-read"),
         "{}",
-        blocked.reason
+        blocked.record.reason
     );
     let events = state.events(0).unwrap();
     assert!(
@@ -95,7 +94,7 @@ fn corrupt_read_blocks_the_node(anchor: &dyn Anchor, dir: &std::path::Path) {
     drop(engine);
     let restarted = Engine::from_embedded_defaults().unwrap();
     restarted.attach_state(Arc::clone(&state)).unwrap();
-    restarted.upsert_entities(&cluster()).unwrap();
+    restarted.upsert_entities(&crate::cluster()).unwrap();
     assert!(!restarted.decide(&schedule_onto("gpu-a1")).is_allowed());
     // A blocked node may not read even a verified checkpoint.
     std::fs::write(&path, &data).unwrap();
@@ -103,7 +102,7 @@ fn corrupt_read_blocks_the_node(anchor: &dyn Anchor, dir: &std::path::Path) {
     let d = restarted.decide_read("gpu-a1", "llm/epoch-7", Ok(&report));
     assert_eq!(
         d.reason_ids().collect::<Vec<_>>(),
-        ["integrity.blocked-reader"]
+        ["security.blocked-node"]
     );
 
     // Unblocking is explicit.
@@ -162,7 +161,7 @@ fn a_guarded_reader_that_meets_a_flipped_byte_blocks_the_node_through_the_polici
     let verifier = Verifier::new(anchor.public_key().clone());
     let engine = Engine::from_embedded_defaults().unwrap();
     engine.attach_state(Arc::clone(&state)).unwrap();
-    engine.upsert_entities(&cluster()).unwrap();
+    engine.upsert_entities(&crate::cluster()).unwrap();
 
     // gpu-a1 reads the file through a guarded reader.
     let guarded = || {
@@ -197,7 +196,7 @@ fn a_guarded_reader_that_meets_a_flipped_byte_blocks_the_node_through_the_polici
             .decide(&schedule_onto("gpu-a1"))
             .reason_ids()
             .collect::<Vec<_>>(),
-        ["placement.blocked-node"]
+        ["security.blocked-node"]
     );
     // The denied read is in the decision log with its obligation.
     let records = state.decisions(0, 10).unwrap();

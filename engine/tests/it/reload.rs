@@ -118,7 +118,14 @@ fn decisions_under_reload_never_fail_nor_see_a_mixed_set() {
         .collect();
     let file = dir.path().join("gen.cedar");
     let mut last_good = 0;
-    for g in 1..=40u64 {
+    // Each write waits for the reload it causes, so good and broken sets alternate
+    // however long a compile takes on this machine.
+    let attempts = || {
+        let s = engine.status();
+        s.reloads + s.reload_errors
+    };
+    for g in 1..=20u64 {
+        let before = attempts();
         if g % 2 == 0 {
             write_atomic(
                 &file,
@@ -128,7 +135,7 @@ fn decisions_under_reload_never_fail_nor_see_a_mixed_set() {
             write_atomic(&file, &generation(g));
             last_good = g;
         }
-        std::thread::sleep(Duration::from_millis(20));
+        wait_for("the reload of that write", || attempts() > before);
     }
     write_atomic(&file, &generation(1000));
     wait_for("the final generation", || {

@@ -296,7 +296,13 @@ pub fn nodes(command: &NodesCommand, state_args: &StateArgs) -> Result<u8> {
     let list: Vec<_> = state
         .blocked_nodes()?
         .into_iter()
-        .map(|b| serde_json::json!({"node": b.node, "reason": b.reason, "since": b.since_unix}))
+        .map(|b| {
+            let mut v = serde_json::json!({"node": b.node, "reason": b.record.reason, "since": b.record.since});
+            if !b.record.history.is_empty() {
+                v["history"] = serde_json::json!(b.record.history);
+            }
+            v
+        })
         .collect();
     println!("{}", serde_json::to_string_pretty(&list)?);
     Ok(exit::ALLOW)

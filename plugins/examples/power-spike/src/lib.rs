@@ -1,9 +1,11 @@
 //! power-spike: flags a power reading far above its window's mean.
 //!
 //! Reads `powerReadingsW` (an array of watts, oldest first) from the context of a
-//! `comply` request. A reading at or above `mean * (1 + spike_pct / 100)` is a spike:
-//! the plugin denies with an `alert` obligation on the resource. `spike_pct` comes
-//! from the plugin's settings (default 25). Without readings it abstains.
+//! `comply` request. The newest reading is the one under test; the window is the
+//! readings before it. A newest reading at or above `mean * (1 + spike_pct / 100)` of
+//! the window is a spike: the plugin denies with an `alert` obligation on the
+//! resource. `spike_pct` comes from the plugin's settings (default 25). With fewer
+//! than two readings (no window), or a window mean of 0 (no data), it abstains.
 
 use probity_plugin_sdk::{
     Description, Host, Level, Obligation, Plugin, Reason, Request, Severity, Verdict, export_plugin,
@@ -27,7 +29,7 @@ impl Plugin for PowerSpike {
             }
             _ => return Verdict::Abstain,
         };
-        if readings.is_empty() {
+        if readings.len() < 2 {
             return Verdict::Abstain;
         }
         let pct = request.setting_f64("spike_pct", DEFAULT_SPIKE_PCT);
@@ -60,7 +62,7 @@ impl Plugin for PowerSpike {
     }
 }
 
-/// The largest reading at or above the threshold, with the window mean.
+/// The newest reading, at or above the threshold, with the mean of the window before it.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Spike {
     /// The reading, in watts.
@@ -71,20 +73,22 @@ pub struct Spike {
     pub excess_pct: f64,
 }
 
-/// Finds the largest reading at or above `mean * (1 + pct / 100)`.
+/// Whether the newest reading is at or above `mean * (1 + pct / 100)`, where the mean
+/// is over the readings before it: a reading is never part of its own baseline (it
+/// would pull the mean towards itself and hide the spike).
 pub fn find_spike(readings: &[f64], pct: f64) -> Option<Spike> {
-    if readings.is_empty() {
+    let (&reading, window) = readings.split_last()?;
+    if window.is_empty() {
         return None;
     }
-    let mean = readings.iter().sum::<f64>() / readings.len() as f64;
+    let mean = window.iter().sum::<f64>() / window.len() as f64;
     if mean <= 0.0 {
         return None;
     }
-    let max = readings.iter().copied().fold(f64::MIN, f64::max);
-    (max >= mean * (1.0 + pct / 100.0)).then(|| Spike {
-        reading: max,
+    (reading >= mean * (1.0 + pct / 100.0)).then(|| Spike {
+        reading,
         mean,
-        excess_pct: (max / mean - 1.0) * 100.0,
+        excess_pct: (reading / mean - 1.0) * 100.0,
     })
 }
 
@@ -146,8 +150,26 @@ mod tests {
 
     #[test]
     fn exactly_at_the_threshold_is_a_spike() {
-        // mean of [90, 90, 120] = 100; 120 >= 100 * 1.2
-        assert!(find_spike(&[90.0, 90.0, 120.0], 20.0).is_some());
+        // the window [100, 100] has a mean of 100; 125 >= 100 * 1.25
+        assert!(find_spike(&[100.0, 100.0, 125.0], 25.0).is_some());
+        assert!(find_spike(&[100.0, 100.0, 124.9], 25.0).is_none());
         assert!(find_spike(&[0.0, 0.0], 25.0).is_none());
+        assert!(find_spike(&[500.0], 25.0).is_none());
+    }
+
+    /// The mean used to include the reading under test: +30% read as +22.5%.
+    #[test]
+    fn bug_the_reading_under_test_was_part_of_its_own_mean() {
+        let spike = find_spike(&[3000.0, 3000.0, 3000.0, 3900.0], 25.0).unwrap();
+        assert_eq!(spike.mean, 3000.0);
+        assert_eq!(spike.reading, 3900.0);
+    }
+
+    #[test]
+    fn one_reading_is_no_window_and_abstains() {
+        assert_eq!(
+            PowerSpike::evaluate(&comply(json!([9000])), &MockHost::default()),
+            Verdict::Abstain
+        );
     }
 }

@@ -1,0 +1,645 @@
+//! The entity store: the cluster facts decisions read, kept so that one fact update costs
+//! microseconds whatever the store holds.
+//!
+//! Cedar's own `Entities` has no structural sharing and recomputes the hierarchy's
+//! closure over everything on each change, so a store of 110,000 entities cost half a
+//! second per update. Here every entity is an immutable [`Stored`] record in a persistent
+//! ordered map ([`imbl::OrdMap`]): an update copies one path of the tree, a snapshot is a
+//! pointer, and readers never see a half-applied change. Records keep only direct
+//! parents; ancestors are followed at slice time ([`Store::ancestors`]), so a change
+//! high in the hierarchy never rewrites its descendants.
+//!
+//! Entity JSON is converted here, directed by the schema's attribute types (Cedar's
+//! generic JSON reader tries every value shape in turn and costs ten times more), and
+//! every converted entity is then checked by Cedar's own schema-conformance checker, so
+//! what the store accepts is exactly what Cedar accepts.
+//!
+//! Decisions never read the map directly: they get a slice ([`crate::slice`]).
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::ops::Bound;
+use std::str::FromStr;
+use std::sync::Arc;
+
+use cedar_policy_core::ast::{
+    self, EntityType, EntityUID, Literal, Name, PartialValue, RestrictedExpr, Value, ValueKind,
+};
+use cedar_policy_core::entities::conformance::EntitySchemaConformanceChecker;
+use cedar_policy_core::entities::json::CedarValueJson;
+use cedar_policy_core::evaluator::RestrictedEvaluator;
+use cedar_policy_core::extensions::Extensions;
+use cedar_policy_core::validator::types::{EntityKind, Type};
+use cedar_policy_core::validator::{CoreSchema, ValidatorSchema};
+use imbl::OrdMap;
+use serde_json::{Map, Value as Json};
+use smol_str::SmolStr;
+
+use crate::facts::FactOrigins;
+
+/// Most nesting of sets and records in one attribute value.
+const MAX_VALUE_DEPTH: usize = 32;
+
+/// One stored entity: attributes, tags and direct parents, immutable once stored.
+#[derive(Debug, Clone)]
+pub(crate) struct Stored {
+    /// Attributes, sorted by name; the blocklist attribute is never stored (the
+    /// blocklist owns it).
+    pub attrs: Box<[(SmolStr, Value)]>,
+    /// Tags (RFC 82), sorted by name.
+    pub tags: Box<[(SmolStr, Value)]>,
+    /// Direct parents.
+    pub parents: Box<[EntityUID]>,
+}
+
+impl Stored {
+    /// The uids its attribute and tag values reference, in any nesting.
+    pub fn refs(&self) -> impl Iterator<Item = &EntityUID> {
+        let mut out = Vec::new();
+        for (_, v) in self.attrs.iter().chain(self.tags.iter()) {
+            collect_refs(v, &mut out, 0);
+        }
+        out.into_iter()
+    }
+}
+
+fn collect_refs<'a>(v: &'a Value, out: &mut Vec<&'a EntityUID>, depth: usize) {
+    if depth > MAX_VALUE_DEPTH {
+        return;
+    }
+    match &v.value {
+        ValueKind::Lit(Literal::EntityUID(u)) => out.push(u),
+        ValueKind::Set(set) => {
+            for e in set.iter() {
+                collect_refs(e, out, depth + 1);
+            }
+        }
+        ValueKind::Record(r) => {
+            for e in r.values() {
+                collect_refs(e, out, depth + 1);
+            }
+        }
+        ValueKind::Lit(_) | ValueKind::ExtensionValue(_) => {}
+    }
+}
+
+/// The store itself: cheap to clone (a snapshot is a pointer to a shared tree).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Store {
+    entities: OrdMap<EntityUID, Arc<Stored>>,
+}
+
+impl Store {
+    /// Number of entities.
+    pub fn len(&self) -> usize {
+        self.entities.len()
+    }
+
+    /// One entity.
+    pub fn get(&self, uid: &EntityUID) -> Option<&Arc<Stored>> {
+        self.entities.get(uid)
+    }
+
+    /// Whether `uid` is stored.
+    pub fn contains(&self, uid: &EntityUID) -> bool {
+        self.entities.contains_key(uid)
+    }
+
+    /// Adds or replaces one entity.
+    pub fn insert(&mut self, uid: EntityUID, stored: Arc<Stored>) {
+        self.entities.insert(uid, stored);
+    }
+
+    /// Removes one entity; whether it was there.
+    pub fn remove(&mut self, uid: &EntityUID) -> bool {
+        self.entities.remove(uid).is_some()
+    }
+
+    /// Every entity, in uid order (type, then id).
+    pub fn iter(&self) -> impl Iterator<Item = (&EntityUID, &Arc<Stored>)> {
+        self.entities.iter()
+    }
+
+    /// The entities of one type, in id order: a range of the map, not a scan.
+    pub fn of_type<'a>(
+        &'a self,
+        entity_type: &'a EntityType,
+    ) -> impl Iterator<Item = (&'a EntityUID, &'a Arc<Stored>)> + 'a {
+        // The smallest uid of a type has the empty id.
+        let first = EntityUID::from_components(entity_type.clone(), ast::Eid::new(""), None);
+        self.entities
+            .range((Bound::Included(first), Bound::Unbounded))
+            .take_while(move |(uid, _)| uid.entity_type() == entity_type)
+    }
+
+    /// Whether making `uid`'s parents `parents` would close a cycle in the hierarchy
+    /// (given the stored entities and `pending`, entities about to be stored with it).
+    pub fn would_cycle(
+        &self,
+        uid: &EntityUID,
+        parents: &[EntityUID],
+        pending: &HashMap<EntityUID, Arc<Stored>>,
+    ) -> bool {
+        let mut seen: HashSet<&EntityUID> = HashSet::new();
+        let mut stack: Vec<&EntityUID> = parents.iter().collect();
+        while let Some(next) = stack.pop() {
+            if next == uid {
+                return true;
+            }
+            if !seen.insert(next) {
+                continue;
+            }
+            let found = pending.get(next).or_else(|| self.entities.get(next));
+            if let Some(s) = found {
+                stack.extend(s.parents.iter());
+            }
+        }
+        false
+    }
+
+    /// Every ancestor of an entity whose direct parents are `parents`, following the
+    /// stored hierarchy (and `extra`, request-scoped entities, first).
+    pub fn ancestors(
+        &self,
+        parents: &[EntityUID],
+        extra: &HashMap<EntityUID, Arc<Stored>>,
+    ) -> HashSet<EntityUID> {
+        let mut out: HashSet<EntityUID> = HashSet::with_capacity(parents.len() * 2);
+        let mut stack: Vec<&EntityUID> = parents.iter().collect();
+        while let Some(next) = stack.pop() {
+            if out.contains(next) {
+                continue;
+            }
+            out.insert(next.clone());
+            let found = extra.get(next).or_else(|| self.entities.get(next));
+            if let Some(s) = found {
+                stack.extend(s.parents.iter());
+            }
+        }
+        out
+    }
+}
+
+/// Turns a stored record into the entity Cedar evaluates: all ancestors as parents
+/// (the slice is handed to Cedar as already closed), and the blocklist's view set.
+pub(crate) fn materialize(
+    uid: &EntityUID,
+    stored: &Stored,
+    ancestors: HashSet<EntityUID>,
+    blocklist: Option<(&SmolStr, bool)>,
+) -> ast::Entity {
+    let attrs = stored
+        .attrs
+        .iter()
+        .map(|(k, v)| (k.clone(), PartialValue::Value(v.clone())))
+        .chain(
+            blocklist.map(|(attr, blocked)| (attr.clone(), PartialValue::Value(blocked.into()))),
+        );
+    ast::Entity::new_with_attr_partial_value(
+        uid.clone(),
+        attrs,
+        HashSet::new(),
+        ancestors,
+        stored
+            .tags
+            .iter()
+            .map(|(k, v)| (k.clone(), PartialValue::Value(v.clone()))),
+    )
+}
+
+/// A stored entity as Cedar entity JSON (`{"uid", "attrs", "parents"[, "tags"]}`), with
+/// the blocklist's view added where it applies.
+pub(crate) fn to_json(
+    uid: &EntityUID,
+    stored: &Stored,
+    blocklist: Option<(&SmolStr, bool)>,
+) -> Json {
+    let mut attrs = Map::new();
+    for (k, v) in stored.attrs.iter() {
+        attrs.insert(k.to_string(), value_json(v));
+    }
+    if let Some((attr, blocked)) = blocklist {
+        attrs.insert(attr.to_string(), Json::Bool(blocked));
+    }
+    let mut out = Map::new();
+    out.insert("uid".into(), uid_json(uid));
+    out.insert("attrs".into(), Json::Object(attrs));
+    out.insert(
+        "parents".into(),
+        Json::Array(stored.parents.iter().map(uid_json).collect()),
+    );
+    if !stored.tags.is_empty() {
+        let tags = stored
+            .tags
+            .iter()
+            .map(|(k, v)| (k.to_string(), value_json(v)))
+            .collect();
+        out.insert("tags".into(), Json::Object(tags));
+    }
+    Json::Object(out)
+}
+
+/// `{"type": .., "id": ..}`.
+pub(crate) fn uid_json(uid: &EntityUID) -> Json {
+    let mut m = Map::new();
+    m.insert("type".into(), Json::String(uid.entity_type().to_string()));
+    m.insert("id".into(), Json::String(uid.eid().escaped().to_string()));
+    // `escaped` quotes nothing for plain ids; the raw id is what JSON needs.
+    m.insert(
+        "id".into(),
+        Json::String(<ast::Eid as AsRef<str>>::as_ref(uid.eid()).to_owned()),
+    );
+    Json::Object(m)
+}
+
+/// A value in Cedar's JSON value form.
+pub(crate) fn value_json(v: &Value) -> Json {
+    CedarValueJson::from_value(v.clone())
+        .ok()
+        .and_then(|j| serde_json::to_value(j).ok())
+        .unwrap_or(Json::Null)
+}
+
+/// Converts entity JSON into store records, directed by the schema.
+pub(crate) struct Converter<'a> {
+    schema: &'a ValidatorSchema,
+    origins: &'a FactOrigins,
+}
+
+/// One converted entity.
+pub(crate) struct Converted {
+    pub uid: EntityUID,
+    pub stored: Stored,
+    /// The blocklist attribute's value, if the JSON gave one (the caller checks it
+    /// against the blocklist).
+    pub claimed_block: Option<bool>,
+}
+
+impl<'a> Converter<'a> {
+    pub fn new(schema: &'a ValidatorSchema, origins: &'a FactOrigins) -> Self {
+        Self { schema, origins }
+    }
+
+    /// Reads one Cedar entity JSON object. The error says what is wrong and where
+    /// (`attrs.zone`, `parents[1]`), without the entity's own name (the caller adds it).
+    pub fn entity(&self, json: &Json) -> Result<Converted, (Option<String>, String)> {
+        let Json::Object(obj) = json else {
+            return Err((
+                None,
+                format!("expected an entity object, found {}", kind(json)),
+            ));
+        };
+        for key in obj.keys() {
+            if !matches!(key.as_str(), "uid" | "attrs" | "parents" | "tags") {
+                return Err((
+                    None,
+                    format!("unknown field `{key}` (expected uid, attrs, parents, tags)"),
+                ));
+            }
+        }
+        let uid = match obj.get("uid") {
+            Some(u) => parse_uid(u).map_err(|e| (None, format!("uid: {e}")))?,
+            None => return Err((None, "no `uid`".into())),
+        };
+        let named = |e: String| (Some(uid.to_string()), e);
+        let entity_type = uid.entity_type();
+        let decl = self.schema.get_entity_type(entity_type);
+        let blocklist_attr = self
+            .origins
+            .blocklist
+            .as_ref()
+            .filter(|b| b.entity_type == entity_type.to_string())
+            .map(|b| b.attr.clone());
+        let mut claimed_block = None;
+        let mut attrs: Vec<(SmolStr, Value)> = Vec::new();
+        match obj.get("attrs") {
+            None | Some(Json::Null) => {}
+            Some(Json::Object(map)) => {
+                for (name, v) in map {
+                    if blocklist_attr.as_deref() == Some(name.as_str()) {
+                        match v {
+                            Json::Bool(b) => claimed_block = Some(*b),
+                            other => {
+                                return Err(named(format!(
+                                    "attrs.{name}: expected a boolean, found {}",
+                                    kind(other)
+                                )));
+                            }
+                        }
+                        continue;
+                    }
+                    let ty = decl
+                        .and_then(|d| d.attr(name))
+                        .map(|a| a.attr_type.as_ref());
+                    let value = self
+                        .value(v, ty, 0)
+                        .map_err(|e| named(format!("attrs.{name}{e}")))?;
+                    attrs.push((SmolStr::new(name), value));
+                }
+            }
+            Some(other) => {
+                return Err(named(format!(
+                    "attrs: expected an object, found {}",
+                    kind(other)
+                )));
+            }
+        }
+        let mut tags: Vec<(SmolStr, Value)> = Vec::new();
+        match obj.get("tags") {
+            None | Some(Json::Null) => {}
+            Some(Json::Object(map)) => {
+                let ty = decl.and_then(|d| d.tag_type());
+                for (name, v) in map {
+                    let value = self
+                        .value(v, ty, 0)
+                        .map_err(|e| named(format!("tags.{name}{e}")))?;
+                    tags.push((SmolStr::new(name), value));
+                }
+            }
+            Some(other) => {
+                return Err(named(format!(
+                    "tags: expected an object, found {}",
+                    kind(other)
+                )));
+            }
+        }
+        let mut parents: Vec<EntityUID> = Vec::new();
+        match obj.get("parents") {
+            None | Some(Json::Null) => {}
+            Some(Json::Array(list)) => {
+                for (i, p) in list.iter().enumerate() {
+                    let parent = parse_uid(p).map_err(|e| named(format!("parents[{i}]: {e}")))?;
+                    if !parents.contains(&parent) {
+                        parents.push(parent);
+                    }
+                }
+            }
+            Some(other) => {
+                return Err(named(format!(
+                    "parents: expected an array, found {}",
+                    kind(other)
+                )));
+            }
+        }
+        attrs.sort_by(|a, b| a.0.cmp(&b.0));
+        tags.sort_by(|a, b| a.0.cmp(&b.0));
+        let stored = Stored {
+            attrs: attrs.into_boxed_slice(),
+            tags: tags.into_boxed_slice(),
+            parents: parents.into_boxed_slice(),
+        };
+        // Cedar's own checker decides conformance (required and unknown attributes,
+        // types, parent types, enumerated ids), so the store accepts exactly what
+        // Cedar would. The blocklist attribute, which the store does not keep, is
+        // checked with a placeholder.
+        let probe = materialize(
+            &uid,
+            &stored,
+            stored.parents.iter().cloned().collect(),
+            blocklist_attr
+                .as_ref()
+                .map(|a| (a, claimed_block.unwrap_or(false))),
+        );
+        let core_schema = CoreSchema::new(self.schema);
+        EntitySchemaConformanceChecker::new(&core_schema, Extensions::all_available())
+            .validate_entity(&probe)
+            .map_err(|e| named(e.to_string()))?;
+        Ok(Converted {
+            uid,
+            stored,
+            claimed_block,
+        })
+    }
+
+    /// One attribute value. `ty` is the schema's type for it, when known; without one
+    /// only explicit JSON forms are read. Errors start with the path below the
+    /// attribute (`[2].name: ...`) or with `: ` for the attribute itself.
+    fn value(&self, json: &Json, ty: Option<&Type>, depth: usize) -> Result<Value, String> {
+        if depth > MAX_VALUE_DEPTH {
+            return Err(format!(": nested deeper than {MAX_VALUE_DEPTH} levels"));
+        }
+        let mismatch = |expected: &str| format!(": expected {expected}, found {}", kind(json));
+        match (json, ty) {
+            (Json::Bool(b), _) => Ok((*b).into()),
+            (Json::Number(n), _) => match n.as_i64() {
+                Some(i) => Ok(i.into()),
+                None => Err(format!(": {n} is not a whole number that fits in 64 bits")),
+            },
+            (Json::String(s), Some(Type::ExtensionType { name })) => {
+                let constructor = match name.to_string().as_str() {
+                    "ipaddr" => "ip",
+                    "decimal" => "decimal",
+                    "datetime" => "datetime",
+                    "duration" => "duration",
+                    other => {
+                        return Err(format!(": no implicit form for the extension type {other}"));
+                    }
+                };
+                extension(constructor, s)
+            }
+            (Json::String(s), _) => Ok(SmolStr::new(s).into()),
+            (Json::Array(items), ty) => {
+                let element = match ty {
+                    Some(Type::Set { element_type }) => element_type.as_deref(),
+                    Some(_) => return Err(mismatch("a set")),
+                    None => None,
+                };
+                let values = items
+                    .iter()
+                    .enumerate()
+                    .map(|(i, v)| {
+                        self.value(v, element, depth + 1)
+                            .map_err(|e| format!("[{i}]{e}"))
+                    })
+                    .collect::<Result<Vec<_>, _>>()?;
+                Ok(Value::set(values, None))
+            }
+            (Json::Object(obj), ty) => {
+                if let Some(inner) = obj.get("__entity") {
+                    return parse_uid(inner)
+                        .map(|u| Value::from(Literal::from(Arc::new(u))))
+                        .map_err(|e| format!(": {e}"));
+                }
+                if let Some(inner) = obj.get("__extn") {
+                    let (Some(f), Some(arg)) = (
+                        inner.get("fn").and_then(Json::as_str),
+                        inner.get("arg").and_then(Json::as_str),
+                    ) else {
+                        return Err(": __extn needs a string `fn` and a string `arg`".into());
+                    };
+                    return extension(f, arg);
+                }
+                match ty {
+                    Some(Type::Entity(EntityKind::Entity(_) | EntityKind::AnyEntity)) => {
+                        parse_uid(json)
+                            .map(|u| Value::from(Literal::from(Arc::new(u))))
+                            .map_err(|e| format!(": {e}"))
+                    }
+                    Some(Type::Record { attrs, .. }) => {
+                        let mut pairs = BTreeMap::new();
+                        for (k, v) in obj {
+                            let t = attrs.get_attr(k).map(|a| a.attr_type.as_ref());
+                            let value = self
+                                .value(v, t, depth + 1)
+                                .map_err(|e| format!(".{k}{e}"))?;
+                            pairs.insert(SmolStr::new(k), value);
+                        }
+                        Ok(Value::record_arc(Arc::new(pairs), None))
+                    }
+                    Some(_) => Err(mismatch("a value of another type")),
+                    None => {
+                        let mut pairs = BTreeMap::new();
+                        for (k, v) in obj {
+                            let value = self
+                                .value(v, None, depth + 1)
+                                .map_err(|e| format!(".{k}{e}"))?;
+                            pairs.insert(SmolStr::new(k), value);
+                        }
+                        Ok(Value::record_arc(Arc::new(pairs), None))
+                    }
+                }
+            }
+            (Json::Null, _) => Err(": null is not a Cedar value".into()),
+        }
+    }
+}
+
+/// An extension value: `fn(arg)`, evaluated by Cedar.
+fn extension(function: &str, arg: &str) -> Result<Value, String> {
+    let name = Name::parse_unqualified_name(function)
+        .map_err(|_| format!(": {function:?} is not an extension function"))?;
+    let expr = RestrictedExpr::call_extension_fn(name, [RestrictedExpr::val(arg)]);
+    RestrictedEvaluator::new(Extensions::all_available())
+        .interpret(expr.as_borrowed())
+        .map_err(|e| format!(": {function}({arg:?}): {e}"))
+}
+
+/// Reads `{"type": .., "id": ..}`, `{"__entity": {..}}` or `"Type::\"id\""`.
+pub(crate) fn parse_uid(json: &Json) -> Result<EntityUID, String> {
+    match json {
+        Json::String(s) => crate::request::EntityUid::from_str(s)
+            .map(|u| u.0.as_ref().clone())
+            .map_err(|_| format!("{} is not an entity reference", truncate(s))),
+        Json::Object(o) => {
+            let o = match o.get("__entity") {
+                Some(Json::Object(inner)) => inner,
+                _ => o,
+            };
+            match (o.get("type"), o.get("id")) {
+                (Some(Json::String(t)), Some(Json::String(id))) => {
+                    let ty = entity_type(t)
+                        .ok_or_else(|| format!("{} is not an entity type", truncate(t)))?;
+                    Ok(EntityUID::from_components(
+                        ty,
+                        ast::Eid::new(id.as_str()),
+                        None,
+                    ))
+                }
+                _ => Err("expected {\"type\": .., \"id\": ..}".into()),
+            }
+        }
+        other => Err(format!(
+            "expected an entity reference, found {}",
+            kind(other)
+        )),
+    }
+}
+
+/// A parsed entity type name, cached (a deployment uses a few dozen).
+pub(crate) fn entity_type(name: &str) -> Option<EntityType> {
+    use std::sync::{PoisonError, RwLock};
+    const MAX_CACHED: usize = 256;
+    static CACHE: RwLock<Option<HashMap<String, EntityType>>> = RwLock::new(None);
+    if let Some(t) = CACHE
+        .read()
+        .unwrap_or_else(PoisonError::into_inner)
+        .as_ref()
+        .and_then(|m| m.get(name))
+    {
+        return Some(t.clone());
+    }
+    let t = EntityType::from_normalized_str(name).ok()?;
+    let mut cache = CACHE.write().unwrap_or_else(PoisonError::into_inner);
+    let map = cache.get_or_insert_with(HashMap::new);
+    if map.len() < MAX_CACHED {
+        map.insert(name.to_owned(), t.clone());
+    }
+    Some(t)
+}
+
+fn kind(v: &Json) -> &'static str {
+    crate::request::kind(v)
+}
+
+fn truncate(s: &str) -> String {
+    match s.char_indices().nth(80) {
+        Some((i, _)) => format!("{:?}...", s.get(..i).unwrap_or(s)),
+        None => format!("{s:?}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn uid(t: &str, id: &str) -> EntityUID {
+        EntityUID::from_components(entity_type(t).unwrap(), ast::Eid::new(id), None)
+    }
+
+    fn stored(parents: &[EntityUID]) -> Arc<Stored> {
+        Arc::new(Stored {
+            attrs: Box::new([]),
+            tags: Box::new([]),
+            parents: parents.to_vec().into_boxed_slice(),
+        })
+    }
+
+    #[test]
+    fn ancestors_follow_the_stored_hierarchy_and_cycles_are_seen() {
+        let mut s = Store::default();
+        s.insert(uid("Cluster", "c"), stored(&[]));
+        s.insert(uid("Zone", "z"), stored(&[uid("Cluster", "c")]));
+        s.insert(uid("Node", "n"), stored(&[uid("Zone", "z")]));
+        let a = s.ancestors(&[uid("Zone", "z")], &HashMap::new());
+        assert_eq!(a, HashSet::from([uid("Zone", "z"), uid("Cluster", "c")]));
+        assert!(s.would_cycle(&uid("Cluster", "c"), &[uid("Node", "n")], &HashMap::new()));
+        assert!(!s.would_cycle(&uid("Node", "m"), &[uid("Zone", "z")], &HashMap::new()));
+    }
+
+    #[test]
+    fn entities_of_a_type_are_a_range() {
+        let mut s = Store::default();
+        for id in ["b", "a", "c"] {
+            s.insert(uid("Zone", id), stored(&[]));
+        }
+        s.insert(uid("Node", "a"), stored(&[]));
+        s.insert(uid("ZoneX", "a"), stored(&[]));
+        let zone = entity_type("Zone").unwrap();
+        let ids: Vec<String> = s
+            .of_type(&zone)
+            .map(|(u, _)| u.eid().escaped().to_string())
+            .collect();
+        assert_eq!(ids, ["a", "b", "c"]);
+    }
+
+    #[test]
+    fn uids_are_read_in_every_form() {
+        for j in [
+            json!({"type": "Node", "id": "n1"}),
+            json!({"__entity": {"type": "Node", "id": "n1"}}),
+            json!("Node::\"n1\""),
+        ] {
+            assert_eq!(parse_uid(&j).unwrap(), uid("Node", "n1"));
+        }
+        assert!(parse_uid(&json!({"type": "no such", "id": "x"})).is_err());
+        assert!(parse_uid(&json!(3)).is_err());
+    }
+
+    #[test]
+    fn json_round_trips_ids_that_need_escaping() {
+        let u = uid("Node", "a \"b\" \\c");
+        let j = uid_json(&u);
+        assert_eq!(j["id"], "a \"b\" \\c");
+        assert_eq!(parse_uid(&j).unwrap(), u);
+    }
+}
