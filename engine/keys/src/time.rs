@@ -1,0 +1,156 @@
+//! Time as the keyring sees it: whole seconds since the Unix epoch, from a [`Clock`] the
+//! caller injects.
+//!
+//! Why this module exists: key age drives rotation, and the decision *when* to rotate belongs
+//! to the engine's policies and the engine's clock. The keyring therefore never reads the
+//! system time itself; it asks the [`Clock`] it was given, so tests (and the engine's
+//! simulations) can move time forward by 90 days without waiting.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+
+/// A point in time: whole seconds since 1970-01-01T00:00:00Z (UTC).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Timestamp(u64);
+
+impl Timestamp {
+    /// The instant `seconds` after the Unix epoch.
+    pub const fn from_unix_seconds(seconds: u64) -> Self {
+        Self(seconds)
+    }
+
+    /// Seconds since the Unix epoch.
+    pub const fn unix_seconds(self) -> u64 {
+        self.0
+    }
+
+    /// The time elapsed from `self` to `later`; zero if `later` is earlier (a clock that
+    /// stepped back never yields a negative age).
+    pub fn elapsed_until(self, later: Timestamp) -> Duration {
+        Duration::from_secs(later.0.saturating_sub(self.0))
+    }
+
+    /// The instant `duration` after `self` (saturating).
+    pub fn plus(self, duration: Duration) -> Self {
+        Self(self.0.saturating_add(duration.as_secs()))
+    }
+
+    /// The calendar date in UTC, as `YYYY-MM-DD`.
+    pub fn date(self) -> String {
+        let (y, m, d) = civil_from_days(self.0 / 86_400);
+        format!("{y:04}-{m:02}-{d:02}")
+    }
+}
+
+/// RFC 3339 in UTC, e.g. `2026-03-01T09:30:00Z`.
+impl std::fmt::Display for Timestamp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let secs = self.0 % 86_400;
+        write!(
+            f,
+            "{}T{:02}:{:02}:{:02}Z",
+            self.date(),
+            secs / 3600,
+            secs % 3600 / 60,
+            secs % 60
+        )
+    }
+}
+
+/// Converts days since 1970-01-01 to a proleptic Gregorian (year, month, day), after Howard
+/// Hinnant's `civil_from_days` (public domain), restricted to dates on or after the epoch.
+fn civil_from_days(days: u64) -> (u64, u64, u64) {
+    let z = days + 719_468;
+    let era = z / 146_097;
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + u64::from(m <= 2);
+    (y, m, d)
+}
+
+/// Where the keyring reads the time. The engine supplies its own; tests use [`ManualClock`].
+pub trait Clock: Send + Sync {
+    /// The current time.
+    fn now(&self) -> Timestamp;
+}
+
+/// The system's wall clock.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SystemClock;
+
+impl Clock for SystemClock {
+    fn now(&self) -> Timestamp {
+        let secs = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0);
+        Timestamp(secs)
+    }
+}
+
+/// A clock that only moves when told to: for tests and for replaying a schedule.
+#[derive(Debug, Default)]
+pub struct ManualClock(AtomicU64);
+
+impl ManualClock {
+    /// A clock standing at `start`.
+    pub fn new(start: Timestamp) -> Self {
+        Self(AtomicU64::new(start.0))
+    }
+
+    /// Sets the time.
+    pub fn set(&self, to: Timestamp) {
+        self.0.store(to.0, Ordering::SeqCst);
+    }
+
+    /// Moves the time forward by `by`.
+    pub fn advance(&self, by: Duration) {
+        let secs = by.as_secs();
+        let _ = self
+            .0
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |t| {
+                Some(t.saturating_add(secs))
+            });
+    }
+}
+
+impl Clock for ManualClock {
+    fn now(&self) -> Timestamp {
+        Timestamp(self.0.load(Ordering::SeqCst))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn formats_dates_in_utc() {
+        assert_eq!(Timestamp(0).to_string(), "1970-01-01T00:00:00Z");
+        // 2026-03-01T09:30:05Z, checked with `date -u -d @1772357405`.
+        assert_eq!(Timestamp(1_772_357_405).to_string(), "2026-03-01T09:30:05Z");
+        // A leap day.
+        assert_eq!(Timestamp(951_782_400).date(), "2000-02-29");
+        assert_eq!(Timestamp(4_102_444_799).to_string(), "2099-12-31T23:59:59Z");
+    }
+
+    #[test]
+    fn manual_clock_moves_only_when_told_and_ages_never_go_negative() {
+        let clock = ManualClock::new(Timestamp(1000));
+        assert_eq!(clock.now(), Timestamp(1000));
+        clock.advance(Duration::from_secs(90 * 86_400));
+        assert_eq!(clock.now(), Timestamp(1000 + 90 * 86_400));
+        assert_eq!(
+            Timestamp(1000).elapsed_until(clock.now()),
+            Duration::from_secs(90 * 86_400)
+        );
+        assert_eq!(clock.now().elapsed_until(Timestamp(5)), Duration::ZERO);
+    }
+}

@@ -1,0 +1,18 @@
+//! The integration tests of probity-collect: real captures and our own fixtures from
+//! testdata/fixtures, real commands, a loopback HTTP server, a temporary powercap tree, and
+//! this machine's own /proc/net.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
+
+mod common;
+mod dcgm;
+mod ipmi;
+mod mutation;
+mod nvidia_smi;
+mod rapl;
+mod sockets;
+mod source;
