@@ -29,6 +29,8 @@ pub struct Config {
     pub pinned_cuda_image: String,
     /// The namespace held to the GPU:CPU ratio.
     pub inference_namespace: String,
+    /// More namespaces held to it: names, or prefixes ending in `*` (default none).
+    pub inference_namespaces: Vec<String>,
     /// CPUs a workload in the inference namespace keeps per GPU.
     pub inference_cpus_per_gpu: u32,
     /// The workload class that goes only to its dedicated zone.
@@ -71,6 +73,8 @@ struct RawPlacement {
     pinned_driver: Spanned<String>,
     pinned_cuda_image: Spanned<String>,
     inference_namespace: Spanned<String>,
+    #[serde(default)]
+    inference_namespaces: Vec<Spanned<String>>,
     inference_cpus_per_gpu: Spanned<i64>,
     rlhf_class: Spanned<String>,
     #[serde(default)]
@@ -273,6 +277,11 @@ impl Config {
             pinned_driver: c.non_empty("pinned_driver", &p.pinned_driver)?,
             pinned_cuda_image: c.non_empty("pinned_cuda_image", &p.pinned_cuda_image)?,
             inference_namespace: c.non_empty("inference_namespace", &p.inference_namespace)?,
+            inference_namespaces: p
+                .inference_namespaces
+                .iter()
+                .map(|n| c.non_empty("inference_namespaces", n))
+                .collect::<Result<_, _>>()?,
             inference_cpus_per_gpu: c.range("inference_cpus_per_gpu", &p.inference_cpus_per_gpu)?,
             rlhf_class,
             workload_classes,
@@ -297,6 +306,7 @@ impl Config {
                 "pinnedDriver": self.pinned_driver,
                 "pinnedCudaImage": self.pinned_cuda_image,
                 "inferenceNamespace": { "__entity": { "type": "Namespace", "id": self.inference_namespace } },
+                "inferenceNamespaces": self.inference_namespaces,
                 "inferenceCpuMillisPerGpu": i64::from(self.inference_cpus_per_gpu) * 1000,
                 "rlhfClass": self.rlhf_class,
                 "gpuMemoryMaxPct": self.gpu_memory_max_pct,

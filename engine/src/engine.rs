@@ -588,14 +588,22 @@ impl Engine {
             .reason()
             .filter_map(|id| bundle.meta.get(id).cloned());
         // A forbid that could not be evaluated counts as fired: deciding fails closed.
-        // It gives a reason but no obligation, since its condition was never established.
+        // It gives a reason but no obligation, since its condition was never
+        // established; and only when no forbid fired outright (then the failures are
+        // errors, not the explanation of the deny).
         let (decision, determining): (Effect, Vec<(Arc<PolicyMeta>, bool)>) =
             if response.decision() == cedar_policy::Decision::Allow && failed_forbids.is_empty() {
                 (Effect::Allow, fired.map(|m| (m, true)).collect())
             } else {
-                let forbids = fired.filter(|m| m.forbid).map(|m| (m, true));
-                let failed = failed_forbids.into_iter().map(|m| (m, false));
-                (Effect::Deny, forbids.chain(failed).collect())
+                let forbids: Vec<_> = fired.filter(|m| m.forbid).map(|m| (m, true)).collect();
+                if forbids.is_empty() {
+                    (
+                        Effect::Deny,
+                        failed_forbids.into_iter().map(|m| (m, false)).collect(),
+                    )
+                } else {
+                    (Effect::Deny, forbids)
+                }
             };
         let facts = Facts {
             request,

@@ -23,8 +23,8 @@
 //!   {"uid": {"type": "Node", "id": "gpu-001"}, "parents": [],
 //!    "attrs": {"zone": {"__entity": {"type": "Zone", "id": "z1"}}, "rack": "r1",
 //!      "driverVersion": "590.48.01", "cudaImage": "nvcr.io/nvidia/cuda:12.8.0-base-ubuntu24.04",
-//!      "gpuModel": {"__entity": {"type": "GpuModel", "id": "A100"}}, "gpuCount": 8, "cpuCount": 64,
-//!      "gpuMemoryMiB": 81920, "blocked": false, "hottestGpuTempC": 71,
+//!      "gpuNode": true, "gpuModel": {"__entity": {"type": "GpuModel", "id": "A100"}}, "gpuCount": 8,
+//!      "cpuCount": 64, "gpuMemoryMiB": 81920, "hottestGpuTempC": 71,
 //!      "powerDrawW": 3000, "powerWindowMeanW": 2900}}
 //! ]))?;
 //! let request = Request::from_json_slice(

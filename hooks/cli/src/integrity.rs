@@ -298,8 +298,8 @@ pub fn nodes(command: &NodesCommand, state_args: &StateArgs) -> Result<u8> {
         .into_iter()
         .map(|b| {
             let mut v = serde_json::json!({"node": b.node, "reason": b.record.reason, "since": b.record.since});
-            if !b.record.history.is_empty() {
-                v["history"] = serde_json::json!(b.record.history);
+            if let (Some(o), false) = (v.as_object_mut(), b.record.history.is_empty()) {
+                o.insert("history".into(), serde_json::json!(b.record.history));
             }
             v
         })

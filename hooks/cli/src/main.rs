@@ -63,6 +63,14 @@ enum Command {
         /// A state directory whose blocked nodes apply to the decision.
         #[arg(long, env = "PROBITY_STATE_DIR")]
         state_dir: Option<PathBuf>,
+        /// Ask as an authorized reporter of the facts the engine owns (a decision's
+        /// time, a read's verification, power readings, login times): without it, a
+        /// request that carries them is denied, as it is over the API.
+        #[arg(long)]
+        as_reporter: bool,
+        /// The engine's clock for this decision, in Unix seconds [default: now].
+        #[arg(long)]
+        now: Option<i64>,
         #[command(flatten)]
         policies: PolicyArgs,
     },
@@ -243,11 +251,14 @@ fn run(cli: Cli) -> Result<u8> {
             request,
             entities,
             state_dir,
+            as_reporter,
+            now,
             policies,
         } => eval(
             &request,
             entities.as_deref(),
             state_dir.as_deref(),
+            EvalAs { as_reporter, now },
             &policies,
         ),
         Command::Test { path, policies } => test(&path, &policies),
@@ -349,7 +360,18 @@ fn serve(args: ServeArgs) -> Result<u8> {
 }
 
 fn build(dir: &Path, files: &SchemaConfig) -> Result<Engine, LoadError> {
+    build_with_clock(dir, files, None)
+}
+
+fn build_with_clock(
+    dir: &Path,
+    files: &SchemaConfig,
+    clock: Option<std::sync::Arc<dyn probity::Clock>>,
+) -> Result<Engine, LoadError> {
     let mut b = Engine::builder(dir);
+    if let Some(c) = clock {
+        b = b.clock(c);
+    }
     if let Some(s) = &files.schema {
         b = b.schema(s);
     }
@@ -368,6 +390,13 @@ fn report(e: LoadError) -> anyhow::Error {
 }
 
 fn load(args: &PolicyArgs) -> Result<Engine> {
+    load_with_clock(args, None)
+}
+
+fn load_with_clock(
+    args: &PolicyArgs,
+    clock: Option<std::sync::Arc<dyn probity::Clock>>,
+) -> Result<Engine> {
     let dir = args.policies.clone().or_else(|| {
         let local = PathBuf::from("policies");
         local.join("probity.cedarschema").is_file().then_some(local)
@@ -375,11 +404,15 @@ fn load(args: &PolicyArgs) -> Result<Engine> {
     match dir {
         Some(dir) => {
             eprintln!("probity: policies from {}", dir.display());
-            build(&dir, &args.files).map_err(report)
+            build_with_clock(&dir, &args.files, clock).map_err(report)
         }
         None => {
             eprintln!("probity: embedded default policies");
-            Engine::from_embedded_defaults().map_err(report)
+            let mut b = Engine::defaults();
+            if let Some(c) = clock {
+                b = b.clock(c);
+            }
+            b.build().map_err(report)
         }
     }
 }
@@ -448,13 +481,23 @@ fn read_limited(path: &Path, limit: u64) -> Result<Vec<u8>> {
     Ok(buf)
 }
 
+/// How `eval` asks: as a reporter or not, at which time.
+struct EvalAs {
+    as_reporter: bool,
+    now: Option<i64>,
+}
+
 fn eval(
     request: &Path,
     entities: Option<&Path>,
     state_dir: Option<&Path>,
+    asking: EvalAs,
     policies: &PolicyArgs,
 ) -> Result<u8> {
-    let engine = load(policies)?;
+    let clock: Option<std::sync::Arc<dyn probity::Clock>> = asking.now.map(|t| {
+        std::sync::Arc::new(probity::ManualClock::at(t)) as std::sync::Arc<dyn probity::Clock>
+    });
+    let engine = load_with_clock(policies, clock)?;
     if let Some(dir) = state_dir {
         let state = probity::state::StateStore::open(dir)
             .with_context(|| format!("cannot open the state directory {}", dir.display()))?;
@@ -464,8 +507,11 @@ fn eval(
         load_entities(&engine, path)?;
     }
     let bytes = read_limited(request, probity::MAX_REQUEST_BYTES as u64)?;
-    let request = Request::from_json_slice(&bytes)
+    let mut request = Request::from_json_slice(&bytes)
         .with_context(|| format!("cannot read the request in {}", request.display()))?;
+    if asking.as_reporter {
+        request = request.as_fact_reporter();
+    }
     let decision = engine.decide(&request);
     println!("{}", serde_json::to_string_pretty(&decision)?);
     Ok(if decision.is_allowed() {

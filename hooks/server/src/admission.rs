@@ -22,7 +22,7 @@ use serde_json::{Map, Value, json};
 
 use crate::AppState;
 use crate::api::json_body;
-use crate::config::UnknownKinds;
+use crate::config::{UnknownKinds, UnknownNodes};
 use crate::error::ApiError;
 
 const API_VERSION: &str = "admission.k8s.io/v1";
@@ -209,7 +209,10 @@ fn pod_paths(kind: &str) -> Option<(&'static str, &'static str)> {
 
 /// The facts of one pod spec that the policies read.
 struct Workload {
+    /// The Workload entity's id: derived from the review, never a stored id.
     id: String,
+    /// `namespace/name`, for messages.
+    name: String,
     namespace: String,
     class: String,
     node_name: Option<String>,
@@ -321,51 +324,26 @@ fn workload(
             })?,
     };
     let containers = spec.get("containers").and_then(Value::as_array);
-    let mut gpus: i64 = 0;
-    let mut cpu_millis: i64 = 0;
-    for (i, c) in containers.into_iter().flatten().enumerate() {
-        let resources = c.get("resources");
-        let pick = |key: &str| {
-            let limits = resources
-                .and_then(|r| r.get("limits"))
-                .and_then(|l| l.get(key));
-            let requests = resources
-                .and_then(|r| r.get("requests"))
-                .and_then(|l| l.get(key));
-            (limits, requests)
-        };
-        let (gl, gr) = pick(&cfg.gpu_resource);
-        if let Some(q) = gl.or(gr) {
-            let n = quantity::count(q).ok_or_else(|| {
-                format!(
-                    "containers[{i}]: {} {q} is not a whole number",
-                    cfg.gpu_resource
-                )
-            })?;
-            gpus = gpus.saturating_add(n);
-        }
-        // Kubernetes defaults a missing cpu request to the limit.
-        let (cl, cr) = pick("cpu");
-        if let Some(q) = cr.or(cl) {
-            let m = quantity::cpu_millis(q)
-                .ok_or_else(|| format!("containers[{i}]: cpu {q} is not a CPU quantity"))?;
-            cpu_millis = cpu_millis.saturating_add(m);
-        }
-    }
+    let total = pod_requests(spec, cfg)?;
     let image = containers
         .and_then(|c| c.first())
         .and_then(|c| c.get("image"))
         .and_then(Value::as_str)
         .unwrap_or("")
         .to_owned();
-    let id = format!("{namespace}/{name}");
+    // The object under review is the webhook's own translation, not a caller's claim:
+    // its id comes from the review, so it never collides with a workload the store
+    // holds (an UPDATE of a stored workload is judged as the object now reads).
+    let review_uid = text(request.get("uid")).unwrap_or_else(|| "unknown".into());
+    let id = format!("review/{review_uid}");
     let entity = json!({
         "uid": {"type": "Workload", "id": id},
         "attrs": {
             "namespace": {"__entity": {"type": "Namespace", "id": namespace}},
+            "namespaceMatches": namespace_matches(&namespace),
             "class": class,
-            "gpus": gpus,
-            "cpuMillis": cpu_millis,
+            "gpus": total.gpus,
+            "cpuMillis": total.cpu_millis,
             "gpuMemoryMiB": gpu_memory,
             "image": image,
         },
@@ -374,10 +352,145 @@ fn workload(
     let node_name = text(spec.get("nodeName"));
     Ok(Workload {
         id,
+        name: format!("{namespace}/{name}"),
         namespace,
         class,
         node_name,
         entity,
+    })
+}
+
+/// A namespace's name and each of its prefixes followed by `*`: what the settings'
+/// `inferenceNamespaces` entries (a name, or a prefix ending in `*`) are matched
+/// against in Cedar, which has no string prefix test of its own.
+fn namespace_matches(namespace: &str) -> Vec<String> {
+    let mut out = vec![namespace.to_owned()];
+    out.extend(
+        namespace
+            .char_indices()
+            .map(|(i, c)| format!("{}*", namespace.get(..i + c.len_utf8()).unwrap_or(""))),
+    );
+    out
+}
+
+/// What a pod asks for, counted as the scheduler counts it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Amounts {
+    gpus: i64,
+    cpu_millis: i64,
+}
+
+impl Amounts {
+    fn plus(self, o: Amounts) -> Amounts {
+        Amounts {
+            gpus: self.gpus.saturating_add(o.gpus),
+            cpu_millis: self.cpu_millis.saturating_add(o.cpu_millis),
+        }
+    }
+
+    fn max(self, o: Amounts) -> Amounts {
+        Amounts {
+            gpus: self.gpus.max(o.gpus),
+            cpu_millis: self.cpu_millis.max(o.cpu_millis),
+        }
+    }
+}
+
+/// The pod's effective request, as Kubernetes computes it: the larger of (a) its
+/// containers plus its restartable init containers (sidecars, `restartPolicy:
+/// Always`, which run beside them) and (b) each ordinary init container plus the
+/// sidecars started before it; then `spec.overhead` on top. Per resource.
+fn pod_requests(spec: &Value, cfg: &crate::config::AdmissionConfig) -> Result<Amounts, String> {
+    let list = |field: &str| spec.get(field).and_then(Value::as_array);
+    let mut regular = Amounts::default();
+    for (i, c) in list("containers").into_iter().flatten().enumerate() {
+        regular = regular.plus(container_requests(c, &format!("containers[{i}]"), cfg)?);
+    }
+    let mut sidecars = Amounts::default();
+    let mut init_peak = Amounts::default();
+    for (i, c) in list("initContainers").into_iter().flatten().enumerate() {
+        let a = container_requests(c, &format!("initContainers[{i}]"), cfg)?;
+        if c.get("restartPolicy").and_then(Value::as_str) == Some("Always") {
+            sidecars = sidecars.plus(a);
+        } else {
+            init_peak = init_peak.max(a.plus(sidecars));
+        }
+    }
+    let overhead = match spec.get("overhead") {
+        None | Some(Value::Null) => Amounts::default(),
+        Some(o) => resource_list(o, "overhead", cfg, true)?,
+    };
+    Ok(regular.plus(sidecars).max(init_peak).plus(overhead))
+}
+
+/// One container's request: GPUs from limits (extended resources must have equal
+/// requests and limits), CPU from requests (defaulted to the limit when unset).
+fn container_requests(
+    c: &Value,
+    at: &str,
+    cfg: &crate::config::AdmissionConfig,
+) -> Result<Amounts, String> {
+    let resources = c.get("resources");
+    let limits = resources.and_then(|r| r.get("limits"));
+    let requests = resources.and_then(|r| r.get("requests"));
+    let from_limits = match limits {
+        Some(l) => resource_list(l, &format!("{at}.resources.limits"), cfg, false)?,
+        None => Amounts::default(),
+    };
+    let from_requests = match requests {
+        Some(r) => resource_list(r, &format!("{at}.resources.requests"), cfg, false)?,
+        None => Amounts::default(),
+    };
+    let has_cpu_request = requests.and_then(|r| r.get("cpu")).is_some();
+    Ok(Amounts {
+        gpus: from_limits.gpus.max(from_requests.gpus),
+        cpu_millis: if has_cpu_request {
+            from_requests.cpu_millis
+        } else {
+            from_limits.cpu_millis
+        },
+    })
+}
+
+/// GPUs and CPU millicores in one resource list (`limits`, `requests`, `overhead`).
+fn resource_list(
+    list: &Value,
+    at: &str,
+    cfg: &crate::config::AdmissionConfig,
+    overhead: bool,
+) -> Result<Amounts, String> {
+    let Some(map) = list.as_object() else {
+        return Err(format!("{at} is not an object"));
+    };
+    let mut out = Amounts::default();
+    for (name, q) in map {
+        if name == "cpu" {
+            let m = quantity::cpu_millis(q)
+                .ok_or_else(|| format!("{at}.cpu: {q} is not a CPU quantity"))?;
+            out.cpu_millis = out.cpu_millis.saturating_add(m);
+        } else if let Some(weight) = gpu_weight(name, cfg) {
+            let n = quantity::count(q)
+                .ok_or_else(|| format!("{at}.{name}: {q} is not a whole number"))?;
+            if overhead && n > 0 {
+                return Err(format!("{at}.{name}: a pod's overhead cannot hold GPUs"));
+            }
+            out.gpus = out.gpus.saturating_add(n.saturating_mul(i64::from(weight)));
+        }
+    }
+    Ok(out)
+}
+
+/// How many GPUs one unit of resource `name` is, if it is a GPU resource.
+fn gpu_weight(name: &str, cfg: &crate::config::AdmissionConfig) -> Option<u32> {
+    if name == cfg.gpu_resource {
+        return Some(1);
+    }
+    cfg.gpu_resources.iter().find_map(|(pattern, w)| {
+        let hit = match pattern.strip_suffix('*') {
+            Some(prefix) => name.starts_with(prefix),
+            None => name == pattern,
+        };
+        hit.then_some(*w)
     })
 }
 
@@ -444,25 +557,27 @@ fn validate_workload(state: &AppState, uid: &str, w: &Workload, dry_run: bool) -
     }
     if let Some(node) = &w.node_name {
         let what = format!("schedule onto node {node}");
-        if let Some(block) = state.engine().blocked_nodes().get(node) {
-            denials.push(format!(
-                "{what}: the node is blocked: {} (placement.blocked-node)",
-                block.reason
+        let node_uid = match EntityUid::new("Node", node) {
+            Ok(n) => n,
+            Err(e) => return Answer::deny(uid, 400, e.to_string()),
+        };
+        let unknown = state.engine().entity(&node_uid).is_none()
+            && !state.engine().blocked_nodes().contains_key(node);
+        if unknown && state.config().admission.unknown_nodes == UnknownNodes::Warn {
+            warnings.push(format!(
+                "probity: node {node} is not in the entity store; placement not checked (admission.unknown_nodes = \"warn\")"
             ));
         } else {
-            let node_uid = match EntityUid::new("Node", node) {
-                Ok(n) => n,
-                Err(e) => return Answer::deny(uid, 400, e.to_string()),
+            // An unknown node is decided too: its placement rules cannot be
+            // evaluated, so the decision is a deny that says so. A block's own reason
+            // (from the blocklist) is added to the answer.
+            let what = match state.engine().blocked_nodes().get(node) {
+                Some(b) => format!("{what} (blocked: {})", b.reason),
+                None => what,
             };
-            if state.engine().entity(&node_uid).is_some() {
-                match request("schedule", node_uid) {
-                    Ok(r) => note(&decide(&r), &what, &mut warnings),
-                    Err(e) => return Answer::deny(uid, 400, e),
-                }
-            } else {
-                warnings.push(format!(
-                    "probity: node {node} is not in the entity store; placement not checked"
-                ));
+            match request("schedule", node_uid) {
+                Ok(r) => note(&decide(&r), &what, &mut warnings),
+                Err(e) => return Answer::deny(uid, 400, e),
             }
         }
     }
@@ -474,7 +589,7 @@ fn validate_workload(state: &AppState, uid: &str, w: &Workload, dry_run: bool) -
         let mut a = Answer::deny(
             uid,
             403,
-            format!("probity denied {}: {}", w.id, denials.join(" | ")),
+            format!("probity denied {}: {}", w.name, denials.join(" | ")),
         );
         a.warnings = warnings;
         a

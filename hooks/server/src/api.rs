@@ -62,7 +62,7 @@ async fn authorize(
     node: Option<&str>,
 ) -> Result<(), ApiError> {
     let request = caller
-        .manage_request(&state.config().auth, api, operation, node)
+        .manage_request(api, operation, node)
         .map_err(|e| ApiError::BadRequest(e.to_string()))?;
     let decision = state.decide_async(request).await;
     if decision.is_allowed() {
@@ -75,18 +75,34 @@ async fn authorize(
     }
 }
 
+/// Marks `request` as reported by an authorized source when it carries facts the
+/// engine owns and the api policies let this caller `report` on `Api::"facts"`;
+/// otherwise leaves it as it is, and the engine's deny names the fact.
+async fn with_reporter(state: &AppState, caller: &Caller, request: Request) -> Request {
+    if !state.engine().needs_reporter(&request) {
+        return request;
+    }
+    match authorize(state, caller, "facts", "report", None).await {
+        Ok(()) => request.as_fact_reporter(),
+        Err(_) => request,
+    }
+}
+
 pub(crate) async fn decide(
     State(state): State<AppState>,
+    ext: Extensions,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<Decision>, ApiError> {
     let value = json_body(&state, body, "request")?;
     let request =
         Request::from_json_value(&value).map_err(|e| ApiError::BadRequest(e.to_string()))?;
+    let request = with_reporter(&state, &caller(&ext), request).await;
     Ok(Json(state.decide_async(request).await))
 }
 
 pub(crate) async fn decide_batch(
     State(state): State<AppState>,
+    ext: Extensions,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<Value>, ApiError> {
     let value = json_body(&state, body, "batch")?;
@@ -120,6 +136,19 @@ pub(crate) async fn decide_batch(
                 .map_err(|e| ApiError::BadRequest(format!("requests[{i}]: {e}")))
         })
         .collect::<Result<Vec<_>, _>>()?;
+    // The caller is authorized to report at most once per batch.
+    let requests = if requests.iter().any(|r| state.engine().needs_reporter(r)) {
+        let caller = caller(&ext);
+        let reporter = authorize(&state, &caller, "facts", "report", None)
+            .await
+            .is_ok();
+        requests
+            .into_iter()
+            .map(|r| if reporter { r.as_fact_reporter() } else { r })
+            .collect()
+    } else {
+        requests
+    };
     // Large batches, and any batch whose denies must be recorded before the answer,
     // are decided on the blocking pool.
     let decisions = if requests.len() >= BLOCKING_BATCH || state.engine().state().is_some() {

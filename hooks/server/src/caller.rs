@@ -2,9 +2,7 @@
 //! whether that caller may change state through the API (`Action::"manage"`).
 
 use probity::{Decision, EntityUid, Request};
-use serde_json::{Map, Value, json};
-
-use crate::config::AuthConfig;
+use serde_json::{Map, Value};
 
 /// The identity of a connection's peer, put into each request's extensions by the
 /// listener: `uid:<n>` on the Unix socket, `cn:<subject CN>` with a client certificate.
@@ -29,29 +27,15 @@ impl Caller {
     }
 
     /// The Cedar request asking whether this caller may do `operation` on the `api`
-    /// endpoint family (for `node` when it names one).
+    /// endpoint family (for `node` when it names one). The caller's groups and node
+    /// are engine-owned facts the server registered at start
+    /// ([`crate::AuthConfig::api_entities`]), never part of the request.
     pub(crate) fn manage_request(
         &self,
-        auth: &AuthConfig,
         api: &str,
         operation: &str,
         node: Option<&str>,
     ) -> Result<Request, probity::RequestError> {
-        let groups: Vec<Value> = auth
-            .groups
-            .iter()
-            .filter(|(_, members)| members.contains(&self.0))
-            .map(|(g, _)| json!({"type": "ApiGroup", "id": g}))
-            .collect();
-        let mut attrs = Map::new();
-        if let Some(n) = auth.nodes.get(&self.0) {
-            attrs.insert("node".into(), Value::String(n.clone()));
-        }
-        let entity = json!({
-            "uid": {"type": "ApiCaller", "id": self.0},
-            "attrs": attrs,
-            "parents": groups,
-        });
         let mut context = Map::new();
         context.insert("operation".into(), Value::String(operation.into()));
         if let Some(n) = node {
@@ -62,8 +46,7 @@ impl Caller {
             EntityUid::action("manage")?,
             EntityUid::new("Api", api)?,
         )
-        .with_context(context)
-        .with_entities(vec![entity]))
+        .with_context(context))
     }
 }
 

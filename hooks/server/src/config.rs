@@ -132,6 +132,60 @@ impl Default for AuthConfig {
     }
 }
 
+/// The endpoint families of the API, as `Api` entities.
+pub(crate) const API_FAMILIES: &[&str] = &["decisions", "entities", "facts", "nodes", "verify"];
+
+impl AuthConfig {
+    /// The API's callers, groups and endpoint families as the engine-owned entities the
+    /// `manage` policies read (`ApiCaller` in its `ApiGroup`s, with its `node`). A
+    /// caller not named here has no groups: it exists only as a uid in its requests.
+    pub fn api_entities(&self) -> serde_json::Value {
+        use serde_json::json;
+        let mut callers: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+        for (group, members) in &self.groups {
+            for m in members {
+                callers.entry(m).or_default().push(group);
+            }
+        }
+        for id in self.nodes.keys() {
+            callers.entry(id).or_default();
+        }
+        let mut out = Vec::new();
+        for (id, groups) in callers {
+            let mut attrs = serde_json::Map::new();
+            if let Some(n) = self.nodes.get(id) {
+                attrs.insert("node".into(), json!(n));
+            }
+            out.push(json!({
+                "uid": {"type": "ApiCaller", "id": id},
+                "attrs": attrs,
+                "parents": groups.iter().map(|g| json!({"type": "ApiGroup", "id": g})).collect::<Vec<_>>(),
+            }));
+        }
+        for g in self.groups.keys() {
+            out.push(json!({"uid": {"type": "ApiGroup", "id": g}, "attrs": {}, "parents": []}));
+        }
+        for f in API_FAMILIES {
+            out.push(json!({"uid": {"type": "Api", "id": f}, "attrs": {}, "parents": []}));
+        }
+        serde_json::Value::Array(out)
+    }
+}
+
+/// What admission does with a pod bound to a node the store holds no facts about.
+#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum UnknownNodes {
+    /// Decide anyway: the placement rules cannot be evaluated, so the pod is denied
+    /// (unknown is a finding). The default.
+    #[default]
+    Deny,
+    /// Skip the `schedule` decision and admit with a warning: for clusters that admit
+    /// pods before node agents have reported their nodes. A blocked node is still
+    /// denied.
+    Warn,
+}
+
 /// What to do with an AdmissionReview for a kind that holds no pod spec.
 #[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
@@ -149,6 +203,9 @@ pub enum UnknownKinds {
 pub struct AdmissionConfig {
     /// Kinds without a pod spec. Default `"allow"` (with a warning).
     pub unknown_kinds: UnknownKinds,
+    /// A pod bound (`spec.nodeName`) to a node absent from the store: `"deny"` (the
+    /// default: placement cannot be checked, so it fails closed) or `"warn"`.
+    pub unknown_nodes: UnknownNodes,
     /// Pod label giving the workload class. Default `"probity.io/class"`.
     pub class_label: String,
     /// Class of a pod without that label. Default `"batch"`.
@@ -158,6 +215,11 @@ pub struct AdmissionConfig {
     pub gpu_memory_annotation: String,
     /// Extended resource counted as GPUs. Default `"nvidia.com/gpu"`.
     pub gpu_resource: String,
+    /// Extended resources that are GPUs, with how many GPUs one unit counts as; a name
+    /// ending in `*` is a prefix (MIG profiles). Default
+    /// `{"nvidia.com/gpu" = 1, "nvidia.com/mig-*" = 1}`; `gpu_resource`, when set, is
+    /// added with a count of 1.
+    pub gpu_resources: BTreeMap<String, u32>,
     /// Node label holding a node's name. Default `"kubernetes.io/hostname"`.
     pub hostname_label: String,
     /// Node label holding a node's Probity zone id. Default `"topology.probity.io/zone"`.
@@ -171,10 +233,15 @@ impl Default for AdmissionConfig {
     fn default() -> Self {
         Self {
             unknown_kinds: UnknownKinds::Allow,
+            unknown_nodes: UnknownNodes::Deny,
             class_label: "probity.io/class".into(),
             default_class: "batch".into(),
             gpu_memory_annotation: "probity.io/gpu-memory-mib".into(),
             gpu_resource: "nvidia.com/gpu".into(),
+            gpu_resources: BTreeMap::from([
+                ("nvidia.com/gpu".to_owned(), 1),
+                ("nvidia.com/mig-*".to_owned(), 1),
+            ]),
             hostname_label: "kubernetes.io/hostname".into(),
             zone_label: "topology.probity.io/zone".into(),
             zone_power_ceiling_pct: None,

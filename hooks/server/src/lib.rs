@@ -77,7 +77,7 @@ use probity::{Decision, Engine, Request};
 pub use caller::{Caller, certificate_common_name};
 pub use config::{
     AdmissionConfig, AuthConfig, Config, ConfigError, DEFAULT_SOCKET, IntegrityConfig, LogConfig,
-    LogFormat, PolicyConfig, ServerConfig, UnknownKinds,
+    LogFormat, PolicyConfig, ServerConfig, UnknownKinds, UnknownNodes,
 };
 pub use error::{ApiError, ServeError};
 pub use server::{Server, init_logging, serve, shutdown_signal};
@@ -98,7 +98,15 @@ struct Inner {
 
 impl AppState {
     /// State over a loaded engine; ready at once, since the engine holds a valid set.
+    /// The configuration's API callers, groups and endpoint families are registered in
+    /// the engine as the facts it owns ([`AuthConfig::api_entities`]); a policy set
+    /// whose schema has no such types permits no state change, and says so in the log.
     pub fn new(engine: Engine, config: Config) -> Self {
+        if let Err(e) =
+            engine.replace_owned_entities(probity::EntityOwner::Api, &config.auth.api_entities())
+        {
+            tracing::warn!(error = %e, "the API callers could not be registered; no state change will be permitted");
+        }
         Self {
             inner: Arc::new(Inner {
                 engine,

@@ -383,7 +383,7 @@ fn seal_verify_and_a_flipped_byte_blocks_the_reading_node() {
     ];
     let out = probity_env(&schedule, &env);
     assert_eq!(out.status.code(), Some(1), "{}", text(&out.stdout));
-    assert!(text(&out.stdout).contains("placement.blocked-node"));
+    assert!(text(&out.stdout).contains("security.blocked-node"));
 
     let out = probity_env(&["nodes", "unblock", "gpu-a1"], &env);
     assert_eq!(out.status.code(), Some(0));
@@ -407,7 +407,7 @@ fn seal_verify_and_a_flipped_byte_blocks_the_reading_node() {
     assert_eq!(records[1]["action"], "Action::\"schedule\"");
     assert_eq!(
         records[1]["decision"]["reasons"][0]["policy"],
-        "placement.blocked-node"
+        "security.blocked-node"
     );
     let out = probity_env(&["audit", "--from", "1"], &env);
     assert_eq!(text(&out.stdout).lines().count(), 1);
@@ -560,6 +560,7 @@ fn eval_combines_a_plugin_deny_with_cedar() {
         "testdata/plugins/manifests/examples.toml",
         "--entities",
         "testdata/entities/cluster.json",
+        "--as-reporter",
         "--request",
         request.to_str().unwrap(),
     ]);
@@ -568,4 +569,63 @@ fn eval_combines_a_plugin_deny_with_cedar() {
     assert_eq!(decision["decision"], "deny");
     assert_eq!(decision["reasons"][0]["policy"], "plugin:power-spike/spike");
     assert_eq!(decision["obligations"][0]["kind"], "alert");
+}
+
+/// Issue: `probity eval` merged the request file's own `entities` over the loaded
+/// ones, and took the caller's `now`: both are refused now, and `--now` sets the
+/// engine's clock instead.
+#[test]
+fn eval_refuses_request_entities_that_override_stored_facts_and_takes_the_clock_from_now() {
+    let dir = tempfile::tempdir().unwrap();
+    let request = dir.path().join("r.json");
+    std::fs::write(
+        &request,
+        r#"{"principal": "Workload::\"train-1\"", "action": "encrypt", "resource": "Key::\"key-old\"",
+            "entities": [{"uid": {"type": "Key", "id": "key-old"}, "attrs": {"createdAt": 1790000000, "state": "active"}, "parents": []}]}"#,
+    )
+    .unwrap();
+    let args = |extra: &[&str]| {
+        let mut a = vec![
+            "eval",
+            "--policies",
+            "policies",
+            "--entities",
+            "testdata/entities/cluster.json",
+        ];
+        a.extend_from_slice(extra);
+        a.push("--request");
+        a.push(request.to_str().unwrap());
+        a.into_iter().map(str::to_owned).collect::<Vec<_>>()
+    };
+    let out = probity(&args(&[]).iter().map(String::as_str).collect::<Vec<_>>());
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stdout).contains("the store holds this entity"),
+        "{}",
+        text(&out.stdout)
+    );
+    std::fs::write(
+        &request,
+        r#"{"principal": "Workload::\"train-1\"", "action": "encrypt", "resource": "Key::\"key-fresh\""}"#,
+    )
+    .unwrap();
+    let out = probity(
+        &args(&["--now", "1767139200"])
+            .iter()
+            .map(String::as_str)
+            .collect::<Vec<_>>(),
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stdout));
+    let out = probity(
+        &args(&["--now", "1772400000"])
+            .iter()
+            .map(String::as_str)
+            .collect::<Vec<_>>(),
+    );
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stdout).contains("security.key-too-old"),
+        "{}",
+        text(&out.stdout)
+    );
 }

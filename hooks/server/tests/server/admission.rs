@@ -199,7 +199,7 @@ async fn a_pod_bound_for_a_blocked_node_is_denied() {
         r["status"]["message"]
             .as_str()
             .unwrap()
-            .contains("placement.blocked-node"),
+            .contains("security.blocked-node"),
         "{r}"
     );
     // Blocked through the engine, for a node not in the store.
@@ -216,19 +216,51 @@ async fn a_pod_bound_for_a_blocked_node_is_denied() {
             .contains("integrity failure"),
         "{r}"
     );
-    // A healthy node is fine; an unknown one is allowed with a warning.
+    // A healthy node is fine.
     pod["spec"]["nodeName"] = json!("gpu-a1");
     let r = validate(&s, &review("Pod", "training", pod.clone())).await;
     assert_eq!(r["allowed"], true, "{r}");
+}
+
+/// ARCHITECTURE said an unknown node fails closed; admission admitted the pod with a
+/// warning ("placement not checked").
+#[tokio::test]
+async fn bug_a_pod_bound_to_a_node_absent_from_the_store_was_admitted() {
+    let mut pod = gpu_pod("bound", 1, "8");
     pod["spec"]["nodeName"] = json!("gpu-unknown");
-    let r = validate(&s, &review("Pod", "training", pod)).await;
-    assert_eq!(r["allowed"], true);
+    let r = validate(&state(), &review("Pod", "training", pod.clone())).await;
+    assert_eq!(r["allowed"], false, "{r}");
+    let message = r["status"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("schedule onto node gpu-unknown"),
+        "{message}"
+    );
+    assert!(
+        message.contains("does not exist") || message.contains("evaluation error"),
+        "{message}"
+    );
+    // The documented switch, for clusters that admit before agents report.
+    let mut config = Config::default();
+    config.admission.unknown_nodes = probity_server::UnknownNodes::Warn;
+    let r = validate(
+        &state_with(config.clone()),
+        &review("Pod", "training", pod.clone()),
+    )
+    .await;
+    assert_eq!(r["allowed"], true, "{r}");
     assert!(
         r["warnings"][0]
             .as_str()
             .unwrap()
             .contains("not in the entity store")
     );
+    // Even then a blocked unknown node is denied.
+    let s = state_with(config);
+    s.engine()
+        .block_node("gpu-unknown", "integrity failure")
+        .unwrap();
+    let r = validate(&s, &review("Pod", "training", pod)).await;
+    assert_eq!(r["allowed"], false, "{r}");
 }
 
 #[tokio::test]
@@ -468,4 +500,163 @@ async fn every_prefix_and_retyping_of_a_real_review_gets_an_answer_not_a_crash()
             }
         }
     }
+}
+
+/// A pod whose containers and init containers ask for GPUs and CPUs.
+fn pod_with(containers: Value, init: Value, overhead: Option<Value>) -> Value {
+    let mut pod = json!({
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"},
+        "spec": {"containers": containers, "initContainers": init}
+    });
+    if let Some(o) = overhead {
+        pod["spec"]["overhead"] = o;
+    }
+    pod
+}
+
+fn container(name: &str, gpus: &str, cpu: &str) -> Value {
+    json!({"name": name, "image": "x", "resources": {"limits": {"nvidia.com/gpu": gpus, "cpu": cpu}}})
+}
+
+/// Issue: init containers were ignored, so a sidecar holding 4 GPUs beside a 1-CPU
+/// container was admitted into `inference`.
+#[tokio::test]
+async fn bug_a_sidecar_init_container_holding_gpus_was_not_counted() {
+    let s = state();
+    let mut sidecar = container("proxy", "4", "0");
+    sidecar["restartPolicy"] = json!("Always");
+    let pod = pod_with(json!([container("main", "0", "1")]), json!([sidecar]), None);
+    let r = validate(&s, &review("Pod", "inference", pod)).await;
+    assert_eq!(r["allowed"], false, "{r}");
+    assert!(
+        r["status"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("placement.inference-gpu-cpu-ratio"),
+        "{r}"
+    );
+}
+
+#[tokio::test]
+async fn pod_requests_are_counted_as_kubernetes_counts_them() {
+    let s = state();
+    let admitted = |pod: Value| {
+        let s = s.clone();
+        async move { validate(&s, &review("Pod", "inference", pod)).await["allowed"] == true }
+    };
+    // An ordinary init container runs alone before the others: its 2 GPUs against 16
+    // CPUs of its own fit; the pod's request is max(init, containers).
+    let pod = pod_with(
+        json!([container("main", "1", "8")]),
+        json!([container("warmup", "2", "16")]),
+        None,
+    );
+    assert!(admitted(pod).await);
+    // The same init container with only 8 CPUs asks 2 GPUs : 8 CPUs at its peak.
+    let pod = pod_with(
+        json!([container("main", "1", "8")]),
+        json!([container("warmup", "2", "8")]),
+        None,
+    );
+    assert!(!admitted(pod).await);
+    // A sidecar started before an ordinary init container runs beside it: 1 + 1 GPUs
+    // against 8 + 8 CPUs fits, and the pod's peak is the sum.
+    let mut sidecar = container("proxy", "1", "8");
+    sidecar["restartPolicy"] = json!("Always");
+    let pod = pod_with(
+        json!([container("main", "1", "8")]),
+        json!([sidecar.clone(), container("warmup", "1", "8")]),
+        None,
+    );
+    assert!(admitted(pod).await);
+    // The pod overhead's CPUs count too: 2 GPUs, 15 + 1 CPUs is exactly 1:8.
+    let pod = pod_with(
+        json!([container("main", "2", "15")]),
+        json!([]),
+        Some(json!({"cpu": "1"})),
+    );
+    assert!(admitted(pod).await);
+    let pod = pod_with(
+        json!([container("main", "2", "15")]),
+        json!([]),
+        Some(json!({"cpu": "500m"})),
+    );
+    assert!(!admitted(pod).await);
+}
+
+#[tokio::test]
+async fn mig_slices_count_as_gpus_and_gpu_resource_names_are_configurable() {
+    let s = state();
+    let pod = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "mig"},
+        "spec": {"containers": [{"name": "m", "image": "x", "resources": {"limits":
+            {"nvidia.com/mig-1g.10gb": "2", "cpu": "8"}}}]}});
+    let r = validate(&s, &review("Pod", "inference", pod.clone())).await;
+    assert_eq!(r["allowed"], false, "{r}");
+    // A site that weighs a MIG slice as nothing (or uses another name) says so.
+    let mut config = Config::default();
+    config.admission.gpu_resources = [("nvidia.com/gpu".to_owned(), 1)].into();
+    let r = validate(&state_with(config), &review("Pod", "inference", pod)).await;
+    assert_eq!(r["allowed"], true, "{r}");
+    // A quantity that is not a whole number is named with its place.
+    let bad = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "b"},
+        "spec": {"containers": [{"name": "m", "image": "x"}], "initContainers": [{"name": "i",
+            "image": "x", "resources": {"limits": {"nvidia.com/gpu": "1.5"}}}]}});
+    let r = validate(&s, &review("Pod", "inference", bad)).await;
+    assert_eq!(r["status"]["code"], 400);
+    assert!(
+        r["status"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("initContainers[0].resources.limits.nvidia.com/gpu"),
+        "{r}"
+    );
+}
+
+#[tokio::test]
+async fn the_inference_rule_covers_the_configured_namespace_prefixes() {
+    let s = state();
+    let greedy = gpu_pod("g", 2, "1");
+    for (namespace, held) in [
+        ("inference", true),
+        ("inference-team-a", true),
+        ("inferencex", false),
+        ("training", false),
+    ] {
+        let r = validate(&s, &review("Pod", namespace, greedy.clone())).await;
+        assert_eq!(r["allowed"], !held, "{namespace}: {r}");
+    }
+}
+
+/// The object under review is the webhook's translation, not a caller's claim: an
+/// UPDATE of a workload whose facts the store holds is judged, not refused as a
+/// request entity that overrides a stored one.
+#[tokio::test]
+async fn an_update_of_a_workload_the_store_holds_is_judged() {
+    let s = state();
+    s.engine()
+        .upsert_entities(&json!([{"uid": {"type": "Workload", "id": "training/t"},
+            "attrs": {"namespace": {"__entity": {"type": "Namespace", "id": "training"}},
+                      "class": "training", "gpus": 1, "cpuMillis": 8000, "gpuMemoryMiB": 0, "image": "x"},
+            "parents": [{"type": "Namespace", "id": "training"}]}]))
+        .unwrap();
+    let mut r = review("Pod", "training", gpu_pod("t", 1, "8"));
+    r["request"]["operation"] = json!("UPDATE");
+    let response = validate(&s, &r).await;
+    assert_eq!(response["allowed"], true, "{response}");
+}
+
+#[tokio::test]
+async fn a_workload_class_spelled_another_way_is_refused() {
+    let s = state();
+    let mut pod = gpu_pod("rl", 1, "8");
+    pod["metadata"]["labels"] = json!({"probity.io/class": "RLHF"});
+    let r = validate(&s, &review("Pod", "training", pod)).await;
+    assert_eq!(r["allowed"], false, "{r}");
+    assert!(
+        r["status"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("workload class \"RLHF\" is not one of the configured classes"),
+        "{r}"
+    );
 }

@@ -17,7 +17,7 @@ async fn decide_answers_with_the_decision_and_its_reasons() {
     let (status, body) = call(&s, Method::POST, "/v1/decide", Some(&decide_body()), None).await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(body["decision"], "deny");
-    assert_eq!(body["reasons"][0]["policy"], "placement.blocked-node");
+    assert_eq!(body["reasons"][0]["policy"], "security.blocked-node");
     let ok = json!({"principal": "Workload::\"train-1\"", "action": "schedule", "resource": "Node::\"gpu-a1\""});
     let (_, body) = call(&s, Method::POST, "/v1/decide", Some(&ok), None).await;
     assert_eq!(body["decision"], "allow");
@@ -169,7 +169,7 @@ async fn invalid_entities_are_422_and_leave_the_store_alone() {
         body["error"]
             .as_str()
             .unwrap()
-            .starts_with("entities rejected"),
+            .starts_with("entities[0] (Zone::\"z\"): "),
         "{body}"
     );
     let (status, _) = call(&s, Method::GET, "/v1/entities/Zone/z", None, None).await;
@@ -254,7 +254,7 @@ async fn nodes_are_blocked_and_unblocked_under_policy() {
     .await;
     assert_eq!(status, StatusCode::OK);
     let (_, body) = call(&s, Method::GET, "/v1/nodes/blocked", None, None).await;
-    assert_eq!(body["nodes"], json!({}));
+    assert!(body["nodes"].get("gpu-a1").is_none(), "{body}");
 }
 
 #[tokio::test]
@@ -277,7 +277,7 @@ async fn status_health_readiness_and_metrics() {
         "{text}"
     );
     assert!(text.contains(
-        "probity_decision_reasons_total{outcome=\"deny\",policy=\"placement.blocked-node\"} 1"
+        "probity_decision_reasons_total{outcome=\"deny\",policy=\"security.blocked-node\"} 1"
     ));
     assert!(text.contains(
         "probity_http_request_duration_seconds_bucket{route=\"/v1/decide\",le=\"+Inf\"} 1"
@@ -401,7 +401,7 @@ async fn verify_passes_an_intact_checkpoint_and_blocks_the_node_on_a_flipped_byt
     assert!(store.blocked("gpu-a1").unwrap().is_some());
     let sched = json!({"principal": "Workload::\"train-1\"", "action": "schedule", "resource": "Node::\"gpu-a1\""});
     let (_, d) = call(&s, Method::POST, "/v1/decide", Some(&sched), None).await;
-    assert_eq!(d["reasons"][0]["policy"], "placement.blocked-node");
+    assert_eq!(d["reasons"][0]["policy"], "security.blocked-node");
 
     // Every deny was recorded before it was answered: the forbidden anonymous
     // verify, the failed read, and the schedule onto the blocked node.
@@ -423,7 +423,7 @@ async fn verify_passes_an_intact_checkpoint_and_blocks_the_node_on_a_flipped_byt
         (
             r#"Action::"schedule""#.to_owned(),
             r#"Node::"gpu-a1""#.to_owned(),
-            "placement.blocked-node".to_owned()
+            "security.blocked-node".to_owned()
         )
     );
 }
@@ -525,4 +525,137 @@ async fn without_a_state_directory_the_decision_log_is_unavailable() {
             .contains("no state directory"),
         "{out}"
     );
+}
+
+/// Issue: `POST /v1/decide` merged request entities over the stored ones, so a caller
+/// scheduled onto a node blocked through the API by sending the node with
+/// `"blocked": false`.
+#[tokio::test]
+async fn bug_a_request_entity_unblocked_a_node_blocked_through_the_api() {
+    let s = state();
+    let (status, _) = call(
+        &s,
+        Method::POST,
+        "/v1/nodes/gpu-a1/block",
+        Some(&json!({"reason": "r"})),
+        Some("uid:0"),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    let mut node = crate::cluster()
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["uid"]["id"] == "gpu-a1")
+        .cloned()
+        .unwrap();
+    node["attrs"]["blocked"] = json!(false);
+    let body = json!({"principal": "Workload::\"train-1\"", "action": "schedule",
+        "resource": "Node::\"gpu-a1\"", "entities": [node]});
+    let (status, d) = call(&s, Method::POST, "/v1/decide", Some(&body), None).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(d["decision"], "deny", "{d}");
+    assert!(
+        d["errors"][0]["message"]
+            .as_str()
+            .unwrap()
+            .contains("the store holds this entity"),
+        "{d}"
+    );
+}
+
+#[tokio::test]
+async fn only_authorized_reporters_supply_the_facts_the_engine_owns() {
+    let mut config = Config::default();
+    config
+        .auth
+        .groups
+        .insert("fact-reporters".into(), vec!["cn:auditd-reader".into()]);
+    let s = state_with(config);
+    let body = json!({"principal": "User::\"bob\"", "action": "elevate",
+        "resource": "Node::\"gpu-a1\"", "context": {"now": 1_767_139_200, "lastRemoteLoginAt": 1_767_139_100}});
+    // Anyone else is refused, whatever the facts say.
+    let (_, d) = call(
+        &s,
+        Method::POST,
+        "/v1/decide",
+        Some(&body),
+        Some("cn:someone"),
+    )
+    .await;
+    assert_eq!(d["decision"], "deny");
+    assert!(
+        d["errors"][0]["message"]
+            .as_str()
+            .unwrap()
+            .contains("may ask `elevate`"),
+        "{d}"
+    );
+    // The reporter is judged on its facts: bob, 100 s after a remote login.
+    let (_, d) = call(
+        &s,
+        Method::POST,
+        "/v1/decide",
+        Some(&body),
+        Some("cn:auditd-reader"),
+    )
+    .await;
+    assert_eq!(d["decision"], "deny", "{d}");
+    assert_eq!(
+        d["reasons"][0]["policy"], "security.elevation-after-remote-login",
+        "{d}"
+    );
+    assert!(d["errors"].as_array().unwrap().is_empty(), "{d}");
+    // A batch is authorized once, for every request in it.
+    let batch = json!({"requests": [body.clone(), body]});
+    let (_, out) = call(
+        &s,
+        Method::POST,
+        "/v1/decide/batch",
+        Some(&batch),
+        Some("cn:auditd-reader"),
+    )
+    .await;
+    assert_eq!(
+        out["decisions"][1]["reasons"][0]["policy"],
+        "security.elevation-after-remote-login"
+    );
+}
+
+/// Issue: an entity writer could upsert `ApiCaller::"<itself>"` into the admins group.
+#[tokio::test]
+async fn bug_an_entity_writer_could_make_itself_an_administrator() {
+    let mut config = Config::default();
+    config
+        .auth
+        .groups
+        .insert("entity-writers".into(), vec!["cn:inventory".into()]);
+    let s = state_with(config);
+    let me = json!([{"uid": {"type": "ApiCaller", "id": "cn:inventory"}, "attrs": {},
+        "parents": [{"type": "ApiGroup", "id": "admins"}]}]);
+    let (status, body) = call(
+        &s,
+        Method::POST,
+        "/v1/entities",
+        Some(&me),
+        Some("cn:inventory"),
+    )
+    .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+    assert!(
+        body["error"]
+            .as_str()
+            .unwrap()
+            .contains("supplied by the engine (api)"),
+        "{body}"
+    );
+    let (status, _) = call(
+        &s,
+        Method::POST,
+        "/v1/nodes/gpu-a1/unblock",
+        None,
+        Some("cn:inventory"),
+    )
+    .await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
 }

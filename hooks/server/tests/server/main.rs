@@ -35,10 +35,17 @@ pub(crate) fn cluster() -> Value {
         .unwrap()
 }
 
-/// An engine on the embedded defaults with the test cluster loaded.
+/// An engine on the embedded defaults with the test cluster loaded, and its
+/// `gpu-blocked` node blocked (the blocklist, not the entity JSON, says so).
 pub(crate) fn engine() -> Engine {
     let engine = Engine::from_embedded_defaults().unwrap();
     engine.upsert_entities(&cluster()).unwrap();
+    engine
+        .block_node(
+            "gpu-blocked",
+            "fixture: blocked since the cluster was set up",
+        )
+        .unwrap();
     engine
 }
 

@@ -70,6 +70,9 @@ impl Running {
         let server = Server::bind(config).await.unwrap();
         let addr = server.local_addr();
         let state = server.state();
+        // The fixture's gpu-blocked node is blocked through the blocklist, which owns
+        // that fact.
+        state.engine().block_node("gpu-blocked", "fixture").unwrap();
         let (tx, rx) = oneshot::channel();
         let task = tokio::spawn(async move {
             server
@@ -385,7 +388,13 @@ async fn mtls_accepts_known_clients_by_common_name_and_refuses_others() {
         .unwrap();
     let (status, _) = send(&mut c, Method::POST, "/v1/nodes/gpu-a1/unblock", None).await;
     assert_eq!(status, StatusCode::OK);
-    assert!(running.state.engine().blocked_nodes().is_empty());
+    assert!(
+        !running
+            .state
+            .engine()
+            .blocked_nodes()
+            .contains_key("gpu-a1")
+    );
 
     // No certificate, or one from another CA: the handshake or the first request fails.
     for identity in [None, Some(&rogue)] {
