@@ -19,7 +19,7 @@ use std::thread::JoinHandle;
 
 use crate::decision::{Decision, DecisionError, Effect};
 use crate::request::Request;
-use crate::state::{DecisionRecord, StateStore};
+use crate::state::{DecisionRecord, StateBackend};
 
 /// Submissions waiting for the writer; beyond this, submitters block.
 const QUEUE: usize = 1024;
@@ -42,11 +42,11 @@ pub(crate) struct DecisionLog {
 
 impl DecisionLog {
     /// Starts the writer thread for `store`.
-    pub fn start(store: Arc<StateStore>) -> std::io::Result<Self> {
+    pub fn start(store: Arc<dyn StateBackend>) -> std::io::Result<Self> {
         let (jobs, inbox) = sync_channel::<Job>(QUEUE);
         let writer = std::thread::Builder::new()
             .name("probity-decision-log".into())
-            .spawn(move || write_loop(&store, &inbox))?;
+            .spawn(move || write_loop(store.as_ref(), &inbox))?;
         Ok(Self {
             jobs: Some(jobs),
             writer: Some(writer),
@@ -88,7 +88,7 @@ impl Drop for DecisionLog {
     }
 }
 
-fn write_loop(store: &StateStore, inbox: &Receiver<Job>) {
+fn write_loop(store: &dyn StateBackend, inbox: &Receiver<Job>) {
     while let Ok(first) = inbox.recv() {
         let mut group = vec![first];
         let mut count = group.iter().map(|j| j.records.len()).sum::<usize>();

@@ -26,7 +26,7 @@ use crate::plugin::{PluginEntities, PluginInfo};
 use crate::request::{EntityUid, Request, kind};
 use crate::slice::SliceSource;
 use crate::source::Origin;
-use crate::state::StateStore;
+use crate::state::StateBackend;
 use crate::store::{self, Converted, Converter, Store, Stored};
 
 /// Most earlier blocks a block record remembers.
@@ -170,7 +170,7 @@ struct Shared {
     authorizer: Authorizer,
     clock: Arc<dyn Clock>,
     /// Where blocks are made durable, once attached.
-    state: std::sync::OnceLock<Arc<StateStore>>,
+    state: std::sync::OnceLock<Arc<dyn StateBackend>>,
     /// Records denies and obligations in the state store, once one is attached.
     decision_log: std::sync::OnceLock<DecisionLog>,
 }
@@ -561,7 +561,18 @@ impl Engine {
             }
         }
         roots.extend(bundle.literals_for(&request.action.0).iter().cloned());
-        let entities = match snapshot.slicer(&extra).cut(roots) {
+        #[cfg(test)]
+        let entities = if crate::slice::reference::whole_store() {
+            Ok(crate::slice::reference::whole(
+                &snapshot.slicer(&extra),
+                roots,
+            ))
+        } else {
+            snapshot.slicer(&extra).cut(roots)
+        };
+        #[cfg(not(test))]
+        let entities = snapshot.slicer(&extra).cut(roots);
+        let entities = match entities {
             Ok(e) => e,
             Err(e) => return Decision::error(e.to_string()),
         };
@@ -940,9 +951,9 @@ impl Engine {
     /// Makes blocks durable in `state`: the nodes it holds as blocked are blocked in the
     /// engine now, and every later block and unblock is written there first. From now
     /// on, decisions that deny or carry obligations are recorded in its decision log
-    /// ([`StateStore::decisions`]) before they are returned. Attach once; a second call
+    /// ([`StateBackend::decisions`]) before they are returned. Attach once; a second call
     /// is refused.
-    pub fn attach_state(&self, state: Arc<StateStore>) -> Result<(), EntityError> {
+    pub fn attach_state(&self, state: Arc<dyn StateBackend>) -> Result<(), EntityError> {
         let blocked = state.blocked_nodes().map_err(EntityError::State)?;
         // The log starts before the store counts as attached, so no decision made with
         // the store attached goes unrecorded; a losing second call drops (and joins)
@@ -953,6 +964,7 @@ impl Engine {
         {
             return Err(EntityError::StateAlreadyAttached);
         }
+        let changes = state.changes();
         self.write(Box::new(move |w: &mut Working| {
             let mut map = BTreeMap::clone(&w.blocked);
             for node in blocked {
@@ -961,12 +973,75 @@ impl Engine {
             w.blocked = Arc::new(map);
             w.changed = true;
             Ok(0)
-        }))
-        .map(|_| ())
+        }))?;
+        if let Some(rx) = changes {
+            self.follow(rx).map_err(EntityError::DecisionLog)?;
+        }
+        Ok(())
+    }
+
+    /// Applies changes other processes made to a shared backend, in the order it
+    /// reports them, until the backend or the engine goes away.
+    fn follow(
+        &self,
+        rx: std::sync::mpsc::Receiver<crate::state::StateChange>,
+    ) -> std::io::Result<()> {
+        use crate::state::StateChange;
+        let shared = Arc::downgrade(&self.shared);
+        std::thread::Builder::new()
+            .name("probity-state-changes".into())
+            .spawn(move || {
+                while let Ok(change) = rx.recv() {
+                    let Some(shared) = shared.upgrade() else {
+                        return;
+                    };
+                    let engine = Engine { shared };
+                    let result = match change {
+                        StateChange::Blocked(b) => {
+                            engine.write(Box::new(move |w: &mut Working| {
+                                let mut map = BTreeMap::clone(&w.blocked);
+                                map.insert(b.node, b.record);
+                                w.blocked = Arc::new(map);
+                                w.changed = true;
+                                Ok(1)
+                            }))
+                        }
+                        StateChange::Unblocked(node) => {
+                            engine.write(Box::new(move |w: &mut Working| {
+                                let mut map = BTreeMap::clone(&w.blocked);
+                                w.changed |= map.remove(&node).is_some();
+                                w.blocked = Arc::new(map);
+                                Ok(1)
+                            }))
+                        }
+                        StateChange::Resync(all) => {
+                            engine.write(Box::new(move |w: &mut Working| {
+                                w.blocked =
+                                    Arc::new(all.into_iter().map(|b| (b.node, b.record)).collect());
+                                w.changed = true;
+                                Ok(1)
+                            }))
+                        }
+                        StateChange::Facts(facts) => match &facts.entities {
+                            Value::Array(items) => engine.upsert_items(items),
+                            _ => Ok(0),
+                        },
+                        StateChange::FactsGone(_) => Ok(0),
+                    };
+                    if let Err(e) = result {
+                        // The shared state is still right; this process's view lags
+                        // until the next change or resync. Say so where it is seen.
+                        eprintln!(
+                            "probity: a change from the shared state could not be applied: {e}"
+                        );
+                    }
+                }
+            })
+            .map(|_| ())
     }
 
     /// The attached state store, if any.
-    pub fn state(&self) -> Option<&Arc<StateStore>> {
+    pub fn state(&self) -> Option<&Arc<dyn StateBackend>> {
         self.shared.state.get()
     }
 

@@ -43,7 +43,7 @@ use std::path::{Path, PathBuf};
 
 use thiserror::Error;
 
-use crate::state::{StateError, StateStore};
+use crate::state::{StateBackend, StateError};
 
 mod anchor;
 mod hash;
@@ -295,7 +295,7 @@ impl IntegrityError {
 pub fn check_manifest(
     signed: &SignedManifest,
     verifier: &Verifier,
-    registry: &StateStore,
+    registry: &dyn StateBackend,
 ) -> Result<(), IntegrityError> {
     let m = signed.manifest();
     match signed.check_signature(verifier) {
@@ -329,7 +329,7 @@ pub fn seal(
     object_id: &str,
     version: u64,
     anchor: &dyn Anchor,
-    registry: &StateStore,
+    registry: &dyn StateBackend,
     options: &HashOptions<'_>,
 ) -> Result<SignedManifest, IntegrityError> {
     let state_err = |e| IntegrityError::from_state(object_id, e);
@@ -401,7 +401,7 @@ pub fn verify_encoded(
     path: &Path,
     manifest: &[u8],
     verifier: &Verifier,
-    registry: &StateStore,
+    registry: &dyn StateBackend,
     options: &VerifyOptions<'_>,
 ) -> Result<Result<VerifyReport, VerifyFailure>, IntegrityError> {
     let signed = match SignedManifest::decode(manifest) {
@@ -469,7 +469,7 @@ pub fn verify_object(
     path: &Path,
     signed: &SignedManifest,
     verifier: &Verifier,
-    registry: &StateStore,
+    registry: &dyn StateBackend,
     options: &VerifyOptions<'_>,
 ) -> Result<VerifyReport, IntegrityError> {
     let result = verify_inner(path, signed, verifier, registry, options);
@@ -486,7 +486,7 @@ pub fn verify_object(
 /// a reader under the policies use [`crate::Engine::guard_reader`], and for a whole
 /// object [`crate::Engine::decide_read`] (the CLI and the server do the latter).
 pub fn record_failure(
-    registry: &StateStore,
+    registry: &dyn StateBackend,
     object_id: &str,
     node: Option<&str>,
     err: &IntegrityError,
@@ -505,7 +505,7 @@ fn verify_inner(
     path: &Path,
     signed: &SignedManifest,
     verifier: &Verifier,
-    registry: &StateStore,
+    registry: &dyn StateBackend,
     options: &VerifyOptions<'_>,
 ) -> Result<VerifyReport, IntegrityError> {
     let m = signed.manifest();

@@ -141,3 +141,276 @@ impl SliceSource<'_> {
             .map_err(|e| SliceError::Inconsistent(e.to_string()))
     }
 }
+
+/// The whole store as Cedar sees it, for the differential test: every stored entity
+/// (with its ancestors and the blocklist's view), this request's entities, and the
+/// blocklist's stub for every entity of its type that is named anywhere (in the
+/// store's attributes or among the roots) but not stored.
+#[cfg(test)]
+pub(crate) mod reference {
+    use super::*;
+    use std::cell::Cell;
+
+    thread_local! {
+        static WHOLE: Cell<bool> = const { Cell::new(false) };
+    }
+
+    /// Whether decisions on this thread use the whole store instead of a slice.
+    pub fn whole_store() -> bool {
+        WHOLE.with(Cell::get)
+    }
+
+    /// Runs `f` with decisions on this thread using the whole store.
+    pub fn with_whole_store<T>(f: impl FnOnce() -> T) -> T {
+        WHOLE.with(|w| w.set(true));
+        let out = f();
+        WHOLE.with(|w| w.set(false));
+        out
+    }
+
+    pub fn whole(
+        source: &SliceSource<'_>,
+        roots: impl IntoIterator<Item = EntityUID>,
+    ) -> cedar_policy::Entities {
+        let mut named: Vec<EntityUID> = roots.into_iter().collect();
+        let mut out: HashMap<EntityUID, Arc<ast::Entity>> = HashMap::new();
+        let stored = source
+            .store
+            .iter()
+            .map(|(u, s)| (u, s))
+            .chain(source.extra.iter());
+        for (uid, s) in stored {
+            named.extend(s.refs().cloned());
+            named.extend(s.parents.iter().cloned());
+            let e = match source.owned.get(uid) {
+                Some(e) => Arc::clone(e),
+                None => Arc::new(materialize(
+                    uid,
+                    s,
+                    source.store.ancestors(&s.parents, source.extra),
+                    source.blocked_view(uid),
+                )),
+            };
+            out.insert(uid.clone(), e);
+        }
+        for uid in named {
+            if out.contains_key(&uid) {
+                continue;
+            }
+            if let Some((attr, blocked)) = source.blocked_view(&uid) {
+                out.insert(
+                    uid.clone(),
+                    Arc::new(ast::Entity::new_with_attr_partial_value(
+                        uid,
+                        [(attr.clone(), PartialValue::Value(blocked.into()))],
+                        HashSet::new(),
+                        HashSet::new(),
+                        [],
+                    )),
+                );
+            }
+        }
+        let all: Vec<Arc<ast::Entity>> = out
+            .into_values()
+            .chain(source.actions.iter().cloned())
+            .collect();
+        CoreEntities::new()
+            .add_entities(
+                all,
+                None::<&NoEntitiesSchema>,
+                TCComputation::AssumeAlreadyComputed,
+                Extensions::all_available(),
+            )
+            .map(cedar_policy::Entities::from)
+            .unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::reference::with_whole_store;
+    use crate::decision::Decision;
+    use crate::engine::Engine;
+    use crate::request::Request;
+    use serde_json::{Value, json};
+    use std::collections::BTreeSet;
+
+    /// What must not change between a slice and the whole store.
+    fn essence(
+        d: &Decision,
+    ) -> (
+        String,
+        BTreeSet<String>,
+        Vec<String>,
+        BTreeSet<Option<String>>,
+    ) {
+        let mut obligations: Vec<String> = d
+            .obligations
+            .iter()
+            .map(|o| format!("{}|{:?}|{}|{:?}", o.kind, o.target, o.policy, o.parameters))
+            .collect();
+        obligations.sort();
+        (
+            format!("{}", d.decision),
+            d.reasons
+                .iter()
+                .map(|r| format!("{}|{}", r.policy, r.message))
+                .collect(),
+            obligations,
+            d.errors.iter().map(|e| e.policy.clone()).collect(),
+        )
+    }
+
+    fn compare(engine: &Engine, request: &Request) {
+        let sliced = engine.decide_dry_run(request);
+        let whole = with_whole_store(|| engine.decide_dry_run(request));
+        assert_eq!(
+            essence(&sliced),
+            essence(&whole),
+            "{request:?}\nsliced {sliced:?}\nwhole {whole:?}"
+        );
+    }
+
+    /// The scenario suite's every case, decided on its slice and on the whole store.
+    #[test]
+    fn slicing_never_changes_a_scenario_decision() {
+        let engine = Engine::from_embedded_defaults().unwrap();
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../testdata/scenarios");
+        let files = crate::scenario::discover(&root).unwrap();
+        assert!(files.len() > 10);
+        let mut cases = 0;
+        for file in files {
+            let sliced = crate::scenario::run_file(&engine, &file).unwrap();
+            let whole = with_whole_store(|| crate::scenario::run_file(&engine, &file).unwrap());
+            for (s, w) in sliced.iter().zip(&whole) {
+                assert_eq!(s.failure, w.failure, "{}: {}", file.display(), s.name);
+                assert!(s.passed(), "{s}");
+                cases += 1;
+            }
+        }
+        assert!(cases > 80, "{cases} cases");
+    }
+
+    /// Random clusters and requests: the slice decides as the whole store does.
+    #[test]
+    fn slicing_never_changes_a_decision_on_random_stores() {
+        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mut next = |m: u64| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % m.max(1)
+        };
+        for _store in 0..4 {
+            let engine = Engine::from_embedded_defaults().unwrap();
+            let mut entities: Vec<Value> = vec![json!({"uid": {"type": "Cluster", "id": "c"},
+                "attrs": {"gpusTotal": 64, "gpusAllocated": next(70)}, "parents": []})];
+            let zones = 1 + next(4);
+            for z in 0..zones {
+                let mut attrs = json!({"cluster": {"__entity": {"type": "Cluster", "id": "c"}},
+                    "powerDrawW": next(50_000), "powerCeilingW": 40_000});
+                if next(3) == 0 {
+                    attrs["dedicatedClass"] = json!((["rlhf", "training"][next(2) as usize]));
+                }
+                entities.push(
+                    json!({"uid": {"type": "Zone", "id": format!("z{z}")}, "attrs": attrs,
+                    "parents": [{"type": "Cluster", "id": "c"}]}),
+                );
+            }
+            for n in 0..12 {
+                let mut attrs = json!({"zone": {"__entity": {"type": "Zone", "id": format!("z{}", next(zones))}},
+                    "rack": "r", "driverVersion": (["590.48.01", "580.1"][next(2) as usize]),
+                    "cudaImage": "nvcr.io/nvidia/cuda:12.8.0-base-ubuntu24.04",
+                    "gpuNode": next(4) != 0, "gpuCount": next(9), "cpuCount": 64,
+                    "gpuMemoryMiB": 81920, "hottestGpuTempC": 40 + next(40),
+                    "powerDrawW": 2000 + next(3000), "powerWindowMeanW": next(4000)});
+                match next(4) {
+                    0 => {}
+                    1 => {
+                        attrs["gpuModel"] = json!({"__entity": {"type": "GpuModel", "id": "H999"}})
+                    }
+                    _ => {
+                        attrs["gpuModel"] = json!({"__entity": {"type": "GpuModel", "id": (["A100", "H100"][next(2) as usize])}})
+                    }
+                }
+                entities.push(
+                    json!({"uid": {"type": "Node", "id": format!("n{n}")}, "attrs": attrs,
+                    "parents": [{"type": "Zone", "id": format!("z{}", next(zones))}]}),
+                );
+            }
+            for ns in ["inference", "training"] {
+                entities.push(
+                    json!({"uid": {"type": "Namespace", "id": ns}, "attrs": {}, "parents": []}),
+                );
+            }
+            for w in 0..10 {
+                let ns = ["inference", "training"][next(2) as usize];
+                entities.push(json!({"uid": {"type": "Workload", "id": format!("w{w}")},
+                    "attrs": {"namespace": {"__entity": {"type": "Namespace", "id": ns}},
+                        "class": (["inference", "training", "rlhf", "batch", "RLHF"][next(5) as usize]),
+                        "gpus": next(9), "cpuMillis": next(80_000), "gpuMemoryMiB": next(90_000), "image": "i"},
+                    "parents": [{"type": "Namespace", "id": ns}]}));
+            }
+            for k in 0..3 {
+                entities.push(json!({"uid": {"type": "Key", "id": format!("k{k}")},
+                    "attrs": {"createdAt": 1_760_000_000 + next(20_000_000), "state": (["active", "retired"][next(2) as usize])},
+                    "parents": []}));
+            }
+            entities.push(json!({"uid": {"type": "User", "id": "u"}, "attrs": {"elevationAuthorized": next(2) == 0}, "parents": []}));
+            engine.upsert_entities(&Value::Array(entities)).unwrap();
+            for n in 0..12 {
+                if next(5) == 0 {
+                    engine.block_node(&format!("n{n}"), "random").unwrap();
+                }
+            }
+            engine
+                .block_node("ghost", "blocked before any fact")
+                .unwrap();
+            let node = |next: &mut dyn FnMut(u64) -> u64| {
+                if next(10) == 0 {
+                    "ghost".to_owned()
+                } else if next(10) == 0 {
+                    "nobody".to_owned()
+                } else {
+                    format!("n{}", next(12))
+                }
+            };
+            for _ in 0..150 {
+                let n = node(&mut next);
+                let request = match next(7) {
+                    0 => {
+                        json!({"principal": format!("Workload::\"w{}\"", next(11)), "action": "schedule",
+                                "resource": format!("Node::\"{n}\"")})
+                    }
+                    1 => {
+                        json!({"principal": format!("Node::\"{n}\""), "action": "comply", "resource": format!("Node::\"{n}\"")})
+                    }
+                    2 => {
+                        json!({"principal": format!("Workload::\"w{}\"", next(10)), "action": "admit",
+                                "resource": format!("Namespace::\"{}\"", (["inference", "training", "other"][next(3) as usize]))})
+                    }
+                    3 => {
+                        json!({"principal": format!("Node::\"{n}\""), "action": "read", "resource": "Checkpoint::\"c\"",
+                                "context": {"verified": next(2) == 0}})
+                    }
+                    4 => {
+                        json!({"principal": format!("Node::\"{n}\""), "action": "listen", "resource": format!("Node::\"{n}\""),
+                                "context": {"port": ([22, 2379, 8080, 8472][next(4) as usize]), "protocol": (["tcp", "udp"][next(2) as usize])}})
+                    }
+                    5 => {
+                        json!({"principal": "Workload::\"w1\"", "action": "encrypt", "resource": format!("Key::\"k{}\"", next(4)),
+                                "context": {"now": 1_770_000_000 + next(10_000_000)}})
+                    }
+                    _ => {
+                        json!({"principal": "User::\"u\"", "action": "elevate", "resource": format!("Node::\"{n}\""),
+                                "context": {"now": 1_770_000_000, "lastRemoteLoginAt": 1_770_000_000 - next(600)}})
+                    }
+                };
+                let request = Request::from_json_value(&request)
+                    .unwrap()
+                    .as_fact_reporter();
+                compare(&engine, &request);
+            }
+        }
+    }
+}

@@ -1,5 +1,8 @@
-//! Durable local state on redb: the manifest registry, the node blocklist and the integrity
-//! event log.
+//! Durable state: the [`StateBackend`] trait that everything durable goes through
+//! (manifest registry, blocklist, event and decision logs, key metadata, node facts,
+//! served policy digests), and [`StateStore`], its embedded implementation on redb
+//! under a state directory (one machine). A cluster-wide implementation on etcd lives
+//! with the server, which knows the network.
 //!
 //! Invariants:
 //! * the registry never goes back: a version lower than the accepted one is refused
@@ -28,6 +31,12 @@ const BLOCKLIST: TableDefinition<&str, &[u8]> = TableDefinition::new("blocklist"
 const EVENTS: TableDefinition<u64, &[u8]> = TableDefinition::new("events");
 /// Decision log: sequence number -> the record as JSON ([`DecisionRecord`]).
 const DECISIONS: TableDefinition<u64, &[u8]> = TableDefinition::new("decisions");
+/// Key metadata: key id -> revision (8 bytes, big endian) then the record's bytes.
+const KEYS: TableDefinition<&str, &[u8]> = TableDefinition::new("keys");
+/// Node facts: node id -> [`NodeFacts`] as JSON.
+const FACTS: TableDefinition<&str, &[u8]> = TableDefinition::new("facts");
+/// Served policy digests: process name -> [`ServedDigest`] as JSON.
+const DIGESTS: TableDefinition<&str, &[u8]> = TableDefinition::new("digests");
 
 /// File name of the database inside the state directory.
 pub const STATE_FILE: &str = "state.redb";
@@ -77,6 +86,20 @@ pub enum StateError {
         offered: u64,
         /// Highest version accepted.
         accepted: u64,
+    },
+    /// A compare-and-swap lost: the record changed since it was read.
+    #[error(
+        "{what} {key:?} changed since it was read (expected revision {expected:?}, found {found:?})"
+    )]
+    Conflict {
+        /// What kind of record.
+        what: &'static str,
+        /// Its key.
+        key: String,
+        /// The revision the writer expected (`None`: absent).
+        expected: Option<u64>,
+        /// The revision found (`None`: absent).
+        found: Option<u64>,
     },
     /// The accepted version with a different manifest digest.
     #[error(
@@ -160,6 +183,158 @@ impl DecisionRecord {
     }
 }
 
+/// The facts a node agent published about its node: Cedar entity JSON (the node and
+/// its GPUs), when, and how long they stay fresh.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeFacts {
+    /// The node id.
+    pub node: String,
+    /// The entities, as a JSON array.
+    pub entities: serde_json::Value,
+    /// When they were collected, in Unix seconds.
+    pub collected_at: u64,
+    /// How long after `collected_at` they are stale, in seconds.
+    pub ttl_seconds: u64,
+}
+
+/// The policy-set digest a process serves, so an operator sees which replicas lag.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServedDigest {
+    /// The process (its host name and role, as it names itself).
+    pub process: String,
+    /// The digest of the set it serves.
+    pub digest: String,
+    /// When it said so, in Unix seconds.
+    pub at: u64,
+}
+
+/// A change made by another process, which a backend shared between processes reports
+/// so that every engine applies it to its own snapshot, in order.
+#[derive(Debug, Clone, PartialEq)]
+pub enum StateChange {
+    /// A node was blocked (or its record changed).
+    Blocked(BlockedNode),
+    /// A node was unblocked.
+    Unblocked(String),
+    /// A node's published facts changed.
+    Facts(NodeFacts),
+    /// A node's facts expired or were removed.
+    FactsGone(String),
+    /// The backend lost track and read everything again: apply this whole blocklist.
+    Resync(Vec<BlockedNode>),
+}
+
+/// Everything durable goes through this trait, so that one machine (the embedded
+/// [`StateStore`]) and a cluster (etcd, in `probity-server`) are interchangeable. A
+/// write returns once it is durable; a refusal (a rollback, a lost compare-and-swap)
+/// is an error and changes nothing. The decision and event logs stay with the
+/// process that wrote them (they are forwarded to the SIEM), whatever the backend.
+pub trait StateBackend: Send + Sync + std::fmt::Debug {
+    /// What it is and where, for status lines (`redb /var/lib/probity/state.redb`).
+    fn describe(&self) -> String;
+
+    /// The registry entry of `object_id`, if any version was accepted.
+    fn registry_entry(&self, object_id: &str) -> Result<Option<RegistryEntry>, StateError>;
+
+    /// Checks, without changing anything, that `version` with `digest` may be accepted.
+    fn check_version(
+        &self,
+        object_id: &str,
+        version: u64,
+        digest: &[u8; 32],
+    ) -> Result<(), StateError> {
+        match self.registry_entry(object_id)? {
+            Some(entry) => check_against(object_id, version, digest, &entry),
+            None => Ok(()),
+        }
+    }
+
+    /// Records `version` as accepted for `object_id`, atomically refusing a rollback or
+    /// a different digest for the accepted version; accepting it again is a no-op.
+    fn accept(
+        &self,
+        object_id: &str,
+        version: u64,
+        digest: &[u8; 32],
+        signed_manifest: &[u8],
+    ) -> Result<(), StateError>;
+
+    /// Stores `node`'s block record as it is (the engine computes it).
+    fn put_block(&self, node: &str, record: &BlockRecord) -> Result<(), StateError>;
+
+    /// Unblocks `node`; whether it was blocked.
+    fn unblock_node(&self, node: &str) -> Result<bool, StateError>;
+
+    /// Blocks `node` with `reason`: a node already blocked keeps its first reason and
+    /// time, and this block joins its history. For programs that run no engine; an
+    /// engine computes the record itself and calls [`StateBackend::put_block`].
+    fn block_node(&self, node: &str, reason: &str) -> Result<(), StateError> {
+        let now = now_unix();
+        let record = match self.blocked_nodes()?.into_iter().find(|b| b.node == node) {
+            Some(b) => b.record.blocked_again(reason, now),
+            None => BlockRecord::new(reason, now),
+        };
+        self.put_block(node, &record)
+    }
+
+    /// Every blocked node.
+    fn blocked_nodes(&self) -> Result<Vec<BlockedNode>, StateError>;
+
+    /// Appends an event to the event log; its sequence number.
+    fn record_event(
+        &self,
+        object_id: &str,
+        node: Option<&str>,
+        kind: &str,
+        detail: &str,
+    ) -> Result<u64, StateError>;
+
+    /// Events with sequence number `from` or later, in order.
+    fn events(&self, from: u64) -> Result<Vec<Event>, StateError>;
+
+    /// Appends decision records in one durable transaction; the first's sequence number.
+    fn record_decisions(&self, records: &mut [DecisionRecord]) -> Result<u64, StateError>;
+
+    /// Up to `limit` decision records from sequence number `from`, in order.
+    fn decisions(&self, from: u64, limit: usize) -> Result<Vec<DecisionRecord>, StateError>;
+
+    /// A key's metadata record and its revision.
+    fn key_record(&self, id: &str) -> Result<Option<(Vec<u8>, u64)>, StateError>;
+
+    /// Writes a key's metadata if its revision is still `expected` (`None`: it must not
+    /// exist yet); the new revision. A lost race is [`StateError::Conflict`].
+    fn put_key_record(
+        &self,
+        id: &str,
+        record: &[u8],
+        expected: Option<u64>,
+    ) -> Result<u64, StateError>;
+
+    /// Deletes a key's metadata if its revision is still `expected`.
+    fn delete_key_record(&self, id: &str, expected: u64) -> Result<(), StateError>;
+
+    /// Every key id with metadata.
+    fn key_ids(&self) -> Result<Vec<String>, StateError>;
+
+    /// Publishes a node agent's facts (replacing the node's earlier ones).
+    fn publish_facts(&self, facts: &NodeFacts) -> Result<(), StateError>;
+
+    /// Every node's published facts (stale ones included: the reader judges).
+    fn node_facts(&self) -> Result<Vec<NodeFacts>, StateError>;
+
+    /// Says which policy set this process serves.
+    fn report_digest(&self, served: &ServedDigest) -> Result<(), StateError>;
+
+    /// What every process said it serves.
+    fn served_digests(&self) -> Result<Vec<ServedDigest>, StateError>;
+
+    /// Changes made by other processes, for a backend shared between them; `None` for
+    /// a backend only this process writes.
+    fn changes(&self) -> Option<std::sync::mpsc::Receiver<StateChange>> {
+        None
+    }
+}
+
 /// The durable state store under a state directory.
 #[derive(Debug)]
 pub struct StateStore {
@@ -194,6 +369,9 @@ impl StateStore {
             txn.open_table(BLOCKLIST)?;
             txn.open_table(EVENTS)?;
             txn.open_table(DECISIONS)?;
+            txn.open_table(KEYS)?;
+            txn.open_table(FACTS)?;
+            txn.open_table(DIGESTS)?;
             Ok(())
         })?;
         Ok(store)
@@ -582,6 +760,206 @@ fn decode_event(seq: u64, raw: &[u8]) -> Option<Event> {
     })
 }
 
+impl StateBackend for StateStore {
+    fn describe(&self) -> String {
+        format!("redb {}", self.path.display())
+    }
+    fn registry_entry(&self, object_id: &str) -> Result<Option<RegistryEntry>, StateError> {
+        StateStore::registry_entry(self, object_id)
+    }
+    fn accept(
+        &self,
+        object_id: &str,
+        version: u64,
+        digest: &[u8; 32],
+        signed_manifest: &[u8],
+    ) -> Result<(), StateError> {
+        StateStore::accept(self, object_id, version, digest, signed_manifest)
+    }
+    fn put_block(&self, node: &str, record: &BlockRecord) -> Result<(), StateError> {
+        StateStore::put_block(self, node, record)
+    }
+    fn unblock_node(&self, node: &str) -> Result<bool, StateError> {
+        StateStore::unblock_node(self, node)
+    }
+    fn blocked_nodes(&self) -> Result<Vec<BlockedNode>, StateError> {
+        StateStore::blocked_nodes(self)
+    }
+    fn record_event(
+        &self,
+        object_id: &str,
+        node: Option<&str>,
+        kind: &str,
+        detail: &str,
+    ) -> Result<u64, StateError> {
+        StateStore::record_event(self, object_id, node, kind, detail)
+    }
+    fn events(&self, from: u64) -> Result<Vec<Event>, StateError> {
+        StateStore::events(self, from)
+    }
+    fn record_decisions(&self, records: &mut [DecisionRecord]) -> Result<u64, StateError> {
+        StateStore::record_decisions(self, records)
+    }
+    fn decisions(&self, from: u64, limit: usize) -> Result<Vec<DecisionRecord>, StateError> {
+        StateStore::decisions(self, from, limit)
+    }
+    fn key_record(&self, id: &str) -> Result<Option<(Vec<u8>, u64)>, StateError> {
+        let read = || -> Result<Option<Vec<u8>>, redb::Error> {
+            let txn = self.db.begin_read()?;
+            let table = txn.open_table(KEYS)?;
+            Ok(table.get(id)?.map(|g| g.value().to_vec()))
+        };
+        match read().map_err(self.db_err("reading key metadata"))? {
+            None => Ok(None),
+            Some(raw) => {
+                let (rev, body) = split_revision(&raw).ok_or_else(|| self.corrupt("keys", id))?;
+                Ok(Some((body.to_vec(), rev)))
+            }
+        }
+    }
+    fn put_key_record(
+        &self,
+        id: &str,
+        record: &[u8],
+        expected: Option<u64>,
+    ) -> Result<u64, StateError> {
+        let mut refusal = None;
+        let revision = self.write("writing key metadata", |txn| {
+            let mut table = txn.open_table(KEYS)?;
+            let found = table
+                .get(id)?
+                .and_then(|g| split_revision(g.value()).map(|(r, _)| r));
+            if found != expected {
+                refusal = Some(found);
+                return Ok(0);
+            }
+            let next = found.map_or(1, |r| r.saturating_add(1));
+            let mut value = next.to_be_bytes().to_vec();
+            value.extend_from_slice(record);
+            table.insert(id, value.as_slice())?;
+            Ok(next)
+        })?;
+        match refusal {
+            Some(found) => Err(StateError::Conflict {
+                what: "key",
+                key: id.to_owned(),
+                expected,
+                found,
+            }),
+            None => Ok(revision),
+        }
+    }
+    fn delete_key_record(&self, id: &str, expected: u64) -> Result<(), StateError> {
+        let mut refusal = None;
+        self.write("deleting key metadata", |txn| {
+            let mut table = txn.open_table(KEYS)?;
+            let found = table
+                .get(id)?
+                .and_then(|g| split_revision(g.value()).map(|(r, _)| r));
+            if found != Some(expected) {
+                refusal = Some(found);
+                return Ok(());
+            }
+            table.remove(id)?;
+            Ok(())
+        })?;
+        match refusal {
+            Some(found) => Err(StateError::Conflict {
+                what: "key",
+                key: id.to_owned(),
+                expected: Some(expected),
+                found,
+            }),
+            None => Ok(()),
+        }
+    }
+    fn key_ids(&self) -> Result<Vec<String>, StateError> {
+        self.keys_of(KEYS, "listing key metadata")
+    }
+    fn publish_facts(&self, facts: &NodeFacts) -> Result<(), StateError> {
+        let bytes = self.encode("encoding node facts", facts)?;
+        self.write("publishing node facts", |txn| {
+            txn.open_table(FACTS)?
+                .insert(facts.node.as_str(), bytes.as_slice())?;
+            Ok(())
+        })
+    }
+    fn node_facts(&self) -> Result<Vec<NodeFacts>, StateError> {
+        self.values_of(FACTS, "facts", "reading node facts")
+    }
+    fn report_digest(&self, served: &ServedDigest) -> Result<(), StateError> {
+        let bytes = self.encode("encoding a served digest", served)?;
+        self.write("reporting a served digest", |txn| {
+            txn.open_table(DIGESTS)?
+                .insert(served.process.as_str(), bytes.as_slice())?;
+            Ok(())
+        })
+    }
+    fn served_digests(&self) -> Result<Vec<ServedDigest>, StateError> {
+        self.values_of(DIGESTS, "digests", "reading served digests")
+    }
+}
+
+impl StateStore {
+    fn encode<T: Serialize>(
+        &self,
+        operation: &'static str,
+        value: &T,
+    ) -> Result<Vec<u8>, StateError> {
+        serde_json::to_vec(value).map_err(|e| StateError::Database {
+            path: self.path.clone(),
+            operation,
+            source: Box::new(e),
+        })
+    }
+
+    fn keys_of(
+        &self,
+        table: TableDefinition<&str, &[u8]>,
+        operation: &'static str,
+    ) -> Result<Vec<String>, StateError> {
+        let read = || -> Result<Vec<String>, redb::Error> {
+            let txn = self.db.begin_read()?;
+            let table = txn.open_table(table)?;
+            let mut out = Vec::new();
+            for row in table.iter()? {
+                let (k, _) = row?;
+                out.push(k.value().to_owned());
+            }
+            Ok(out)
+        };
+        read().map_err(self.db_err(operation))
+    }
+
+    fn values_of<T: serde::de::DeserializeOwned>(
+        &self,
+        table: TableDefinition<&str, &[u8]>,
+        name: &'static str,
+        operation: &'static str,
+    ) -> Result<Vec<T>, StateError> {
+        let read = || -> Result<Vec<(String, Vec<u8>)>, redb::Error> {
+            let txn = self.db.begin_read()?;
+            let table = txn.open_table(table)?;
+            let mut out = Vec::new();
+            for row in table.iter()? {
+                let (k, v) = row?;
+                out.push((k.value().to_owned(), v.value().to_vec()));
+            }
+            Ok(out)
+        };
+        read()
+            .map_err(self.db_err(operation))?
+            .into_iter()
+            .map(|(k, raw)| serde_json::from_slice(&raw).map_err(|_| self.corrupt(name, &k)))
+            .collect()
+    }
+}
+
+fn split_revision(raw: &[u8]) -> Option<(u64, &[u8])> {
+    let rev = u64::from_be_bytes(raw.get(..8)?.try_into().ok()?);
+    Some((rev, raw.get(8..)?))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -656,6 +1034,57 @@ mod tests {
                 .map(|e| (e.version, e.digest));
             assert_eq!(entry, model.get(&id).copied());
         }
+    }
+
+    #[test]
+    fn key_records_are_compare_and_swap() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = StateStore::open(dir.path()).unwrap();
+        let b: &dyn StateBackend = &s;
+        assert_eq!(b.key_record("k").unwrap(), None);
+        let r1 = b.put_key_record("k", b"one", None).unwrap();
+        assert!(matches!(
+            b.put_key_record("k", b"again", None),
+            Err(StateError::Conflict {
+                expected: None,
+                found: Some(1),
+                ..
+            })
+        ));
+        let r2 = b.put_key_record("k", b"two", Some(r1)).unwrap();
+        assert!(b.put_key_record("k", b"stale", Some(r1)).is_err());
+        assert_eq!(b.key_record("k").unwrap(), Some((b"two".to_vec(), r2)));
+        assert_eq!(b.key_ids().unwrap(), ["k"]);
+        assert!(b.delete_key_record("k", r1).is_err());
+        b.delete_key_record("k", r2).unwrap();
+        assert_eq!(b.key_record("k").unwrap(), None);
+    }
+
+    #[test]
+    fn node_facts_and_digests_are_kept_per_node_and_process() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = StateStore::open(dir.path()).unwrap();
+        let facts = NodeFacts {
+            node: "n1".into(),
+            entities: serde_json::json!([]),
+            collected_at: 5,
+            ttl_seconds: 30,
+        };
+        s.publish_facts(&facts).unwrap();
+        s.publish_facts(&NodeFacts {
+            collected_at: 9,
+            ..facts.clone()
+        })
+        .unwrap();
+        assert_eq!(s.node_facts().unwrap().len(), 1);
+        assert_eq!(s.node_facts().unwrap()[0].collected_at, 9);
+        s.report_digest(&ServedDigest {
+            process: "a".into(),
+            digest: "d1".into(),
+            at: 1,
+        })
+        .unwrap();
+        assert_eq!(s.served_digests().unwrap()[0].digest, "d1");
     }
 
     #[test]

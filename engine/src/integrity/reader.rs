@@ -16,7 +16,7 @@ use super::anchor::Verifier;
 use super::manifest::{Hash, Manifest};
 use super::signed::SignedManifest;
 use super::{IntegrityError, check_manifest, compare_size, mismatch_error};
-use crate::state::StateStore;
+use crate::state::StateBackend;
 
 /// A hook called once with the first integrity failure of a [`VerifiedReader`].
 type FailureHook = Box<dyn FnMut(&IntegrityError) + Send>;
@@ -56,7 +56,7 @@ impl<R: Read + Seek> VerifiedReader<R> {
         mut inner: R,
         signed: &SignedManifest,
         verifier: &Verifier,
-        registry: &StateStore,
+        registry: &dyn StateBackend,
     ) -> Result<Self, IntegrityError> {
         check_manifest(signed, verifier, registry)?;
         let manifest = signed.manifest().clone();
@@ -232,6 +232,7 @@ mod tests {
     use crate::integrity::anchor::Anchor as _;
     use crate::integrity::manifest::sha256;
     use crate::integrity::software::SoftwareAnchor;
+    use crate::state::StateStore;
     use std::io::Cursor;
     use std::sync::{Arc, Mutex};
 

@@ -27,7 +27,7 @@ fn denies_and_obligations_are_recorded_durably_and_allows_and_dry_runs_are_not()
         let store = Arc::new(StateStore::open(&dir).unwrap());
         let engine = Engine::builder(root().join("policies")).build().unwrap();
         crate::load_cluster(&engine);
-        engine.attach_state(Arc::clone(&store)).unwrap();
+        engine.attach_state(store.clone()).unwrap();
         digest = engine.status().digest;
 
         // An allow without obligations: no record.
@@ -88,7 +88,7 @@ fn concurrent_denies_are_all_recorded_with_distinct_numbers() {
     let store = Arc::new(StateStore::open(&tmp.path().join("state")).unwrap());
     let engine = Engine::builder(root().join("policies")).build().unwrap();
     crate::load_cluster(&engine);
-    engine.attach_state(Arc::clone(&store)).unwrap();
+    engine.attach_state(store.clone()).unwrap();
     engine.block_node("gpu-a1", "test").unwrap();
     let threads: Vec<_> = (0..4)
         .map(|_| {

@@ -31,11 +31,12 @@ fn corrupt_read_blocks_the_node(anchor: &dyn Anchor, dir: &std::path::Path) {
         ..HashOptions::default()
     };
     let state = Arc::new(StateStore::open(&dir.join("state")).unwrap());
-    let signed = integrity::seal(&path, "llm/epoch-7", 7, anchor, &state, &options).unwrap();
+    let signed =
+        integrity::seal(&path, "llm/epoch-7", 7, anchor, state.as_ref(), &options).unwrap();
     let verifier = Verifier::new(anchor.public_key().clone());
 
     let engine = Engine::from_embedded_defaults().unwrap();
-    engine.attach_state(Arc::clone(&state)).unwrap();
+    engine.attach_state(state.clone()).unwrap();
     engine.upsert_entities(&crate::cluster()).unwrap();
     let verify = |node| {
         let opts = VerifyOptions {
@@ -43,7 +44,7 @@ fn corrupt_read_blocks_the_node(anchor: &dyn Anchor, dir: &std::path::Path) {
             expected_object_id: Some("llm/epoch-7"),
             ..VerifyOptions::default()
         };
-        integrity::verify_object(&path, &signed, &verifier, &state, &opts)
+        integrity::verify_object(&path, &signed, &verifier, state.as_ref(), &opts)
     };
 
     // Intact: the read is allowed and nothing is blocked.
@@ -93,7 +94,7 @@ fn corrupt_read_blocks_the_node(anchor: &dyn Anchor, dir: &std::path::Path) {
     );
     drop(engine);
     let restarted = Engine::from_embedded_defaults().unwrap();
-    restarted.attach_state(Arc::clone(&state)).unwrap();
+    restarted.attach_state(state.clone()).unwrap();
     restarted.upsert_entities(&crate::cluster()).unwrap();
     assert!(!restarted.decide(&schedule_onto("gpu-a1")).is_allowed());
     // A blocked node may not read even a verified checkpoint.
@@ -157,16 +158,18 @@ fn a_guarded_reader_that_meets_a_flipped_byte_blocks_the_node_through_the_polici
         ..HashOptions::default()
     };
     let state = Arc::new(StateStore::open(&tmp.path().join("state")).unwrap());
-    let signed = integrity::seal(&path, "llm/epoch-8", 1, &anchor, &state, &options).unwrap();
+    let signed =
+        integrity::seal(&path, "llm/epoch-8", 1, &anchor, state.as_ref(), &options).unwrap();
     let verifier = Verifier::new(anchor.public_key().clone());
     let engine = Engine::from_embedded_defaults().unwrap();
-    engine.attach_state(Arc::clone(&state)).unwrap();
+    engine.attach_state(state.clone()).unwrap();
     engine.upsert_entities(&crate::cluster()).unwrap();
 
     // gpu-a1 reads the file through a guarded reader.
     let guarded = || {
         let file = std::fs::File::open(&path).unwrap();
-        let reader = integrity::VerifiedReader::new(file, &signed, &verifier, &state).unwrap();
+        let reader =
+            integrity::VerifiedReader::new(file, &signed, &verifier, state.as_ref()).unwrap();
         engine.guard_reader(reader, "gpu-a1")
     };
 

@@ -162,7 +162,7 @@ pub fn seal(
         progress: Some(&tick),
         ..HashOptions::default()
     };
-    let signed = integrity::seal(file, id, version, anchor.as_ref(), &state, &options)?;
+    let signed = integrity::seal(file, id, version, anchor.as_ref(), state.as_ref(), &options)?;
     if let Some(b) = &bar {
         b.finish_and_clear();
     }
@@ -237,7 +237,7 @@ pub fn verify(args: &VerifyArgs<'_>, state_args: &StateArgs, policies: &PolicyAr
         expected_object_id: Some(args.id),
     };
     // The environment failing is an error to report; the object failing is a verdict.
-    let outcome = integrity::verify_encoded(args.file, &bytes, &verifier, &state, &options)
+    let outcome = integrity::verify_encoded(args.file, &bytes, &verifier, state.as_ref(), &options)
         .context("could not verify")?;
     if let Some(b) = &bar {
         b.finish_and_clear();
@@ -264,7 +264,7 @@ pub fn verify(args: &VerifyArgs<'_>, state_args: &StateArgs, policies: &PolicyAr
     };
     // As a node: the outcome goes through the policies, and their obligations are carried out.
     let engine = load(policies)?;
-    engine.attach_state(Arc::clone(&state))?;
+    engine.attach_state(state.clone())?;
     if let Some(path) = args.entities {
         crate::load_entities(&engine, path)?;
     }

@@ -32,6 +32,7 @@
 //! assert!(gpus[0].power.is_absent()); // [N/A] is no reading, not 0 W
 //! ```
 
+pub mod auditd;
 pub mod dcgm;
 pub mod ipmi;
 pub mod nvidia_smi;

@@ -403,16 +403,17 @@ pub(crate) async fn verify(
                 .map(|d| d.join("trusted.pub"))
         })
         .ok_or_else(|| ApiError::Unavailable("no pinned public key configured".into()))?;
-    let outcome =
-        tokio::task::spawn_blocking(move || verify_blocking(&engine, &store, &key_path, &body))
-            .await
-            .map_err(|_| ApiError::Internal)??;
+    let outcome = tokio::task::spawn_blocking(move || {
+        verify_blocking(&engine, store.as_ref(), &key_path, &body)
+    })
+    .await
+    .map_err(|_| ApiError::Internal)??;
     Ok(Json(outcome))
 }
 
 fn verify_blocking(
     engine: &probity::Engine,
-    store: &probity::state::StateStore,
+    store: &dyn probity::state::StateBackend,
     key_path: &std::path::Path,
     body: &VerifyBody,
 ) -> Result<Value, ApiError> {

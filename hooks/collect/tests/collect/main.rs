@@ -8,6 +8,7 @@
     clippy::indexing_slicing
 )]
 
+mod auditd;
 mod common;
 mod dcgm;
 mod ipmi;

@@ -365,13 +365,14 @@ async fn verify_passes_an_intact_checkpoint_and_blocks_the_node_on_a_flipped_byt
         chunk_size: 4096,
         ..HashOptions::default()
     };
-    let signed = integrity::seal(&file, "llm/epoch-9", 1, &anchor, &store, &options).unwrap();
+    let signed =
+        integrity::seal(&file, "llm/epoch-9", 1, &anchor, store.as_ref(), &options).unwrap();
     std::fs::write(tmp.path().join("epoch-9.ckpt.manifest"), signed.encode()).unwrap();
 
     let mut config = Config::default();
     config.integrity.state_dir = Some(state_dir.clone());
     let engine = crate::engine();
-    engine.attach_state(Arc::clone(&store)).unwrap();
+    engine.attach_state(store.clone()).unwrap();
     let s = probity_server::AppState::new(engine, config);
     let body = json!({"path": file, "id": "llm/epoch-9", "node": "gpu-a1"});
 
