@@ -70,7 +70,8 @@ pub struct Position {
     pub dev: u64,
     /// `st_ino` of the file.
     pub inode: u64,
-    /// Bytes consumed (up to the last complete line, plus a held partial line).
+    /// Where the first line not yet handed to the pipeline starts: the end of the last
+    /// complete line. A partial line held in memory is read again on resumption.
     pub offset: u64,
 }
 
@@ -294,7 +295,7 @@ impl LogFollower {
         self.current.as_ref().map(|c| Position {
             dev: c.dev,
             inode: c.inode,
-            offset: c.splitter.consumed(),
+            offset: c.splitter.offset,
         })
     }
 

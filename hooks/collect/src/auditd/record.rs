@@ -630,8 +630,8 @@ impl Builder<'_> {
                 None => self.push(part, name, raw, base_kind),
             },
             Some(Secret::Whole) => {
-                let marker = self.options.redaction.marker.clone();
-                self.push(part, name, &marker, ValueKind::Redacted);
+                let options = self.options;
+                self.push(part, name, &options.redaction.marker, ValueKind::Redacted);
             }
             Some(Secret::Argv) => {
                 let bytes: Cow<'_, [u8]> = match decoded {

@@ -512,7 +512,7 @@ impl Correlator {
     }
 
     fn kernel_login(&mut self, event: &Event, r: &Record) {
-        if r.field("res") != Some("1") {
+        if !matches!(r.field("res"), Some("1" | "success")) {
             return;
         }
         let (Some(pid), Some(auid), Some(ses)) =
