@@ -33,8 +33,11 @@ fn e(t: &str, id: &str) -> Value {
     json!({"__entity": {"type": t, "id": id}})
 }
 
-/// 1 cluster, 50 zones, 1,000 nodes, 2 namespaces, 200 workloads.
-fn cluster() -> Value {
+/// 1 cluster, 50 zones, 1,000 nodes (every 97th blocked), 2 namespaces, 200
+/// workloads. For the engine the blocklist owns `blocked`, so it is left out
+/// (`with_blocked` false) and the nodes are blocked through it; raw Cedar gets it as
+/// an attribute.
+fn cluster(with_blocked: bool) -> Value {
     let mut v = vec![json!({"uid": {"type": "Cluster", "id": "onprem"},
         "attrs": {"gpusTotal": 8000, "gpusAllocated": 4000}, "parents": []})];
     for z in 0..50 {
@@ -46,10 +49,13 @@ fn cluster() -> Value {
         let zone = format!("zone-{}", n % 50);
         v.push(json!({"uid": {"type": "Node", "id": format!("gpu-{n:04}")},
             "attrs": {"zone": e("Zone", &zone), "rack": format!("r{}", n / 20), "driverVersion": DRIVER,
-              "cudaImage": IMAGE, "gpuModel": e("GpuModel", "A100"), "gpuCount": 8, "cpuCount": 64,
-              "gpuMemoryMiB": 81920, "blocked": n % 97 == 0, "hottestGpuTempC": 55 + (n % 9) as i64,
+              "cudaImage": IMAGE, "gpuNode": true, "gpuModel": e("GpuModel", "A100"), "gpuCount": 8, "cpuCount": 64,
+              "gpuMemoryMiB": 81920, "hottestGpuTempC": 55 + (n % 9) as i64,
               "powerDrawW": 3000, "powerWindowMeanW": 2900},
             "parents": [{"type": "Zone", "id": zone}]}));
+        if with_blocked && let Some(attrs) = v.last_mut().and_then(|n| n["attrs"].as_object_mut()) {
+            attrs.insert("blocked".into(), json!(n % 97 == 0));
+        }
     }
     for ns in ["inference", "training"] {
         v.push(json!({"uid": {"type": "Namespace", "id": ns}, "attrs": {}, "parents": []}));
@@ -98,10 +104,12 @@ fn raw_cedar(entities: &Value) -> (cedar::PolicySet, cedar::Schema, cedar::Entit
 }
 
 fn decide(c: &mut Criterion) {
-    let entities = cluster();
     let engine = Engine::builder(policies_dir()).build().unwrap();
-    engine.upsert_entities(&entities).unwrap();
-    let (pset, schema, cedar_entities) = raw_cedar(&entities);
+    engine.upsert_entities(&cluster(false)).unwrap();
+    for n in (0..1000).filter(|n| n % 97 == 0) {
+        engine.block_node(&format!("gpu-{n:04}"), "bench").unwrap();
+    }
+    let (pset, schema, cedar_entities) = raw_cedar(&cluster(true));
 
     let mut group = c.benchmark_group("decide");
     for (name, workload, node) in [
@@ -157,6 +165,19 @@ fn decide(c: &mut Criterion) {
             b.iter(|| black_box(engine.decide(black_box(&request))))
         });
     }
+    // The admission path: the workload under review is a request-scoped entity.
+    let workload = json!({"uid": {"type": "Workload", "id": "review/1"},
+        "attrs": {"namespace": e("Namespace", "training"), "class": "training", "gpus": 2,
+          "cpuMillis": 32_000, "gpuMemoryMiB": 40_000, "image": IMAGE},
+        "parents": [{"type": "Namespace", "id": "training"}]});
+    let with_entity = Request::from_json_value(&json!({
+        "principal": {"type": "Workload", "id": "review/1"}, "action": "schedule",
+        "resource": {"type": "Node", "id": "gpu-0001"}, "entities": [workload]}))
+    .unwrap();
+    assert!(engine.decide(&with_entity).is_allowed());
+    group.bench_function("schedule_allow/probity_with_one_request_entity", |b| {
+        b.iter(|| black_box(engine.decide(black_box(&with_entity))))
+    });
     group.finish();
 }
 

@@ -62,10 +62,12 @@ fn readings() -> Value {
     json!([2900, 3010, 2950, 3100, 2990, 3050, 3000, 2980, 3020, 4200])
 }
 
+/// As the node agent asks it: power readings are a fact only a reporter supplies.
 fn spike_request() -> Request {
     Request::from_json_value(&json!({"principal": "Node::\"gpu-a1\"", "action": "comply",
         "resource": "Node::\"gpu-a1\"", "context": {"powerReadingsW": readings()}}))
     .unwrap()
+    .as_fact_reporter()
 }
 
 fn headroom_request() -> Request {

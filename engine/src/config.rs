@@ -47,6 +47,30 @@ pub struct Config {
     pub zone_power_ceiling_pct: u32,
     /// Temperature target per GPU model, degrees C.
     pub gpu_temp_target_c: BTreeMap<String, u32>,
+    /// Inbound ports per node role (`[roles.<name>]`).
+    pub roles: BTreeMap<String, RoleBaseline>,
+}
+
+/// One node role's inbound baseline: the ports its nodes may listen on and the
+/// firewall lets in, per protocol, with optional source restrictions.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct RoleBaseline {
+    /// TCP ports and ranges (inclusive).
+    pub tcp: Vec<(u16, u16)>,
+    /// UDP ports and ranges (inclusive).
+    pub udp: Vec<(u16, u16)>,
+    /// `"tcp/10250"` -> the source prefixes that port is reachable from (else any).
+    pub from: BTreeMap<String, Vec<String>>,
+}
+
+impl RoleBaseline {
+    /// Every port of `ranges`, expanded (for Cedar sets).
+    fn expand(ranges: &[(u16, u16)]) -> Vec<u16> {
+        let mut out: Vec<u16> = ranges.iter().flat_map(|(a, b)| *a..=*b).collect();
+        out.sort_unstable();
+        out.dedup();
+        out
+    }
 }
 
 #[derive(Deserialize)]
@@ -55,6 +79,19 @@ struct RawConfig {
     security: RawSecurity,
     placement: RawPlacement,
     thermal: RawThermal,
+    #[serde(default)]
+    roles: BTreeMap<String, RawRole>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRole {
+    #[serde(default)]
+    tcp: Vec<Spanned<toml::Value>>,
+    #[serde(default)]
+    udp: Vec<Spanned<toml::Value>>,
+    #[serde(default)]
+    from: BTreeMap<String, Spanned<Vec<Spanned<String>>>>,
 }
 
 #[derive(Deserialize)]
@@ -188,6 +225,51 @@ impl Checker<'_> {
         )))
     }
 
+    /// A port (`22`) or an inclusive range (`"30000-32767"`).
+    fn port_range(
+        &self,
+        name: &str,
+        value: &Spanned<toml::Value>,
+    ) -> Result<(u16, u16), Box<SourceDiagnostic>> {
+        let bad = || {
+            let span = value.span();
+            Box::new(SourceDiagnostic::new(
+                self.file,
+                self.text,
+                span.start,
+                span.len(),
+                format!(
+                    "{name}: expected a port (1-65535) or a range \"FROM-TO\", found {}",
+                    value.get_ref()
+                ),
+            ))
+        };
+        let port = |n: i64| u16::try_from(n).ok().filter(|p| *p > 0);
+        match value.get_ref() {
+            toml::Value::Integer(n) => port(*n).map(|p| (p, p)).ok_or_else(bad),
+            toml::Value::String(s) => {
+                let (a, b) = s.split_once('-').ok_or_else(bad)?;
+                let a = a
+                    .trim()
+                    .parse::<i64>()
+                    .ok()
+                    .and_then(port)
+                    .ok_or_else(bad)?;
+                let b = b
+                    .trim()
+                    .parse::<i64>()
+                    .ok()
+                    .and_then(port)
+                    .ok_or_else(bad)?;
+                if a > b {
+                    return Err(bad());
+                }
+                Ok((a, b))
+            }
+            _ => Err(bad()),
+        }
+    }
+
     fn non_empty(
         &self,
         name: &str,
@@ -265,7 +347,70 @@ impl Config {
                 names
             }
         };
+        let mut roles = BTreeMap::new();
+        for (name, raw) in &raw.roles {
+            if name.is_empty()
+                || !name
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+            {
+                return Err(Box::new(SourceDiagnostic::new(
+                    file,
+                    text,
+                    0,
+                    0,
+                    format!("roles.{name}: a role name is letters, digits, '-', '_' and '.'"),
+                )));
+            }
+            let role = RoleBaseline {
+                tcp: raw
+                    .tcp
+                    .iter()
+                    .map(|v| c.port_range(&format!("roles.{name}.tcp"), v))
+                    .collect::<Result<_, _>>()?,
+                udp: raw
+                    .udp
+                    .iter()
+                    .map(|v| c.port_range(&format!("roles.{name}.udp"), v))
+                    .collect::<Result<_, _>>()?,
+                from: raw
+                    .from
+                    .iter()
+                    .map(|(key, prefixes)| {
+                        let at = |message: String, span: Range<usize>| {
+                            Box::new(SourceDiagnostic::new(file, text, span.start, span.len(), message))
+                        };
+                        let ok_key = key
+                            .split_once('/')
+                            .is_some_and(|(p, port)| matches!(p, "tcp" | "udp") && port.parse::<u16>().is_ok_and(|n| n > 0));
+                        if !ok_key {
+                            return Err(at(
+                                format!("roles.{name}.from: {key:?} is not \"tcp/PORT\" or \"udp/PORT\""),
+                                prefixes.span(),
+                            ));
+                        }
+                        let list = prefixes
+                            .get_ref()
+                            .iter()
+                            .map(|p| {
+                                if is_prefix(p.get_ref()) {
+                                    Ok(p.get_ref().clone())
+                                } else {
+                                    Err(at(
+                                        format!("roles.{name}.from.{key}: {:?} is not an address prefix (10.0.0.0/8, fd00::/8)", p.get_ref()),
+                                        p.span(),
+                                    ))
+                                }
+                            })
+                            .collect::<Result<Vec<_>, _>>()?;
+                        Ok((key.clone(), list))
+                    })
+                    .collect::<Result<_, _>>()?,
+            };
+            roles.insert(name.clone(), role);
+        }
         Ok(Self {
+            roles,
             inbound_port_baseline: ports("inbound_port_baseline", &s.inbound_port_baseline)?,
             inbound_udp_port_baseline: ports(
                 "inbound_udp_port_baseline",
@@ -316,6 +461,22 @@ impl Config {
             },
             "parents": []
         })];
+        for (name, role) in &self.roles {
+            let restricted: Vec<String> = role
+                .from
+                .iter()
+                .flat_map(|(k, prefixes)| prefixes.iter().map(move |p| format!("{k} {p}")))
+                .collect();
+            entities.push(json!({
+                "uid": { "type": "NodeRole", "id": name },
+                "attrs": {
+                    "tcpPorts": RoleBaseline::expand(&role.tcp),
+                    "udpPorts": RoleBaseline::expand(&role.udp),
+                    "restricted": restricted,
+                },
+                "parents": []
+            }));
+        }
         for (model, target) in &self.gpu_temp_target_c {
             entities.push(json!({
                 "uid": { "type": "GpuModel", "id": model },
@@ -418,6 +579,77 @@ mod disabling_values {
                 (line, to.len() - to.rsplit(' ').next().unwrap().len() + 1),
                 "{to}"
             );
+        }
+    }
+}
+
+/// `ADDRESS/BITS` with an IPv4 or IPv6 address and a length that fits it.
+fn is_prefix(s: &str) -> bool {
+    let Some((addr, bits)) = s.split_once('/') else {
+        return false;
+    };
+    let Ok(bits) = bits.parse::<u8>() else {
+        return false;
+    };
+    match addr.parse::<std::net::IpAddr>() {
+        Ok(std::net::IpAddr::V4(_)) => bits <= 32,
+        Ok(std::net::IpAddr::V6(_)) => bits <= 128,
+        Err(_) => false,
+    }
+}
+
+#[cfg(test)]
+mod roles {
+    use super::*;
+
+    const DEFAULT: &str = include_str!("../../policies/probity.toml");
+
+    #[test]
+    fn roles_expand_into_node_role_entities() {
+        let c = Config::parse("probity.toml", &Arc::from(DEFAULT)).unwrap();
+        let worker = &c.roles["gpu-worker"];
+        assert!(worker.tcp.contains(&(30000, 32767)));
+        let json = c.entities_json();
+        let role = json
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["uid"]["id"] == "gpu-worker")
+            .unwrap();
+        let tcp = role["attrs"]["tcpPorts"].as_array().unwrap();
+        assert!(tcp.contains(&json!(10250)) && tcp.contains(&json!(32767)));
+        assert_eq!(role["attrs"]["restricted"], json!(["tcp/10250 10.0.0.0/8"]));
+    }
+
+    #[test]
+    fn a_bad_port_range_or_prefix_is_located() {
+        for (from, to, what) in [
+            (
+                "tcp = [22, 10250, 179, \"30000-32767\"]",
+                "tcp = [22, \"9-1\"]",
+                "roles.gpu-worker.tcp: expected a port",
+            ),
+            (
+                "tcp = [22, 10250, 179, \"30000-32767\"]",
+                "tcp = [22, 70000]",
+                "roles.gpu-worker.tcp: expected a port",
+            ),
+            (
+                "\"tcp/10250\" = [\"10.0.0.0/8\"]",
+                "\"tcp/10250\" = [\"10.0.0.0/33\"]",
+                "is not an address prefix",
+            ),
+            (
+                "\"tcp/10250\" = [\"10.0.0.0/8\"]",
+                "\"sctp/1\" = [\"10.0.0.0/8\"]",
+                "is not \"tcp/PORT\"",
+            ),
+        ] {
+            assert!(DEFAULT.contains(from), "{from}");
+            let text = DEFAULT.replace(from, to);
+            let err = Config::parse("probity.toml", &Arc::from(text.as_str())).unwrap_err();
+            assert!(err.message.contains(what), "{to}: {err}");
+            assert!(err.line > 1, "{err}");
         }
     }
 }

@@ -277,58 +277,80 @@ fn entity_lookup_returns_the_stored_json() {
 }
 
 #[test]
-fn readers_never_see_a_torn_store_while_a_writer_upserts_batches() {
+fn readers_never_see_a_torn_store_while_writers_upsert_batches() {
     use std::sync::Arc;
     use std::sync::atomic::{AtomicBool, Ordering};
+    const PAIRS: usize = 4;
     // Two versions of a zone and its node, always written in one batch: either the zone
     // is at its power ceiling (migrate) or the node runs hot (over temperature). A torn
-    // store would give both reasons or neither.
-    let version = |hot_zone: bool| {
+    // store would give both reasons or neither. Four writers, one pair each, race;
+    // their batches are coalesced into shared snapshots, each still whole.
+    let version = |k: usize, hot_zone: bool| {
         let (draw, temp) = if hot_zone { (39_000, 58) } else { (10_000, 71) };
         json!([
-            {"uid": {"type": "Zone", "id": "zone-x"}, "parents": [],
+            {"uid": {"type": "Zone", "id": format!("zone-x{k}")}, "parents": [],
              "attrs": {"cluster": {"__entity": {"type": "Cluster", "id": "onprem"}},
                        "powerDrawW": draw, "powerCeilingW": 40000}},
-            {"uid": {"type": "Node", "id": "gpu-x"}, "parents": [],
-             "attrs": {"zone": {"__entity": {"type": "Zone", "id": "zone-x"}}, "rack": "r",
+            {"uid": {"type": "Node", "id": format!("gpu-x{k}")}, "parents": [],
+             "attrs": {"zone": {"__entity": {"type": "Zone", "id": format!("zone-x{k}")}}, "rack": "r",
                "driverVersion": "590.48.01", "cudaImage": "nvcr.io/nvidia/cuda:12.8.0-base-ubuntu24.04",
                "gpuModel": {"__entity": {"type": "GpuModel", "id": "A100"}}, "gpuCount": 8,
-               "gpuNode": true, "cpuCount": 64, "gpuMemoryMiB": 81920, "blocked": false, "hottestGpuTempC": temp,
+               "gpuNode": true, "cpuCount": 64, "gpuMemoryMiB": 81920, "hottestGpuTempC": temp,
                "powerDrawW": 3000, "powerWindowMeanW": 2900}}
         ])
     };
     let engine = loaded();
-    engine.upsert_entities(&version(true)).unwrap();
+    for k in 0..PAIRS {
+        engine.upsert_entities(&version(k, true)).unwrap();
+    }
     let stop = Arc::new(AtomicBool::new(false));
     let readers: Vec<_> = (0..2)
-        .map(|_| {
+        .map(|r| {
             let engine = engine.clone();
             let stop = Arc::clone(&stop);
             std::thread::spawn(move || {
-                let request = schedule("train-1", "gpu-x");
                 let mut seen = [0u64; 2];
+                let mut i = r;
                 while !stop.load(Ordering::Relaxed) {
-                    let d = engine.decide(&request);
+                    let d = engine.decide(&schedule("train-1", &format!("gpu-x{}", i % PAIRS)));
                     let ids: Vec<_> = d.reason_ids().collect();
                     match ids.as_slice() {
                         ["thermal.zone-power-ceiling"] => seen[0] += 1,
                         ["thermal.gpu-over-temperature"] => seen[1] += 1,
                         other => panic!("torn store: {other:?}"),
                     }
+                    i += 1;
                 }
                 seen
             })
         })
         .collect();
-    for i in 0..400 {
-        engine.upsert_entities(&version(i % 2 == 1)).unwrap();
+    let writers: Vec<_> = (0..PAIRS)
+        .map(|k| {
+            let engine = engine.clone();
+            std::thread::spawn(move || {
+                for i in 0..150 {
+                    engine.upsert_entities(&version(k, i % 2 == 1)).unwrap();
+                }
+            })
+        })
+        .collect();
+    for w in writers {
+        w.join().unwrap();
     }
     stop.store(true, Ordering::Relaxed);
     let seen = readers
         .into_iter()
         .map(|r| r.join().unwrap())
         .fold([0, 0], |a, b| [a[0] + b[0], a[1] + b[1]]);
-    assert!(seen[0] + seen[1] > 0);
+    assert!(seen[0] + seen[1] > 0, "{seen:?}");
+    // Every writer's last batch (i = 149: the hot zone) is what the store holds.
+    for k in 0..PAIRS {
+        let uid = format!("Node::\"gpu-x{k}\"").parse().unwrap();
+        assert_eq!(engine.entity(&uid).unwrap()["attrs"]["hottestGpuTempC"], 58);
+        let zone = format!("Zone::\"zone-x{k}\"").parse().unwrap();
+        assert_eq!(engine.entity(&zone).unwrap()["attrs"]["powerDrawW"], 39_000);
+    }
 }
 
 /// Deterministic byte mutations (xorshift): flips, truncations, insertions.

@@ -103,11 +103,10 @@ fn load_engine(config: &Config) -> Result<Engine, ServeError> {
             path: path.clone(),
             detail,
         };
-        let text = std::fs::read(path).map_err(|e| bad(e.to_string()))?;
-        let json: serde_json::Value =
-            serde_json::from_slice(&text).map_err(|e| bad(e.to_string()))?;
+        // Read as it is parsed: a store of 100,000 entities is never one JSON tree.
+        let file = std::fs::File::open(path).map_err(|e| bad(e.to_string()))?;
         engine
-            .upsert_entities(&json)
+            .upsert_entities_from_reader(std::io::BufReader::with_capacity(1 << 20, file))
             .map_err(|e| bad(e.to_string()))?;
     }
     Ok(engine)

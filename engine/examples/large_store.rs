@@ -1,0 +1,187 @@
+//! The large store of BENCHMARKS.md (issue "a store that takes a stream of facts"):
+//! 10,000 nodes in 100 zones and 100,000 workloads, 110,110 entities in all, made by
+//! copying `testdata/entities/cluster.json`'s `gpu-a1` and `train-1` with new ids.
+//!
+//! ```sh
+//! cargo run --release -p probity --example large_store -- write FILE   # the JSON
+//! cargo run --release -p probity --example large_store -- load FILE    # load time, memory
+//! cargo run --release -p probity --example large_store -- upserts FILE [N]
+//! cargo run --release -p probity --example large_store -- mixed FILE [SECONDS] [ROUNDS]
+//! ```
+//!
+//! `upserts` times N one-entity upserts (median, p99); `mixed` measures decisions per
+//! second and their p99 on two threads, alone and beside 8 writers pushing 5,000 fact
+//! updates per second, in interleaved rounds.
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
+
+#[path = "../benches/large/mod.rs"]
+mod large;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use probity::{Engine, Request};
+
+fn status_kb(field: &str) -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .unwrap()
+        .lines()
+        .find(|l| l.starts_with(field))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+fn load(path: &str) -> (Engine, Duration) {
+    let engine = Engine::builder(large::policies_dir()).build().unwrap();
+    let start = Instant::now();
+    let file = std::io::BufReader::with_capacity(1 << 20, std::fs::File::open(path).unwrap());
+    let n = engine.upsert_entities_from_reader(file).unwrap();
+    let took = start.elapsed();
+    assert_eq!(n, large::ENTITIES);
+    for id in large::blocked_nodes() {
+        engine.block_node(&id, "benchmark").unwrap();
+    }
+    (engine, took)
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    match (args.get(1).map(String::as_str), args.get(2)) {
+        (Some("write"), Some(path)) => {
+            let text = serde_json::to_vec(&large::store()).unwrap();
+            std::fs::write(path, &text).unwrap();
+            println!(
+                "wrote {} entities, {} bytes, to {path}",
+                large::ENTITIES,
+                text.len()
+            );
+        }
+        (Some("load"), Some(path)) => {
+            let before = status_kb("VmRSS");
+            let (engine, took) = load(path);
+            // Let the allocator settle, as a server's steady state would.
+            std::thread::sleep(Duration::from_millis(500));
+            let steady = status_kb("VmRSS");
+            let peak = status_kb("VmHWM");
+            let per = (steady.saturating_sub(before)) * 1024 / large::ENTITIES as u64;
+            println!(
+                "load {:.2} s; RSS before {before} KB, steady {steady} KB, peak {peak} KB; {per} B per entity; peak/steady {:.2}",
+                took.as_secs_f64(),
+                peak as f64 / steady as f64
+            );
+            assert_eq!(engine.entity_count(), large::ENTITIES + 4);
+        }
+        (Some("upserts"), Some(path)) => {
+            let n: usize = args.get(3).and_then(|s| s.parse().ok()).unwrap_or(10_000);
+            let (engine, _) = load(path);
+            let mut times = Vec::with_capacity(n);
+            for i in 0..n {
+                let update = large::node_update(i % large::NODES, i as i64);
+                let start = Instant::now();
+                engine.upsert_entities(&update).unwrap();
+                times.push(start.elapsed());
+            }
+            times.sort();
+            println!(
+                "{n} one-entity upserts: median {:?}, p99 {:?}, max {:?}",
+                percentile(&times, 0.5),
+                percentile(&times, 0.99),
+                times.last().unwrap()
+            );
+        }
+        (Some("mixed"), Some(path)) => {
+            let seconds: u64 = args.get(3).and_then(|s| s.parse().ok()).unwrap_or(5);
+            let rounds: usize = args.get(4).and_then(|s| s.parse().ok()).unwrap_or(3);
+            let (engine, _) = load(path);
+            for round in 0..rounds {
+                for writers in [false, true] {
+                    let (rate, p99) = mixed(&engine, writers, Duration::from_secs(seconds));
+                    println!("round {round} writers={writers}: {rate:.0} decisions/s, p99 {p99:?}");
+                }
+            }
+        }
+        _ => {
+            eprintln!("usage: large_store write|load|upserts|mixed FILE [...]");
+            std::process::exit(2);
+        }
+    }
+}
+
+/// Decisions on two threads for `span`, with or without 8 writers at 5,000 updates/s.
+fn mixed(engine: &Engine, writers: bool, span: Duration) -> (f64, Duration) {
+    let stop = Arc::new(AtomicBool::new(false));
+    let written = Arc::new(AtomicU64::new(0));
+    let mut writer_threads = Vec::new();
+    if writers {
+        for w in 0..8usize {
+            let engine = engine.clone();
+            let stop = Arc::clone(&stop);
+            let written = Arc::clone(&written);
+            writer_threads.push(std::thread::spawn(move || {
+                // 625 updates/s each: one every 1.6 ms, paced from a schedule.
+                let start = Instant::now();
+                let mut i = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    let due = start + Duration::from_micros(1600 * i);
+                    if let Some(wait) = due.checked_duration_since(Instant::now()) {
+                        std::thread::sleep(wait);
+                    }
+                    let node = (w * 1000 + (i as usize % 1000)) % large::NODES;
+                    engine
+                        .upsert_entities(&large::node_update(node, i as i64))
+                        .unwrap();
+                    written.fetch_add(1, Ordering::Relaxed);
+                    i += 1;
+                }
+            }));
+        }
+    }
+    let deciders: Vec<_> = (0..2)
+        .map(|t| {
+            let engine = engine.clone();
+            let stop = Arc::clone(&stop);
+            std::thread::spawn(move || {
+                let mut times = Vec::new();
+                let mut i = t * 7919;
+                while !stop.load(Ordering::Relaxed) {
+                    let request = Request::from_json_value(&large::schedule_request(i)).unwrap();
+                    let start = Instant::now();
+                    std::hint::black_box(engine.decide(&request));
+                    times.push(start.elapsed());
+                    i += 1;
+                }
+                times
+            })
+        })
+        .collect();
+    std::thread::sleep(span);
+    stop.store(true, Ordering::Relaxed);
+    let mut times: Vec<Duration> = deciders
+        .into_iter()
+        .flat_map(|d| d.join().unwrap())
+        .collect();
+    for w in writer_threads {
+        w.join().unwrap();
+    }
+    if writers {
+        let rate = written.load(Ordering::Relaxed) as f64 / span.as_secs_f64();
+        eprintln!("  (writers: {rate:.0} updates/s)");
+    }
+    times.sort();
+    (
+        times.len() as f64 / span.as_secs_f64(),
+        percentile(&times, 0.99),
+    )
+}
