@@ -931,8 +931,8 @@ impl Engine {
     /// sorted by uid. The entities the engine owns (`Settings`, `GpuModel`, ...) are included.
     pub fn entities_json(&self, type_name: Option<&str>) -> Vec<Value> {
         let current = self.shared.current.load();
-        let json = |(uid, stored): (&EntityUID, &Arc<Stored>)| {
-            store::to_json(uid, stored, current.blocked_view(uid))
+        let json = |(uid, stored): (EntityUID, &Arc<Stored>)| {
+            store::to_json(&uid, stored, current.blocked_view(&uid))
         };
         match type_name {
             None => current.store.iter().map(json).collect(),
@@ -1304,10 +1304,8 @@ fn owned_cache(bundle: &Bundle, store: &Store) -> HashMap<EntityUID, Arc<ast::En
         })
         .map(|(u, s)| {
             let ancestors = store.ancestors(&s.parents, &HashMap::new());
-            (
-                u.clone(),
-                Arc::new(store::materialize(u, s, ancestors, None)),
-            )
+            let entity = Arc::new(store::materialize(&u, s, ancestors, None));
+            (u, entity)
         })
         .collect()
 }

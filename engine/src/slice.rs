@@ -177,21 +177,20 @@ pub(crate) mod reference {
         let stored = source
             .store
             .iter()
-            .map(|(u, s)| (u, s))
-            .chain(source.extra.iter());
+            .chain(source.extra.iter().map(|(u, s)| (u.clone(), s)));
         for (uid, s) in stored {
             named.extend(s.refs().cloned());
-            named.extend(s.parents.iter().cloned());
-            let e = match source.owned.get(uid) {
+            named.extend(s.parents.iter().map(|p| (**p).clone()));
+            let e = match source.owned.get(&uid) {
                 Some(e) => Arc::clone(e),
                 None => Arc::new(materialize(
-                    uid,
+                    &uid,
                     s,
                     source.store.ancestors(&s.parents, source.extra),
-                    source.blocked_view(uid),
+                    source.blocked_view(&uid),
                 )),
             };
-            out.insert(uid.clone(), e);
+            out.insert(uid, e);
         }
         for uid in named {
             if out.contains_key(&uid) {

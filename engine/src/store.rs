@@ -40,25 +40,231 @@ use crate::facts::FactOrigins;
 const MAX_VALUE_DEPTH: usize = 32;
 
 /// One stored entity: attributes, tags and direct parents, immutable once stored.
+///
+/// Kept small because a cluster has a hundred thousand of them: attribute names are
+/// interned ids, entity references and parents are shared `Arc`s (a hundred thousand
+/// workloads point at one namespace), long strings are interned.
 #[derive(Debug, Clone)]
 pub(crate) struct Stored {
-    /// Attributes, sorted by name; the blocklist attribute is never stored (the
+    /// Attributes, sorted by name id; the blocklist attribute is never stored (the
     /// blocklist owns it).
-    pub attrs: Box<[(SmolStr, Value)]>,
-    /// Tags (RFC 82), sorted by name.
+    pub attrs: Box<[(AttrId, Value)]>,
+    /// Tags (RFC 82), by name.
     pub tags: Box<[(SmolStr, Value)]>,
     /// Direct parents.
-    pub parents: Box<[EntityUID]>,
+    pub parents: Box<[Arc<EntityUID>]>,
 }
 
 impl Stored {
     /// The uids its attribute and tag values reference, in any nesting.
     pub fn refs(&self) -> impl Iterator<Item = &EntityUID> {
         let mut out = Vec::new();
-        for (_, v) in self.attrs.iter().chain(self.tags.iter()) {
+        for v in self
+            .attrs
+            .iter()
+            .map(|(_, v)| v)
+            .chain(self.tags.iter().map(|(_, v)| v))
+        {
             collect_refs(v, &mut out, 0);
         }
         out.into_iter()
+    }
+
+    /// Its attributes with their names.
+    pub fn named_attrs(&self) -> impl Iterator<Item = (SmolStr, &Value)> {
+        self.attrs.iter().map(|(id, v)| (id.name(), v))
+    }
+}
+
+/// An interned attribute name. Names come from schema-checked entities, so there are
+/// as many as the schema declares.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub(crate) struct AttrId(u16);
+
+/// Interning tables shared by every store in the process: attribute names, entity
+/// types, entity uids that are referenced or are parents, and long strings. They only
+/// grow; each is bounded, and past its bound values are simply not shared.
+mod intern {
+    use std::collections::HashMap;
+    use std::sync::{Arc, PoisonError, RwLock};
+
+    use cedar_policy_core::ast::{EntityType, EntityUID};
+    use smol_str::SmolStr;
+
+    const MAX_NAMES: usize = u16::MAX as usize;
+    const MAX_TYPES: usize = 65_536;
+    const MAX_UIDS: usize = 1 << 20;
+    const MAX_STRINGS: usize = 1 << 16;
+
+    #[derive(Default)]
+    pub struct Names {
+        by_id: Vec<SmolStr>,
+        by_name: HashMap<SmolStr, u16>,
+    }
+
+    static NAMES: RwLock<Option<Names>> = RwLock::new(None);
+    static TYPES: RwLock<Option<(Vec<EntityType>, HashMap<EntityType, u32>)>> = RwLock::new(None);
+    static UIDS: RwLock<Option<HashMap<EntityUID, Arc<EntityUID>>>> = RwLock::new(None);
+    static STRINGS: RwLock<Option<HashMap<SmolStr, ()>>> = RwLock::new(None);
+
+    pub fn name_id(name: &str) -> Option<u16> {
+        if let Some(id) = NAMES
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_ref()
+            .and_then(|n| n.by_name.get(name))
+        {
+            return Some(*id);
+        }
+        let mut guard = NAMES.write().unwrap_or_else(PoisonError::into_inner);
+        let names = guard.get_or_insert_with(Names::default);
+        if let Some(id) = names.by_name.get(name) {
+            return Some(*id);
+        }
+        if names.by_id.len() >= MAX_NAMES {
+            return None;
+        }
+        let id = u16::try_from(names.by_id.len()).ok()?;
+        names.by_id.push(SmolStr::new(name));
+        names.by_name.insert(SmolStr::new(name), id);
+        Some(id)
+    }
+
+    pub fn name(id: u16) -> SmolStr {
+        NAMES
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_ref()
+            .and_then(|n| n.by_id.get(usize::from(id)).cloned())
+            .unwrap_or_default()
+    }
+
+    /// The id of `ty`, interning it when `insert`.
+    pub fn type_id(ty: &EntityType, insert: bool) -> Option<u32> {
+        if let Some(id) = TYPES
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_ref()
+            .and_then(|(_, m)| m.get(ty))
+        {
+            return Some(*id);
+        }
+        if !insert {
+            return None;
+        }
+        let mut guard = TYPES.write().unwrap_or_else(PoisonError::into_inner);
+        let (list, map) = guard.get_or_insert_with(Default::default);
+        if let Some(id) = map.get(ty) {
+            return Some(*id);
+        }
+        if list.len() >= MAX_TYPES {
+            return None;
+        }
+        let id = u32::try_from(list.len()).ok()?;
+        list.push(ty.clone());
+        map.insert(ty.clone(), id);
+        Some(id)
+    }
+
+    pub fn type_of(id: u32) -> Option<EntityType> {
+        TYPES
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_ref()
+            .and_then(|(list, _)| list.get(usize::try_from(id).ok()?).cloned())
+    }
+
+    /// One shared `Arc` per distinct uid.
+    pub fn uid(uid: EntityUID) -> Arc<EntityUID> {
+        if let Some(hit) = UIDS
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_ref()
+            .and_then(|m| m.get(&uid))
+        {
+            return Arc::clone(hit);
+        }
+        let mut guard = UIDS.write().unwrap_or_else(PoisonError::into_inner);
+        let map = guard.get_or_insert_with(HashMap::new);
+        if let Some(hit) = map.get(&uid) {
+            return Arc::clone(hit);
+        }
+        let shared = Arc::new(uid.clone());
+        if map.len() < MAX_UIDS {
+            map.insert(uid, Arc::clone(&shared));
+        }
+        shared
+    }
+
+    /// One shared allocation per distinct long string (short ones live inline anyway).
+    pub fn string(s: &str) -> SmolStr {
+        if s.len() <= 23 {
+            return SmolStr::new(s);
+        }
+        if let Some((hit, ())) = STRINGS
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_ref()
+            .and_then(|m| m.get_key_value(s))
+        {
+            return hit.clone();
+        }
+        let mut guard = STRINGS.write().unwrap_or_else(PoisonError::into_inner);
+        let map = guard.get_or_insert_with(HashMap::new);
+        if let Some((hit, ())) = map.get_key_value(s) {
+            return hit.clone();
+        }
+        let made = SmolStr::new(s);
+        if map.len() < MAX_STRINGS {
+            map.insert(made.clone(), ());
+        }
+        made
+    }
+}
+
+impl AttrId {
+    /// The id of `name`, or `None` when the table is full (65,535 names).
+    pub fn of(name: &str) -> Option<Self> {
+        intern::name_id(name).map(Self)
+    }
+
+    /// The name.
+    pub fn name(self) -> SmolStr {
+        intern::name(self.0)
+    }
+}
+
+/// A stored entity's key: its interned type and its id. A third of the size of a
+/// Cedar uid, and ordered by type first, so one type's entities are a range.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub(crate) struct Key {
+    ty: u32,
+    id: SmolStr,
+}
+
+impl Key {
+    /// The key of `uid`, interning its type (for writes).
+    fn make(uid: &EntityUID) -> Option<Self> {
+        Some(Self {
+            ty: intern::type_id(uid.entity_type(), true)?,
+            id: SmolStr::new(<ast::Eid as AsRef<str>>::as_ref(uid.eid())),
+        })
+    }
+
+    /// The key of `uid` if its type was ever stored (for reads).
+    fn find(uid: &EntityUID) -> Option<Self> {
+        Some(Self {
+            ty: intern::type_id(uid.entity_type(), false)?,
+            id: SmolStr::new(<ast::Eid as AsRef<str>>::as_ref(uid.eid())),
+        })
+    }
+
+    fn uid(&self) -> Option<EntityUID> {
+        Some(EntityUID::from_components(
+            intern::type_of(self.ty)?,
+            ast::Eid::new(self.id.clone()),
+            None,
+        ))
     }
 }
 
@@ -85,7 +291,7 @@ fn collect_refs<'a>(v: &'a Value, out: &mut Vec<&'a EntityUID>, depth: usize) {
 /// The store itself: cheap to clone (a snapshot is a pointer to a shared tree).
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Store {
-    entities: OrdMap<EntityUID, Arc<Stored>>,
+    entities: OrdMap<Key, Arc<Stored>>,
 }
 
 impl Store {
@@ -96,39 +302,51 @@ impl Store {
 
     /// One entity.
     pub fn get(&self, uid: &EntityUID) -> Option<&Arc<Stored>> {
-        self.entities.get(uid)
+        self.entities.get(&Key::find(uid)?)
     }
 
     /// Whether `uid` is stored.
     pub fn contains(&self, uid: &EntityUID) -> bool {
-        self.entities.contains_key(uid)
+        self.get(uid).is_some()
     }
 
-    /// Adds or replaces one entity.
+    /// Adds or replaces one entity. (An entity of a type beyond the type table's bound
+    /// is not stored; schemas declare a few dozen types.)
     pub fn insert(&mut self, uid: EntityUID, stored: Arc<Stored>) {
-        self.entities.insert(uid, stored);
+        if let Some(key) = Key::make(&uid) {
+            self.entities.insert(key, stored);
+        }
     }
 
     /// Removes one entity; whether it was there.
     pub fn remove(&mut self, uid: &EntityUID) -> bool {
-        self.entities.remove(uid).is_some()
+        Key::find(uid).is_some_and(|k| self.entities.remove(&k).is_some())
     }
 
-    /// Every entity, in uid order (type, then id).
-    pub fn iter(&self) -> impl Iterator<Item = (&EntityUID, &Arc<Stored>)> {
-        self.entities.iter()
+    /// Every entity, by type (in the order types were first stored), then id.
+    pub fn iter(&self) -> impl Iterator<Item = (EntityUID, &Arc<Stored>)> {
+        self.entities
+            .iter()
+            .filter_map(|(k, s)| Some((k.uid()?, s)))
     }
 
     /// The entities of one type, in id order: a range of the map, not a scan.
     pub fn of_type<'a>(
         &'a self,
         entity_type: &'a EntityType,
-    ) -> impl Iterator<Item = (&'a EntityUID, &'a Arc<Stored>)> + 'a {
-        // The smallest uid of a type has the empty id.
-        let first = EntityUID::from_components(entity_type.clone(), ast::Eid::new(""), None);
-        self.entities
-            .range((Bound::Included(first), Bound::Unbounded))
-            .take_while(move |(uid, _)| uid.entity_type() == entity_type)
+    ) -> impl Iterator<Item = (EntityUID, &'a Arc<Stored>)> + 'a {
+        let ty = intern::type_id(entity_type, false);
+        ty.into_iter().flat_map(move |ty| {
+            // The smallest key of a type has the empty id.
+            let first = Key {
+                ty,
+                id: SmolStr::default(),
+            };
+            self.entities
+                .range((Bound::Included(first), Bound::Unbounded))
+                .take_while(move |(k, _)| k.ty == ty)
+                .filter_map(|(k, s)| Some((k.uid()?, s)))
+        })
     }
 
     /// Whether making `uid`'s parents `parents` would close a cycle in the hierarchy
@@ -136,11 +354,11 @@ impl Store {
     pub fn would_cycle(
         &self,
         uid: &EntityUID,
-        parents: &[EntityUID],
+        parents: &[Arc<EntityUID>],
         pending: &HashMap<EntityUID, Arc<Stored>>,
     ) -> bool {
         let mut seen: HashSet<&EntityUID> = HashSet::new();
-        let mut stack: Vec<&EntityUID> = parents.iter().collect();
+        let mut stack: Vec<&EntityUID> = parents.iter().map(AsRef::as_ref).collect();
         while let Some(next) = stack.pop() {
             if next == uid {
                 return true;
@@ -148,9 +366,9 @@ impl Store {
             if !seen.insert(next) {
                 continue;
             }
-            let found = pending.get(next).or_else(|| self.entities.get(next));
+            let found = pending.get(next).or_else(|| self.get(next));
             if let Some(s) = found {
-                stack.extend(s.parents.iter());
+                stack.extend(s.parents.iter().map(AsRef::as_ref));
             }
         }
         false
@@ -160,19 +378,19 @@ impl Store {
     /// stored hierarchy (and `extra`, request-scoped entities, first).
     pub fn ancestors(
         &self,
-        parents: &[EntityUID],
+        parents: &[Arc<EntityUID>],
         extra: &HashMap<EntityUID, Arc<Stored>>,
     ) -> HashSet<EntityUID> {
         let mut out: HashSet<EntityUID> = HashSet::with_capacity(parents.len() * 2);
-        let mut stack: Vec<&EntityUID> = parents.iter().collect();
+        let mut stack: Vec<&EntityUID> = parents.iter().map(AsRef::as_ref).collect();
         while let Some(next) = stack.pop() {
             if out.contains(next) {
                 continue;
             }
             out.insert(next.clone());
-            let found = extra.get(next).or_else(|| self.entities.get(next));
+            let found = extra.get(next).or_else(|| self.get(next));
             if let Some(s) = found {
-                stack.extend(s.parents.iter());
+                stack.extend(s.parents.iter().map(AsRef::as_ref));
             }
         }
         out
@@ -188,9 +406,8 @@ pub(crate) fn materialize(
     blocklist: Option<(&SmolStr, bool)>,
 ) -> ast::Entity {
     let attrs = stored
-        .attrs
-        .iter()
-        .map(|(k, v)| (k.clone(), PartialValue::Value(v.clone())))
+        .named_attrs()
+        .map(|(k, v)| (k, PartialValue::Value(v.clone())))
         .chain(
             blocklist.map(|(attr, blocked)| (attr.clone(), PartialValue::Value(blocked.into()))),
         );
@@ -214,7 +431,7 @@ pub(crate) fn to_json(
     blocklist: Option<(&SmolStr, bool)>,
 ) -> Json {
     let mut attrs = Map::new();
-    for (k, v) in stored.attrs.iter() {
+    for (k, v) in stored.named_attrs() {
         attrs.insert(k.to_string(), value_json(v));
     }
     if let Some((attr, blocked)) = blocklist {
@@ -225,7 +442,7 @@ pub(crate) fn to_json(
     out.insert("attrs".into(), Json::Object(attrs));
     out.insert(
         "parents".into(),
-        Json::Array(stored.parents.iter().map(uid_json).collect()),
+        Json::Array(stored.parents.iter().map(|p| uid_json(p)).collect()),
     );
     if !stored.tags.is_empty() {
         let tags = stored
@@ -310,7 +527,7 @@ impl<'a> Converter<'a> {
             .filter(|b| b.entity_type == entity_type.to_string())
             .map(|b| b.attr.clone());
         let mut claimed_block = None;
-        let mut attrs: Vec<(SmolStr, Value)> = Vec::new();
+        let mut attrs: Vec<(AttrId, Value)> = Vec::new();
         match obj.get("attrs") {
             None | Some(Json::Null) => {}
             Some(Json::Object(map)) => {
@@ -333,7 +550,10 @@ impl<'a> Converter<'a> {
                     let value = self
                         .value(v, ty, 0)
                         .map_err(|e| named(format!("attrs.{name}{e}")))?;
-                    attrs.push((SmolStr::new(name), value));
+                    let id = AttrId::of(name).ok_or_else(|| {
+                        named(format!("attrs.{name}: too many distinct attribute names"))
+                    })?;
+                    attrs.push((id, value));
                 }
             }
             Some(other) => {
@@ -362,14 +582,14 @@ impl<'a> Converter<'a> {
                 )));
             }
         }
-        let mut parents: Vec<EntityUID> = Vec::new();
+        let mut parents: Vec<Arc<EntityUID>> = Vec::new();
         match obj.get("parents") {
             None | Some(Json::Null) => {}
             Some(Json::Array(list)) => {
                 for (i, p) in list.iter().enumerate() {
                     let parent = parse_uid(p).map_err(|e| named(format!("parents[{i}]: {e}")))?;
-                    if !parents.contains(&parent) {
-                        parents.push(parent);
+                    if !parents.iter().any(|q| **q == parent) {
+                        parents.push(intern::uid(parent));
                     }
                 }
             }
@@ -394,7 +614,7 @@ impl<'a> Converter<'a> {
         let probe = materialize(
             &uid,
             &stored,
-            stored.parents.iter().cloned().collect(),
+            stored.parents.iter().map(|p| (**p).clone()).collect(),
             blocklist_attr
                 .as_ref()
                 .map(|a| (a, claimed_block.unwrap_or(false))),
@@ -436,7 +656,7 @@ impl<'a> Converter<'a> {
                 };
                 extension(constructor, s)
             }
-            (Json::String(s), _) => Ok(SmolStr::new(s).into()),
+            (Json::String(s), _) => Ok(intern::string(s).into()),
             (Json::Array(items), ty) => {
                 let element = match ty {
                     Some(Type::Set { element_type }) => element_type.as_deref(),
@@ -456,7 +676,7 @@ impl<'a> Converter<'a> {
             (Json::Object(obj), ty) => {
                 if let Some(inner) = obj.get("__entity") {
                     return parse_uid(inner)
-                        .map(|u| Value::from(Literal::from(Arc::new(u))))
+                        .map(|u| Value::from(Literal::from(intern::uid(u))))
                         .map_err(|e| format!(": {e}"));
                 }
                 if let Some(inner) = obj.get("__extn") {
@@ -471,7 +691,7 @@ impl<'a> Converter<'a> {
                 match ty {
                     Some(Type::Entity(EntityKind::Entity(_) | EntityKind::AnyEntity)) => {
                         parse_uid(json)
-                            .map(|u| Value::from(Literal::from(Arc::new(u))))
+                            .map(|u| Value::from(Literal::from(intern::uid(u))))
                             .map_err(|e| format!(": {e}"))
                     }
                     Some(Type::Record { attrs, .. }) => {
@@ -590,8 +810,12 @@ mod tests {
         Arc::new(Stored {
             attrs: Box::new([]),
             tags: Box::new([]),
-            parents: parents.to_vec().into_boxed_slice(),
+            parents: parents.iter().cloned().map(Arc::new).collect(),
         })
+    }
+
+    fn arcs(uids: &[EntityUID]) -> Vec<Arc<EntityUID>> {
+        uids.iter().cloned().map(Arc::new).collect()
     }
 
     #[test]
@@ -600,10 +824,18 @@ mod tests {
         s.insert(uid("Cluster", "c"), stored(&[]));
         s.insert(uid("Zone", "z"), stored(&[uid("Cluster", "c")]));
         s.insert(uid("Node", "n"), stored(&[uid("Zone", "z")]));
-        let a = s.ancestors(&[uid("Zone", "z")], &HashMap::new());
+        let a = s.ancestors(&arcs(&[uid("Zone", "z")]), &HashMap::new());
         assert_eq!(a, HashSet::from([uid("Zone", "z"), uid("Cluster", "c")]));
-        assert!(s.would_cycle(&uid("Cluster", "c"), &[uid("Node", "n")], &HashMap::new()));
-        assert!(!s.would_cycle(&uid("Node", "m"), &[uid("Zone", "z")], &HashMap::new()));
+        assert!(s.would_cycle(
+            &uid("Cluster", "c"),
+            &arcs(&[uid("Node", "n")]),
+            &HashMap::new()
+        ));
+        assert!(!s.would_cycle(
+            &uid("Node", "m"),
+            &arcs(&[uid("Zone", "z")]),
+            &HashMap::new()
+        ));
     }
 
     #[test]

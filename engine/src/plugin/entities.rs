@@ -316,7 +316,7 @@ impl PluginEntities {
         }
         for (uid, stored) in self.store.of_type(&ty) {
             let mut one = Batch::default();
-            if one.push_json(&self.json(uid, stored)).is_some() {
+            if one.push_json(&self.json(&uid, stored)).is_some() {
                 batch.append(&one);
             }
         }
