@@ -103,7 +103,9 @@ mod intern {
     }
 
     static NAMES: RwLock<Option<Names>> = RwLock::new(None);
-    static TYPES: RwLock<Option<(Vec<EntityType>, HashMap<EntityType, u32>)>> = RwLock::new(None);
+    type TypeTable = (Vec<EntityType>, HashMap<EntityType, u32>);
+
+    static TYPES: RwLock<Option<TypeTable>> = RwLock::new(None);
     static UIDS: RwLock<Option<HashMap<EntityUID, Arc<EntityUID>>>> = RwLock::new(None);
     static STRINGS: RwLock<Option<HashMap<SmolStr, ()>>> = RwLock::new(None);
 
@@ -600,7 +602,7 @@ impl<'a> Converter<'a> {
                 )));
             }
         }
-        attrs.sort_by(|a, b| a.0.cmp(&b.0));
+        attrs.sort_by_key(|a| a.0);
         tags.sort_by(|a, b| a.0.cmp(&b.0));
         let stored = Stored {
             attrs: attrs.into_boxed_slice(),
