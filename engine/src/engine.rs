@@ -389,6 +389,64 @@ impl Engine {
         self.record(&snapshot, &[request], vec![decision])
     }
 
+    /// [`Engine::decide_deferred`] under a budget for recorded decisions: when the
+    /// decision must be recorded (it denies or carries obligations, and a state store
+    /// is attached) and `admit` says no, nothing is recorded and `None` is returned,
+    /// so the caller answers "too many requests" rather than a deny it could not
+    /// record. `admit` is asked only for decisions that would be recorded.
+    pub fn decide_deferred_within(
+        &self,
+        request: &Request,
+        admit: impl FnOnce() -> bool,
+    ) -> Option<Settled> {
+        let snapshot = self.shared.current.load();
+        let decision = self.decide_in(&snapshot, request);
+        if self.shared.decision_log.get().is_some()
+            && decision_log::needs_record(&decision)
+            && !admit()
+        {
+            return None;
+        }
+        Some(self.record(&snapshot, &[request], vec![decision]))
+    }
+
+    /// [`Engine::decide_batch_deferred`] under a budget: `admit` is told how many of the
+    /// batch's decisions would be recorded, and when it says no, nothing is recorded
+    /// and `None` is returned.
+    pub fn decide_batch_deferred_within(
+        &self,
+        requests: &[Request],
+        admit: impl FnOnce(usize) -> bool,
+    ) -> Option<Settled> {
+        let snapshot = self.shared.current.load();
+        let decisions: Vec<Decision> = requests
+            .iter()
+            .map(|r| self.decide_in(&snapshot, r))
+            .collect();
+        let recorded = decisions
+            .iter()
+            .filter(|d| decision_log::needs_record(d))
+            .count();
+        if self.shared.decision_log.get().is_some() && recorded > 0 && !admit(recorded) {
+            return None;
+        }
+        let asked: Vec<&Request> = requests.iter().collect();
+        Some(self.record(&snapshot, &asked, decisions))
+    }
+
+    /// Whether deciding `request` runs WebAssembly plugins (whose deadlines can reach
+    /// seconds), so that an async server decides it off its event loop.
+    pub fn runs_plugins(&self, request: &Request) -> bool {
+        !self
+            .shared
+            .current
+            .load()
+            .bundle
+            .plugins
+            .for_action(request.action.id())
+            .is_empty()
+    }
+
     /// [`Engine::decide_batch`] without waiting for the records.
     pub fn decide_batch_deferred(&self, requests: &[Request]) -> Settled {
         let snapshot = self.shared.current.load();
@@ -965,7 +1023,19 @@ impl Engine {
             return Err(EntityError::StateAlreadyAttached);
         }
         let changes = state.changes();
+        let durable = Arc::clone(&state);
         self.write(Box::new(move |w: &mut Working| {
+            // Blocks made before the store was attached become durable too, so memory
+            // and the store agree from here on.
+            let on_disk: std::collections::BTreeSet<&str> =
+                blocked.iter().map(|b| b.node.as_str()).collect();
+            for (node, record) in w.blocked.iter() {
+                if !on_disk.contains(node.as_str()) {
+                    durable
+                        .put_block(node, record)
+                        .map_err(EntityError::State)?;
+                }
+            }
             let mut map = BTreeMap::clone(&w.blocked);
             for node in blocked {
                 map.insert(node.node.clone(), node.record);

@@ -57,7 +57,7 @@ pub use anchor::{
     Anchor, AnchorDescription, AnchorError, AnchorKind, KeyId, PUBLIC_KEY_LEN, PublicKey,
     SIGNATURE_LEN, Signature, Verifier, hex,
 };
-pub use hash::{HashError, HashOptions, HashedObject, Progress, hash_file};
+pub use hash::{HashError, HashOptions, HashedObject, Progress, hash_file, open_object};
 pub use manifest::{
     Algorithm, DEFAULT_CHUNK_SIZE, Hash, MANIFEST_FORMAT, MANIFEST_MAGIC, MAX_CHUNK_SIZE,
     MAX_OBJECT_ID_LEN, MIN_CHUNK_SIZE, Manifest, ManifestError, chunk_count, merkle_root, sha256,
@@ -415,6 +415,33 @@ pub fn verify_encoded(
     }
 }
 
+/// [`verify_encoded`] on an object the caller has already opened (and judged: the
+/// server opens only regular files under its data roots), so that nothing can be
+/// swapped in between the check and the read. `path` names it in errors.
+pub fn verify_encoded_file(
+    file: std::fs::File,
+    path: &Path,
+    manifest: &[u8],
+    verifier: &Verifier,
+    registry: &dyn StateBackend,
+    options: &VerifyOptions<'_>,
+) -> Result<Result<VerifyReport, VerifyFailure>, IntegrityError> {
+    let signed = match SignedManifest::decode(manifest) {
+        Ok(signed) => signed,
+        Err(e) => return Ok(Err(VerifyFailure::Manifest(e))),
+    };
+    let opened = hash::sized(file, path)?;
+    let result = verify_inner(path, Some(opened), &signed, verifier, registry, options);
+    if let Err(err) = &result {
+        let _ = record_failure(registry, signed.manifest().object_id(), options.node, err);
+    }
+    match result {
+        Ok(report) => Ok(Ok(report)),
+        Err(e) if e.is_environment() => Err(e),
+        Err(e) => Ok(Err(VerifyFailure::Object(e))),
+    }
+}
+
 /// Where a signed manifest lives by convention: beside the object, as `OBJECT.manifest`.
 pub fn default_manifest_path(object: &Path) -> PathBuf {
     let mut name = object.as_os_str().to_owned();
@@ -472,7 +499,7 @@ pub fn verify_object(
     registry: &dyn StateBackend,
     options: &VerifyOptions<'_>,
 ) -> Result<VerifyReport, IntegrityError> {
-    let result = verify_inner(path, signed, verifier, registry, options);
+    let result = verify_inner(path, None, signed, verifier, registry, options);
     if let Err(err) = &result {
         // Recording is best effort here: the verification error is what the caller must see.
         let _ = record_failure(registry, signed.manifest().object_id(), options.node, err);
@@ -503,6 +530,7 @@ pub fn record_failure(
 
 fn verify_inner(
     path: &Path,
+    opened: Option<(std::fs::File, u64)>,
     signed: &SignedManifest,
     verifier: &Verifier,
     registry: &dyn StateBackend,
@@ -518,7 +546,10 @@ fn verify_inner(
         });
     }
     check_manifest(signed, verifier, registry)?;
-    let (file, actual) = hash::open_sized(path)?;
+    let (file, actual) = match opened {
+        Some(o) => o,
+        None => hash::open_sized(path)?,
+    };
     compare_size(path, m, actual)?;
     let hash_options = HashOptions {
         chunk_size: m.chunk_size(),

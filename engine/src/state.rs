@@ -16,7 +16,10 @@
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use redb::{Database, ReadableDatabase as _, ReadableTable as _, TableDefinition};
+use redb::{
+    Database, ReadableDatabase as _, ReadableTable as _, ReadableTableMetadata as _,
+    TableDefinition,
+};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
@@ -37,6 +40,39 @@ const KEYS: TableDefinition<&str, &[u8]> = TableDefinition::new("keys");
 const FACTS: TableDefinition<&str, &[u8]> = TableDefinition::new("facts");
 /// Served policy digests: process name -> [`ServedDigest`] as JSON.
 const DIGESTS: TableDefinition<&str, &[u8]> = TableDefinition::new("digests");
+/// Counters that must survive pruning: the decision log's next sequence number, its
+/// bytes, where pruning stopped.
+const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
+
+/// The decision log is pruned in whole segments of this many records (by sequence
+/// number), never one record at a time.
+pub const DECISION_SEGMENT: u64 = 4096;
+
+/// How much of the decision log to keep.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Retention {
+    /// Prune oldest segments while the log holds more than this many bytes.
+    pub max_bytes: u64,
+    /// Prune segments whose newest record is older than this, in seconds.
+    pub max_age_seconds: u64,
+    /// Never prune a record at or after this sequence number (the first record not yet
+    /// forwarded, or the last signed checkpoint): retention never loses what has not
+    /// left the machine.
+    pub keep_from: u64,
+}
+
+/// What the decision log holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+pub struct LogUsage {
+    /// Records held.
+    pub records: u64,
+    /// Bytes of records held (their encoded size).
+    pub bytes: u64,
+    /// The first sequence number held (everything before was pruned).
+    pub first: u64,
+    /// The next sequence number to be given.
+    pub next: u64,
+}
 
 /// File name of the database inside the state directory.
 pub const STATE_FILE: &str = "state.redb";
@@ -298,6 +334,12 @@ pub trait StateBackend: Send + Sync + std::fmt::Debug {
     /// Up to `limit` decision records from sequence number `from`, in order.
     fn decisions(&self, from: u64, limit: usize) -> Result<Vec<DecisionRecord>, StateError>;
 
+    /// How much the decision log holds.
+    fn decision_log_usage(&self) -> Result<LogUsage, StateError>;
+
+    /// Prunes the decision log in whole segments (see [`StateStore::prune_decisions`]).
+    fn prune_decisions(&self, retention: &Retention, now_ms: u64) -> Result<u64, StateError>;
+
     /// A key's metadata record and its revision.
     fn key_record(&self, id: &str) -> Result<Option<(Vec<u8>, u64)>, StateError>;
 
@@ -372,6 +414,7 @@ impl StateStore {
             txn.open_table(KEYS)?;
             txn.open_table(FACTS)?;
             txn.open_table(DIGESTS)?;
+            txn.open_table(META)?;
             Ok(())
         })?;
         Ok(store)
@@ -592,18 +635,91 @@ impl StateStore {
                 operation: "encoding decision records",
                 source: Box::new(e),
             })?;
+        let added: u64 = encoded.iter().map(|b| b.len() as u64).sum();
         let first = self.write("appending decision records", |txn| {
             let mut table = txn.open_table(DECISIONS)?;
-            let first = table.last()?.map(|(k, _)| k.value() + 1).unwrap_or(0);
+            let mut meta = txn.open_table(META)?;
+            // The counter survives pruning, so sequence numbers never repeat.
+            let after_last = table.last()?.map(|(k, _)| k.value() + 1).unwrap_or(0);
+            let counted = meta.get("decisions.next")?.map(|g| g.value()).unwrap_or(0);
+            let first = after_last.max(counted);
             for (seq, bytes) in (first..).zip(&encoded) {
                 table.insert(seq, bytes.as_slice())?;
             }
+            let bytes = meta.get("decisions.bytes")?.map(|g| g.value()).unwrap_or(0);
+            meta.insert("decisions.bytes", bytes.saturating_add(added))?;
+            meta.insert("decisions.next", first + encoded.len() as u64)?;
             Ok(first)
         })?;
         for (seq, record) in (first..).zip(records.iter_mut()) {
             record.seq = seq;
         }
         Ok(first)
+    }
+
+    /// How much the decision log holds.
+    pub fn decision_log_usage(&self) -> Result<LogUsage, StateError> {
+        let read = || -> Result<LogUsage, redb::Error> {
+            let txn = self.db.begin_read()?;
+            let table = txn.open_table(DECISIONS)?;
+            let meta = txn.open_table(META)?;
+            let first = table.first()?.map(|(k, _)| k.value());
+            let last = table.last()?.map(|(k, _)| k.value());
+            let counted = meta.get("decisions.next")?.map(|g| g.value()).unwrap_or(0);
+            let next = last.map_or(0, |l| l + 1).max(counted);
+            Ok(LogUsage {
+                records: table.len()?,
+                bytes: meta.get("decisions.bytes")?.map(|g| g.value()).unwrap_or(0),
+                first: first.unwrap_or(next),
+                next,
+            })
+        };
+        read().map_err(self.db_err("measuring the decision log"))
+    }
+
+    /// Prunes whole segments ([`DECISION_SEGMENT`] records) from the oldest, while the
+    /// log is over `max_bytes` or a segment's newest record is older than
+    /// `max_age_seconds`, and never a segment that reaches `keep_from`. Returns the
+    /// records pruned. `now_ms` is the judge of age.
+    pub fn prune_decisions(&self, retention: &Retention, now_ms: u64) -> Result<u64, StateError> {
+        let mut pruned = 0u64;
+        loop {
+            let usage = self.decision_log_usage()?;
+            let segment_start = usage.first - usage.first % DECISION_SEGMENT;
+            let segment_end = segment_start + DECISION_SEGMENT;
+            // A segment is whole only once the log has moved past it.
+            if usage.records == 0 || segment_end > usage.next || segment_end > retention.keep_from {
+                return Ok(pruned);
+            }
+            let newest = self.decisions(segment_end - 1, 1)?;
+            let newest_ms = newest
+                .first()
+                .filter(|r| r.seq == segment_end - 1)
+                .map(|r| r.time_unix_ms);
+            let too_old = newest_ms.is_some_and(|t| {
+                now_ms.saturating_sub(t) > retention.max_age_seconds.saturating_mul(1000)
+            });
+            if usage.bytes <= retention.max_bytes && !too_old {
+                return Ok(pruned);
+            }
+            let removed = self.write("pruning the decision log", |txn| {
+                let mut table = txn.open_table(DECISIONS)?;
+                let mut meta = txn.open_table(META)?;
+                let mut bytes = 0u64;
+                let mut count = 0u64;
+                for seq in usage.first..segment_end {
+                    if let Some(v) = table.remove(seq)? {
+                        bytes += v.value().len() as u64;
+                        count += 1;
+                    }
+                }
+                let held = meta.get("decisions.bytes")?.map(|g| g.value()).unwrap_or(0);
+                meta.insert("decisions.bytes", held.saturating_sub(bytes))?;
+                meta.insert("decisions.next", usage.next)?;
+                Ok(count)
+            })?;
+            pruned += removed;
+        }
     }
 
     /// Up to `limit` decision records with sequence number `from` or later, in order.
@@ -802,6 +918,12 @@ impl StateBackend for StateStore {
     }
     fn decisions(&self, from: u64, limit: usize) -> Result<Vec<DecisionRecord>, StateError> {
         StateStore::decisions(self, from, limit)
+    }
+    fn decision_log_usage(&self) -> Result<LogUsage, StateError> {
+        StateStore::decision_log_usage(self)
+    }
+    fn prune_decisions(&self, retention: &Retention, now_ms: u64) -> Result<u64, StateError> {
+        StateStore::prune_decisions(self, retention, now_ms)
     }
     fn key_record(&self, id: &str) -> Result<Option<(Vec<u8>, u64)>, StateError> {
         let read = || -> Result<Option<Vec<u8>>, redb::Error> {
@@ -1034,6 +1156,58 @@ mod tests {
                 .map(|e| (e.version, e.digest));
             assert_eq!(entry, model.get(&id).copied());
         }
+    }
+
+    fn record(time_unix_ms: u64) -> DecisionRecord {
+        DecisionRecord {
+            seq: 0,
+            time_unix_ms,
+            principal: "p".into(),
+            action: "a".into(),
+            resource: "r".into(),
+            policy_digest: "d".into(),
+            decision: Decision::error("x"),
+        }
+    }
+
+    #[test]
+    fn retention_prunes_whole_segments_and_never_what_is_kept_or_numbers_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = StateStore::open(dir.path()).unwrap();
+        let n = DECISION_SEGMENT * 3 + 10;
+        let mut batch: Vec<DecisionRecord> = (0..n).map(|i| record(1_000 + i)).collect();
+        s.record_decisions(&mut batch).unwrap();
+        let full = s.decision_log_usage().unwrap();
+        assert_eq!((full.records, full.first, full.next), (n, 0, n));
+        // Over the byte budget, but only the first segment may go (keep_from).
+        let keep = Retention {
+            max_bytes: 1,
+            max_age_seconds: u64::MAX,
+            keep_from: DECISION_SEGMENT + 5,
+        };
+        assert_eq!(s.prune_decisions(&keep, 0).unwrap(), DECISION_SEGMENT);
+        let after = s.decision_log_usage().unwrap();
+        assert_eq!(
+            (after.first, after.records),
+            (DECISION_SEGMENT, n - DECISION_SEGMENT)
+        );
+        assert!(after.bytes < full.bytes);
+        // By age: segments older than the limit go, the unfinished last one stays.
+        let old = Retention {
+            max_bytes: u64::MAX,
+            max_age_seconds: 1,
+            keep_from: u64::MAX,
+        };
+        assert_eq!(
+            s.prune_decisions(&old, 1_000_000).unwrap(),
+            2 * DECISION_SEGMENT
+        );
+        assert_eq!(s.decision_log_usage().unwrap().records, 10);
+        // Nothing young is pruned.
+        assert_eq!(s.prune_decisions(&old, 1_000).unwrap(), 0);
+        // Sequence numbers go on after pruning.
+        let mut more = vec![record(5)];
+        assert_eq!(s.record_decisions(&mut more).unwrap(), n);
     }
 
     #[test]

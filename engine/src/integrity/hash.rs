@@ -101,14 +101,46 @@ pub struct HashedObject {
 }
 
 /// Opens `path` and returns the file with its size (seeking to the end, which also works
-/// for block devices whose metadata length is 0).
+/// for block devices whose metadata length is 0). Only a regular file or a block device
+/// is opened, and the open never waits: a FIFO, socket or character device named here
+/// is an error at once, judged on the opened descriptor (not on the path, which could
+/// change in between).
 pub(crate) fn open_sized(path: &Path) -> Result<(File, u64), HashError> {
     let open_err = |source| HashError::Open {
         path: path.to_owned(),
         source,
     };
-    let mut file = File::open(path).map_err(open_err)?;
-    let size = file.seek(SeekFrom::End(0)).map_err(open_err)?;
+    let file = open_object(path).map_err(open_err)?;
+    sized(file, path)
+}
+
+/// Opens `path` for reading without blocking, and refuses anything that is not a
+/// regular file or a block device.
+pub fn open_object(path: &Path) -> std::io::Result<File> {
+    use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(rustix::fs::OFlags::NONBLOCK.bits() as i32)
+        .open(path)?;
+    let kind = file.metadata()?.file_type();
+    if kind.is_file() || kind.is_block_device() {
+        Ok(file)
+    } else {
+        Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "not a regular file or a block device",
+        ))
+    }
+}
+
+/// An opened object with its size.
+pub(crate) fn sized(mut file: File, path: &Path) -> Result<(File, u64), HashError> {
+    let size = file
+        .seek(SeekFrom::End(0))
+        .map_err(|source| HashError::Open {
+            path: path.to_owned(),
+            source,
+        })?;
     Ok((file, size))
 }
 
@@ -262,5 +294,39 @@ mod tests {
         };
         hash_file(f.path(), &opts).unwrap();
         assert_eq!(last.load(Ordering::Relaxed), 5000);
+    }
+}
+
+#[cfg(test)]
+mod open_tests {
+    use super::*;
+
+    /// Issue: naming a FIFO made verification block in `open` until someone wrote to it.
+    #[test]
+    fn bug_a_fifo_blocked_the_verifier_until_written_to() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("fifo");
+        let made = std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap();
+        assert!(made.success());
+        let (tx, rx) = std::sync::mpsc::channel();
+        let f = fifo.clone();
+        std::thread::spawn(move || {
+            let _ = tx.send(open_sized(&f).map(|_| ()).map_err(|e| e.to_string()));
+        });
+        let outcome = rx
+            .recv_timeout(std::time::Duration::from_secs(10))
+            .expect("opening a FIFO must not block");
+        let err = outcome.unwrap_err();
+        assert!(
+            err.contains("not a regular file or a block device"),
+            "{err}"
+        );
+        assert!(open_object(Path::new("/dev/null")).is_err());
+        let plain = dir.path().join("plain");
+        std::fs::write(&plain, b"x").unwrap();
+        assert_eq!(open_sized(&plain).unwrap().1, 1);
     }
 }

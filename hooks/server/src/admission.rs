@@ -15,6 +15,7 @@ use axum::Json;
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::extract::rejection::BytesRejection;
+use axum::http::Extensions;
 use axum::response::{IntoResponse, Response};
 use base64::Engine as _;
 use probity::{Decision, EntityUid, Request};
@@ -22,6 +23,7 @@ use serde_json::{Map, Value, json};
 
 use crate::AppState;
 use crate::api::json_body;
+use crate::caller::Caller;
 use crate::config::{UnknownKinds, UnknownNodes};
 use crate::error::ApiError;
 
@@ -44,16 +46,24 @@ impl Mode {
 
 pub(crate) async fn validate(
     State(state): State<AppState>,
+    ext: Extensions,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    review_off_loop(state, body, Mode::Validate).await
+    review_off_loop(state, caller_of(&ext), body, Mode::Validate).await
 }
 
 pub(crate) async fn mutate(
     State(state): State<AppState>,
+    ext: Extensions,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    review_off_loop(state, body, Mode::Mutate).await
+    review_off_loop(state, caller_of(&ext), body, Mode::Mutate).await
+}
+
+fn caller_of(ext: &Extensions) -> Caller {
+    ext.get::<Caller>()
+        .cloned()
+        .unwrap_or_else(Caller::anonymous)
 }
 
 /// With a state store attached, a denying review waits for its decision records to
@@ -61,13 +71,14 @@ pub(crate) async fn mutate(
 /// async worker; without one it runs in place.
 async fn review_off_loop(
     state: AppState,
+    caller: Caller,
     body: Result<Bytes, BytesRejection>,
     mode: Mode,
 ) -> Response {
     if state.engine().state().is_none() {
-        return review(&state, body, mode);
+        return review(&state, &caller, body, mode);
     }
-    tokio::task::spawn_blocking(move || review(&state, body, mode))
+    tokio::task::spawn_blocking(move || review(&state, &caller, body, mode))
         .await
         .unwrap_or_else(|e| {
             tracing::error!(error = %e, "admission review task failed");
@@ -114,7 +125,7 @@ impl Answer {
             response.insert(
                 "status".into(),
                 json!({"code": self.code, "message": message,
-                       "reason": if self.code == 403 { "Forbidden" } else { "BadRequest" }}),
+                       "reason": match self.code { 403 => "Forbidden", 429 => "TooManyRequests", _ => "BadRequest" }}),
             );
         }
         if !self.warnings.is_empty() {
@@ -132,7 +143,12 @@ impl Answer {
     }
 }
 
-fn review(state: &AppState, body: Result<Bytes, BytesRejection>, mode: Mode) -> Response {
+fn review(
+    state: &AppState,
+    caller: &Caller,
+    body: Result<Bytes, BytesRejection>,
+    mode: Mode,
+) -> Response {
     let value = match json_body(state, body, "AdmissionReview") {
         Ok(v) => v,
         Err(e) => return e.into_response(),
@@ -155,7 +171,7 @@ fn review(state: &AppState, body: Result<Bytes, BytesRejection>, mode: Mode) -> 
             if v == API_VERSION && k == "AdmissionReview" =>
         {
             match value.get("request") {
-                Some(Value::Object(request)) => admit(state, uid, request, mode),
+                Some(Value::Object(request)) => admit(state, caller, uid, request, mode),
                 _ => Answer::deny(uid, 400, "AdmissionReview request is not an object".into()),
             }
         }
@@ -219,7 +235,13 @@ struct Workload {
     entity: Value,
 }
 
-fn admit(state: &AppState, uid: &str, request: &Map<String, Value>, mode: Mode) -> Answer {
+fn admit(
+    state: &AppState,
+    caller: &Caller,
+    uid: &str,
+    request: &Map<String, Value>,
+    mode: Mode,
+) -> Answer {
     let operation = request
         .get("operation")
         .and_then(Value::as_str)
@@ -262,7 +284,7 @@ fn admit(state: &AppState, uid: &str, request: &Map<String, Value>, mode: Mode) 
         Err(message) => return Answer::deny(uid, 400, message),
     };
     match mode {
-        Mode::Validate => validate_workload(state, uid, &workload, dry_run),
+        Mode::Validate => validate_workload(state, caller, uid, &workload, dry_run),
         Mode::Mutate => {
             let mut a = Answer::allow(uid);
             // A bound pod is past scheduling, and a pod's affinity cannot change after create.
@@ -494,7 +516,13 @@ fn gpu_weight(name: &str, cfg: &crate::config::AdmissionConfig) -> Option<u32> {
     })
 }
 
-fn validate_workload(state: &AppState, uid: &str, w: &Workload, dry_run: bool) -> Answer {
+fn validate_workload(
+    state: &AppState,
+    caller: &Caller,
+    uid: &str,
+    w: &Workload,
+    dry_run: bool,
+) -> Answer {
     let request = |action: &str, resource: EntityUid| -> Result<Request, String> {
         Ok(Request::new(
             EntityUid::new("Workload", &w.id).map_err(|e| e.to_string())?,
@@ -506,9 +534,9 @@ fn validate_workload(state: &AppState, uid: &str, w: &Workload, dry_run: bool) -
     let decide = |r: &Request| {
         // A dry run leaves no trace: no metrics, no records.
         if dry_run {
-            state.engine().decide_dry_run(r)
+            Ok(state.engine().decide_dry_run(r))
         } else {
-            state.decide(r)
+            state.decide(caller, r)
         }
     };
     let mut warnings = Vec::new();
@@ -547,12 +575,18 @@ fn validate_workload(state: &AppState, uid: &str, w: &Workload, dry_run: bool) -
         Ok(n) => n,
         Err(e) => return Answer::deny(uid, 400, e.to_string()),
     };
+    // Over the caller's budget of recorded decisions: a refusal, never an
+    // unrecorded deny.
+    let over_budget = |e: ApiError| Answer::deny(uid, 429, format!("probity: {e}"));
     match request("admit", namespace) {
-        Ok(r) => note(
-            &decide(&r),
-            &format!("admit into namespace {}", w.namespace),
-            &mut warnings,
-        ),
+        Ok(r) => match decide(&r) {
+            Ok(d) => note(
+                &d,
+                &format!("admit into namespace {}", w.namespace),
+                &mut warnings,
+            ),
+            Err(e) => return over_budget(e),
+        },
         Err(e) => return Answer::deny(uid, 400, e),
     }
     if let Some(node) = &w.node_name {
@@ -576,7 +610,10 @@ fn validate_workload(state: &AppState, uid: &str, w: &Workload, dry_run: bool) -
                 None => what,
             };
             match request("schedule", node_uid) {
-                Ok(r) => note(&decide(&r), &what, &mut warnings),
+                Ok(r) => match decide(&r) {
+                    Ok(d) => note(&d, &what, &mut warnings),
+                    Err(e) => return over_budget(e),
+                },
                 Err(e) => return Answer::deny(uid, 400, e),
             }
         }

@@ -64,7 +64,7 @@ async fn authorize(
     let request = caller
         .manage_request(api, operation, node)
         .map_err(|e| ApiError::BadRequest(e.to_string()))?;
-    let decision = state.decide_async(request).await;
+    let decision = state.decide_async(caller, request).await?;
     if decision.is_allowed() {
         Ok(())
     } else {
@@ -96,8 +96,9 @@ pub(crate) async fn decide(
     let value = json_body(&state, body, "request")?;
     let request =
         Request::from_json_value(&value).map_err(|e| ApiError::BadRequest(e.to_string()))?;
-    let request = with_reporter(&state, &caller(&ext), request).await;
-    Ok(Json(state.decide_async(request).await))
+    let caller = caller(&ext);
+    let request = with_reporter(&state, &caller, request).await;
+    Ok(Json(state.decide_async(&caller, request).await?))
 }
 
 pub(crate) async fn decide_batch(
@@ -137,8 +138,8 @@ pub(crate) async fn decide_batch(
         })
         .collect::<Result<Vec<_>, _>>()?;
     // The caller is authorized to report at most once per batch.
+    let caller = caller(&ext);
     let requests = if requests.iter().any(|r| state.engine().needs_reporter(r)) {
-        let caller = caller(&ext);
         let reporter = authorize(&state, &caller, "facts", "report", None)
             .await
             .is_ok();
@@ -151,17 +152,20 @@ pub(crate) async fn decide_batch(
     };
     // Large batches, and any batch whose denies must be recorded before the answer,
     // are decided on the blocking pool.
-    let decisions = if requests.len() >= BLOCKING_BATCH || state.engine().state().is_some() {
-        let s = state.clone();
-        tokio::task::spawn_blocking(move || s.decide_batch(&requests))
-            .await
-            .map_err(|e| {
-                tracing::error!(error = %e, "batch decision task failed");
-                ApiError::Internal
-            })?
-    } else {
-        state.decide_batch(&requests)
-    };
+    let plugins = requests.iter().any(|r| state.engine().runs_plugins(r));
+    let decisions =
+        if requests.len() >= BLOCKING_BATCH || state.engine().state().is_some() || plugins {
+            let s = state.clone();
+            let c = caller.clone();
+            tokio::task::spawn_blocking(move || s.decide_batch(&c, &requests))
+                .await
+                .map_err(|e| {
+                    tracing::error!(error = %e, "batch decision task failed");
+                    ApiError::Internal
+                })??
+        } else {
+            state.decide_batch(&caller, &requests)?
+        };
     Ok(Json(json!({ "decisions": decisions })))
 }
 
@@ -370,6 +374,11 @@ pub(crate) struct VerifyBody {
 
 /// `POST /v1/verify`: verifies `path` against its signed manifest before `node` reads it,
 /// then decides the read through the policies; a failure denies it and blocks the node.
+///
+/// The object and its manifest are read only under the configured data roots, only if
+/// they are regular files (or block devices), through a walk that follows no symlink
+/// placed after the check; anything else is "not permitted", the same answer for every
+/// reason. The reading runs on the server's I/O threads, a few jobs per caller.
 pub(crate) async fn verify(
     State(state): State<AppState>,
     ext: Extensions,
@@ -389,6 +398,12 @@ pub(crate) async fn verify(
             "verification needs a state directory ([integrity] state_dir)".into(),
         ));
     };
+    let roots = state.config().integrity.data_roots.clone();
+    if roots.is_empty() {
+        return Err(ApiError::Unavailable(
+            "verification reads only under data roots, and none are configured ([integrity] data_roots)".into(),
+        ));
+    }
     let key_path = state
         .config()
         .integrity
@@ -403,47 +418,112 @@ pub(crate) async fn verify(
                 .map(|d| d.join("trusted.pub"))
         })
         .ok_or_else(|| ApiError::Unavailable("no pinned public key configured".into()))?;
-    let outcome = tokio::task::spawn_blocking(move || {
-        verify_blocking(&engine, store.as_ref(), &key_path, &body)
-    })
-    .await
-    .map_err(|_| ApiError::Internal)??;
+    let outcome = state
+        .io()
+        .run(&caller.0, move || {
+            verify_blocking(&engine, store.as_ref(), &key_path, &roots, &body)
+        })
+        .await
+        .map_err(|busy| match busy {
+            crate::limits::Busy::Caller => ApiError::TooManyRequests(format!(
+                "{} already has its verifications in flight",
+                caller.0
+            )),
+            crate::limits::Busy::Queue => {
+                ApiError::TooManyRequests("too many verifications are waiting".into())
+            }
+            crate::limits::Busy::Stopped => ApiError::Internal,
+        })??;
     Ok(Json(outcome))
+}
+
+/// Opens `path` if it lies under one of `roots` and is a regular file or block device:
+/// canonicalized, then opened from the root down one component at a time without
+/// following symlinks, so a link swapped in after the check cannot lead outside. Every
+/// refusal is the same [`ApiError::NotPermitted`].
+pub(crate) fn open_confined(
+    roots: &[std::path::PathBuf],
+    path: &std::path::Path,
+) -> Result<(std::fs::File, std::path::PathBuf), ApiError> {
+    use rustix::fs::{Mode, OFlags};
+    let canonical = std::fs::canonicalize(path).map_err(|_| ApiError::NotPermitted)?;
+    let (root, rest) = roots
+        .iter()
+        .filter_map(|r| std::fs::canonicalize(r).ok())
+        .find_map(|r| {
+            let rest = canonical.strip_prefix(&r).ok()?.to_owned();
+            Some((r, rest))
+        })
+        .ok_or(ApiError::NotPermitted)?;
+    let parts: Vec<&std::ffi::OsStr> = rest.iter().collect();
+    let Some((last, dirs)) = parts.split_last() else {
+        return Err(ApiError::NotPermitted);
+    };
+    let walk = OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+    let mut dir =
+        rustix::fs::open(&root, walk, Mode::empty()).map_err(|_| ApiError::NotPermitted)?;
+    for part in dirs {
+        dir = rustix::fs::openat(&dir, *part, walk, Mode::empty())
+            .map_err(|_| ApiError::NotPermitted)?;
+    }
+    let fd = rustix::fs::openat(
+        &dir,
+        *last,
+        OFlags::RDONLY | OFlags::NONBLOCK | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|_| ApiError::NotPermitted)?;
+    let file = std::fs::File::from(fd);
+    use std::os::unix::fs::FileTypeExt;
+    let kind = file
+        .metadata()
+        .map_err(|_| ApiError::NotPermitted)?
+        .file_type();
+    if !(kind.is_file() || kind.is_block_device()) {
+        return Err(ApiError::NotPermitted);
+    }
+    Ok((file, canonical))
 }
 
 fn verify_blocking(
     engine: &probity::Engine,
     store: &dyn probity::state::StateBackend,
     key_path: &std::path::Path,
+    roots: &[std::path::PathBuf],
     body: &VerifyBody,
 ) -> Result<Value, ApiError> {
     use probity::integrity::{self, PublicKey, Verifier, VerifyOptions};
+    use std::io::Read;
+    // The caller's paths first: what it may not read is refused before anything else.
+    let manifest_path = body
+        .manifest
+        .clone()
+        .unwrap_or_else(|| integrity::default_manifest_path(&body.path));
+    let (object, object_path) = open_confined(roots, &body.path)?;
+    let (manifest_file, _) = open_confined(roots, &manifest_path)?;
     let key = std::fs::read_to_string(key_path)
         .ok()
         .and_then(|text| PublicKey::from_hex(&text).ok())
         .ok_or_else(|| ApiError::Unavailable("the pinned public key cannot be read".into()))?;
     let verifier = Verifier::new(key);
-    let manifest_path = body
-        .manifest
-        .clone()
-        .unwrap_or_else(|| integrity::default_manifest_path(&body.path));
-    let manifest = std::fs::metadata(&manifest_path)
-        .ok()
-        .filter(|m| m.len() <= MAX_MANIFEST_BYTES)
-        .and_then(|_| std::fs::read(&manifest_path).ok())
-        .ok_or_else(|| {
-            ApiError::Unprocessable(format!(
-                "cannot read the manifest {}",
-                manifest_path.display()
-            ))
-        })?;
+    let mut manifest = Vec::new();
+    manifest_file
+        .take(MAX_MANIFEST_BYTES + 1)
+        .read_to_end(&mut manifest)
+        .map_err(|_| ApiError::NotPermitted)?;
+    if manifest.len() as u64 > MAX_MANIFEST_BYTES {
+        return Err(ApiError::Unprocessable(format!(
+            "the manifest is over {MAX_MANIFEST_BYTES} bytes"
+        )));
+    }
     let options = VerifyOptions {
         expected_object_id: Some(&body.id),
         ..VerifyOptions::default()
     };
     // The environment failing gives no verdict on the node; the object failing does.
-    let outcome = integrity::verify_encoded(&body.path, &manifest, &verifier, store, &options)
-        .map_err(|e| ApiError::Unprocessable(format!("could not verify: {e}")))?;
+    let outcome =
+        integrity::verify_encoded_file(object, &object_path, &manifest, &verifier, store, &options)
+            .map_err(|e| ApiError::Unprocessable(format!("could not verify: {e}")))?;
     let verification = match &outcome {
         Ok(report) => Ok(report),
         Err(e) => Err(e as &dyn std::error::Error),

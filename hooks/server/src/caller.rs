@@ -64,63 +64,71 @@ pub(crate) fn forbidden_message(caller: &Caller, operation: &str, d: &Decision) 
     }
 }
 
-/// The subject common name of a DER certificate, read with a minimal DER walker
-/// (certificate -> tbsCertificate -> subject -> the CN attribute). `None` on anything
-/// unexpected: such a caller stays anonymous.
-pub fn certificate_common_name(der: &[u8]) -> Option<String> {
-    let (cert, _) = der_element(der, 0x30)?;
-    let (tbs, _) = der_element(cert, 0x30)?;
-    let mut rest = tbs;
-    // Optional [0] version.
-    if rest.first() == Some(&0xa0) {
-        rest = der_element(rest, 0xa0)?.1;
-    }
-    rest = der_element(rest, 0x02)?.1; // serialNumber
-    rest = der_element(rest, 0x30)?.1; // signature
-    rest = der_element(rest, 0x30)?.1; // issuer
-    rest = der_element(rest, 0x30)?.1; // validity
-    let (subject, _) = der_element(rest, 0x30)?;
-    let mut rdns = subject;
-    let mut found = None;
-    while !rdns.is_empty() {
-        let (set, next) = der_element(rdns, 0x31)?;
-        rdns = next;
-        let mut atvs = set;
-        while !atvs.is_empty() {
-            let (atv, next) = der_element(atvs, 0x30)?;
-            atvs = next;
-            let (oid, value) = der_element(atv, 0x06)?;
-            if oid == [0x55, 0x04, 0x03] {
-                let tag = *value.first()?;
-                let (text, _) = der_element(value, tag)?;
-                found = Some(String::from_utf8_lossy(text).into_owned());
-            }
-        }
-    }
-    found
+/// Why a client certificate names no identity.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum IdentityError {
+    /// The certificate does not parse.
+    #[error("the client certificate does not parse")]
+    Malformed,
+    /// More than one URI subject alternative name: which one is the caller?
+    #[error("the client certificate has {0} URI subject alternative names; one is an identity")]
+    ManyUris(usize),
+    /// No URI SAN and no common name.
+    #[error("the client certificate names no identity (no URI SAN, no subject CN)")]
+    Nameless,
+    /// More than one common name: two certificates could map to one identity.
+    #[error("the client certificate's subject has {0} common names; exactly one is an identity")]
+    ManyCommonNames(usize),
+    /// A common name that is not UTF-8 text.
+    #[error("the client certificate's subject CN is not UTF-8 text")]
+    NotUtf8,
 }
 
-/// Splits one DER element of the given tag off `input`: (its contents, the rest).
-fn der_element(input: &[u8], tag: u8) -> Option<(&[u8], &[u8])> {
-    if *input.first()? != tag {
-        return None;
-    }
-    let first = *input.get(1)?;
-    let (len, header) = if first < 0x80 {
-        (usize::from(first), 2)
-    } else {
-        let n = usize::from(first & 0x7f);
-        if n == 0 || n > 4 {
-            return None;
-        }
-        let mut len = 0usize;
-        for b in input.get(2..2 + n)? {
-            len = (len << 8) | usize::from(*b);
-        }
-        (len, 2 + n)
+/// The identity a client certificate gives its connection: `uri:<SAN URI>` when it
+/// has exactly one URI subject alternative name (a SPIFFE ID, as service meshes
+/// issue), else `cn:<subject CN>` when its subject has exactly one common name in
+/// UTF-8. Anything else names no one, and the connection is refused: two different
+/// certificates must never map to one identity. Parsed with `x509-parser`.
+pub fn certificate_identity(der: &[u8]) -> Result<Caller, IdentityError> {
+    use x509_parser::extensions::GeneralName;
+    use x509_parser::prelude::{FromDer, X509Certificate};
+    let (_, cert) = X509Certificate::from_der(der).map_err(|_| IdentityError::Malformed)?;
+    let uris: Vec<String> = match cert.subject_alternative_name() {
+        Ok(Some(san)) => san
+            .value
+            .general_names
+            .iter()
+            .filter_map(|n| match n {
+                GeneralName::URI(u) => Some((*u).to_owned()),
+                _ => None,
+            })
+            .collect(),
+        Ok(None) => Vec::new(),
+        Err(_) => return Err(IdentityError::Malformed),
     };
-    let end = header.checked_add(len)?;
-    Some((input.get(header..end)?, input.get(end..)?))
+    match uris.as_slice() {
+        [one] => return Ok(Caller(format!("uri:{one}"))),
+        [] => {}
+        many => return Err(IdentityError::ManyUris(many.len())),
+    }
+    let cns: Vec<_> = cert.subject().iter_common_name().collect();
+    match cns.as_slice() {
+        [] => Err(IdentityError::Nameless),
+        [cn] => cn
+            .as_str()
+            .map(Caller::common_name)
+            .map_err(|_| IdentityError::NotUtf8),
+        many => Err(IdentityError::ManyCommonNames(many.len())),
+    }
+}
+
+/// The subject common name of a DER certificate (see [`certificate_identity`], which
+/// the server uses).
+pub fn certificate_common_name(der: &[u8]) -> Option<String> {
+    match certificate_identity(der) {
+        Ok(Caller(id)) => id.strip_prefix("cn:").map(str::to_owned),
+        Err(_) => None,
+    }
 }
 
 #[cfg(test)]
@@ -131,9 +139,103 @@ mod tests {
     fn garbage_certificates_have_no_name() {
         assert_eq!(certificate_common_name(b""), None);
         assert_eq!(
-            certificate_common_name(&[0x30, 0x84, 0xff, 0xff, 0xff, 0xff]),
-            None
+            certificate_identity(&[0x30, 0x84, 0xff, 0xff, 0xff, 0xff]),
+            Err(IdentityError::Malformed)
         );
         assert_eq!(certificate_common_name(&[0x30, 0x03, 0x30, 0x01]), None);
+    }
+
+    fn cert(dn: &[(rcgen::DnType, rcgen::DnValue)], sans: Vec<rcgen::SanType>) -> Vec<u8> {
+        let mut params = rcgen::CertificateParams::default();
+        let mut name = rcgen::DistinguishedName::new();
+        for (t, v) in dn {
+            name.push(t.clone(), v.clone());
+        }
+        params.distinguished_name = name;
+        params.subject_alt_names = sans;
+        let key = rcgen::KeyPair::generate().unwrap();
+        params.self_signed(&key).unwrap().der().to_vec()
+    }
+
+    /// Issue: the hand-written DER walker let the last CN win and replaced non-UTF-8
+    /// bytes, so two different certificates could map to one identity.
+    #[test]
+    fn bug_two_common_names_or_a_non_utf8_one_mapped_to_an_identity() {
+        use rcgen::{DnType, DnValue};
+        let one = cert(
+            &[(DnType::CommonName, DnValue::Utf8String("sidecar-a".into()))],
+            vec![],
+        );
+        assert_eq!(
+            certificate_identity(&one),
+            Ok(Caller("cn:sidecar-a".into()))
+        );
+        // rcgen keeps one value per attribute type, so the two-CN certificate comes
+        // from openssl.
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("two-cn.der");
+        let made = std::process::Command::new("openssl")
+            .args([
+                "req",
+                "-x509",
+                "-newkey",
+                "ec",
+                "-pkeyopt",
+                "ec_paramgen_curve:P-256",
+                "-nodes",
+            ])
+            .args(["-keyout", "/dev/null", "-days", "1", "-outform", "DER"])
+            .args(["-subj", "/CN=evil/CN=sidecar-a", "-out"])
+            .arg(&out)
+            .output()
+            .unwrap();
+        assert!(
+            made.status.success(),
+            "{}",
+            String::from_utf8_lossy(&made.stderr)
+        );
+        let two = std::fs::read(&out).unwrap();
+        assert_eq!(
+            certificate_identity(&two),
+            Err(IdentityError::ManyCommonNames(2))
+        );
+        let bmp = cert(
+            &[(
+                DnType::CommonName,
+                DnValue::BmpString(rcgen::string::BmpString::try_from("sidecar-a").unwrap()),
+            )],
+            vec![],
+        );
+        assert!(matches!(
+            certificate_identity(&bmp),
+            Err(IdentityError::NotUtf8 | IdentityError::Malformed)
+        ));
+        let none = cert(
+            &[(DnType::OrganizationName, DnValue::Utf8String("o".into()))],
+            vec![],
+        );
+        assert_eq!(certificate_identity(&none), Err(IdentityError::Nameless));
+    }
+
+    #[test]
+    fn a_spiffe_uri_san_is_the_identity_and_two_are_refused() {
+        use rcgen::{DnType, DnValue, SanType};
+        let spiffe = "spiffe://cluster.local/ns/probity/sa/sidecar";
+        let c = cert(
+            &[(DnType::CommonName, DnValue::Utf8String("ignored".into()))],
+            vec![SanType::URI(spiffe.try_into().unwrap())],
+        );
+        assert_eq!(
+            certificate_identity(&c),
+            Ok(Caller(format!("uri:{spiffe}")))
+        );
+        let two = cert(
+            &[],
+            vec![
+                SanType::URI("spiffe://a/x".try_into().unwrap()),
+                SanType::URI("spiffe://a/y".try_into().unwrap()),
+            ],
+        );
+        assert_eq!(certificate_identity(&two), Err(IdentityError::ManyUris(2)));
     }
 }

@@ -28,6 +28,10 @@ pub struct Config {
     pub admission: AdmissionConfig,
     /// Durable state and verify before read.
     pub integrity: IntegrityConfig,
+    /// Per-caller limits on what callers share.
+    pub limits: LimitsConfig,
+    /// How much of the decision log is kept.
+    pub decision_log: DecisionLogConfig,
     /// Logging.
     pub log: LogConfig,
 }
@@ -44,6 +48,71 @@ pub struct IntegrityConfig {
     pub state_dir: Option<PathBuf>,
     /// Pinned public key (hex SEC1) that signs manifests. Default: `STATE_DIR/trusted.pub`.
     pub public_key: Option<PathBuf>,
+    /// Directories under which `/v1/verify` may read objects and their manifests. A
+    /// path outside them (after symlinks are resolved), absent, or not a regular file
+    /// or block device is answered "not permitted", whatever the reason, so errors say
+    /// nothing about files a caller may not read. Default: none (`/v1/verify` reads
+    /// nothing).
+    pub data_roots: Vec<PathBuf>,
+}
+
+/// Limits per caller identity on what callers share.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct LimitsConfig {
+    /// Decisions per second a caller may cause to be recorded (denies, obligations,
+    /// refused API calls); past its budget a caller is answered 429 and nothing is
+    /// recorded. 0 turns the limit off. Default 200.
+    pub recorded_per_second: u32,
+    /// Recorded decisions a caller may cause at once. Default 1000.
+    pub recorded_burst: u32,
+    /// Threads for callers' blocking I/O (verification reads), apart from everything
+    /// else. Default 4.
+    pub io_threads: usize,
+    /// Verification jobs waiting for an I/O thread at most; more are answered 429.
+    /// Default 64.
+    pub io_queue: usize,
+    /// Verification jobs one caller may have in flight. Default 2.
+    pub io_per_caller: usize,
+}
+
+impl Default for LimitsConfig {
+    fn default() -> Self {
+        Self {
+            recorded_per_second: 200,
+            recorded_burst: 1000,
+            io_threads: 4,
+            io_queue: 64,
+            io_per_caller: 2,
+        }
+    }
+}
+
+/// How much of the decision log (state directory) is kept.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct DecisionLogConfig {
+    /// Bytes of records kept at most; the oldest whole segments (4,096 records) are
+    /// pruned past it. Default 1 GiB.
+    pub max_bytes: u64,
+    /// Days a record is kept at most. Default 30.
+    pub max_age_days: u64,
+    /// Readiness reports a warning (and the metric shows) when the log holds this share
+    /// of `max_bytes`, in percent. Default 90.
+    pub warn_pct: u8,
+    /// How often retention runs, in seconds. Default 60.
+    pub prune_interval_seconds: u64,
+}
+
+impl Default for DecisionLogConfig {
+    fn default() -> Self {
+        Self {
+            max_bytes: 1 << 30,
+            max_age_days: 30,
+            warn_pct: 90,
+            prune_interval_seconds: 60,
+        }
+    }
 }
 
 /// Listeners, TLS and limits.
@@ -72,6 +141,14 @@ pub struct ServerConfig {
     pub max_concurrency: usize,
     /// Longest wait for in-flight requests at shutdown, in milliseconds. Default 10000.
     pub shutdown_grace_ms: u64,
+    /// Connections open at once, at most. Default 4096.
+    pub max_connections: usize,
+    /// Connections one caller identity (or, without one, one peer address) may have
+    /// open. Default 256.
+    pub max_connections_per_caller: usize,
+    /// Longest time a connection may take to send a request's headers, in
+    /// milliseconds (a slowloris is cut off after it). Default 10000.
+    pub header_read_timeout_ms: u64,
 }
 
 impl Default for ServerConfig {
@@ -88,6 +165,9 @@ impl Default for ServerConfig {
             request_timeout_ms: 5000,
             max_concurrency: 1024,
             shutdown_grace_ms: 10_000,
+            max_connections: 4096,
+            max_connections_per_caller: 256,
+            header_read_timeout_ms: 10_000,
         }
     }
 }

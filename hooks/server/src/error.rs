@@ -35,6 +35,14 @@ pub enum ApiError {
     /// The server is shutting down or not ready.
     #[error("{0}")]
     Unavailable(String),
+    /// The caller is over one of its limits (recorded decisions, I/O jobs in flight).
+    #[error("{0}")]
+    TooManyRequests(String),
+    /// The caller may not have this path (outside the data roots, not a regular file,
+    /// absent): one message for all, so errors tell nothing about files the caller
+    /// may not read.
+    #[error("not permitted")]
+    NotPermitted,
     /// Something failed inside the server; details are logged, not returned.
     #[error("internal error")]
     Internal,
@@ -51,6 +59,8 @@ impl ApiError {
             ApiError::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::Unprocessable(_) => StatusCode::UNPROCESSABLE_ENTITY,
             ApiError::Timeout | ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::TooManyRequests(_) => StatusCode::TOO_MANY_REQUESTS,
+            ApiError::NotPermitted => StatusCode::FORBIDDEN,
             ApiError::Internal => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }

@@ -59,6 +59,7 @@ mod api;
 mod caller;
 mod config;
 mod error;
+mod limits;
 mod metrics;
 mod server;
 
@@ -74,10 +75,11 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use probity::{Decision, Engine, Request};
 
-pub use caller::{Caller, certificate_common_name};
+pub use caller::{Caller, IdentityError, certificate_common_name, certificate_identity};
 pub use config::{
-    AdmissionConfig, AuthConfig, Config, ConfigError, DEFAULT_SOCKET, IntegrityConfig, LogConfig,
-    LogFormat, PolicyConfig, ServerConfig, UnknownKinds, UnknownNodes,
+    AdmissionConfig, AuthConfig, Config, ConfigError, DEFAULT_SOCKET, DecisionLogConfig,
+    IntegrityConfig, LimitsConfig, LogConfig, LogFormat, PolicyConfig, ServerConfig, UnknownKinds,
+    UnknownNodes,
 };
 pub use error::{ApiError, ServeError};
 pub use server::{Server, init_logging, serve, shutdown_signal};
@@ -94,6 +96,12 @@ struct Inner {
     config: Config,
     metrics: metrics::Metrics,
     ready: AtomicBool,
+    budget: limits::RecordBudget,
+    io: limits::IoPool,
+    /// The decision log's usage as retention last measured it.
+    log_usage: std::sync::Mutex<Option<probity::state::LogUsage>>,
+    /// The listeners' connection counts, once serving.
+    connections: std::sync::OnceLock<Arc<limits::Connections>>,
 }
 
 impl AppState {
@@ -107,12 +115,25 @@ impl AppState {
         {
             tracing::warn!(error = %e, "the API callers could not be registered; no state change will be permitted");
         }
+        let l = &config.limits;
+        let budget = limits::RecordBudget::new(l.recorded_per_second, l.recorded_burst);
+        let io =
+            limits::IoPool::start(l.io_threads, l.io_queue, l.io_per_caller).unwrap_or_else(|e| {
+                // Without threads every verification is refused (Busy::Stopped), and
+                // nothing else depends on them.
+                tracing::error!(error = %e, "cannot start the I/O threads; /v1/verify will refuse");
+                limits::IoPool::start(0, 0, 0).unwrap_or_else(|_| std::process::abort())
+            });
         Self {
             inner: Arc::new(Inner {
                 engine,
                 config,
                 metrics: metrics::Metrics::default(),
                 ready: AtomicBool::new(true),
+                budget,
+                io,
+                log_usage: std::sync::Mutex::new(None),
+                connections: std::sync::OnceLock::new(),
             }),
         }
     }
@@ -141,45 +162,161 @@ impl AppState {
         &self.inner.metrics
     }
 
-    /// Decides and times the decision into the metrics. Waits for the decision's
-    /// record in place: for callers already off the async workers (admission reviews
-    /// with a state store run on the blocking pool).
-    pub(crate) fn decide(&self, request: &Request) -> Decision {
-        let start = Instant::now();
-        let d = self.engine().decide(request);
-        self.metrics().record_decision(&d, start.elapsed());
-        d
+    pub(crate) fn io(&self) -> &limits::IoPool {
+        &self.inner.io
     }
 
-    /// Decides, and if the decision must be recorded first (a deny or obligations,
-    /// with a state store attached), waits for the commit on the blocking pool rather
-    /// than on the async worker.
-    pub(crate) async fn decide_async(&self, request: Request) -> Decision {
+    pub(crate) fn set_connections(&self, c: Arc<limits::Connections>) {
+        let _ = self.inner.connections.set(c);
+    }
+
+    pub(crate) fn set_log_usage(&self, usage: probity::state::LogUsage) {
+        *self
+            .inner
+            .log_usage
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(usage);
+    }
+
+    pub(crate) fn log_usage(&self) -> Option<probity::state::LogUsage> {
+        *self
+            .inner
+            .log_usage
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Whether the decision log holds at least `warn_pct` of its byte budget.
+    pub(crate) fn log_near_budget(&self) -> bool {
+        let c = &self.config().decision_log;
+        self.log_usage().is_some_and(|u| {
+            u.bytes.saturating_mul(100) >= c.max_bytes.saturating_mul(u64::from(c.warn_pct))
+        })
+    }
+
+    /// The limits' gauges and counters, appended to the metrics text.
+    fn render_limits(&self, out: &mut String) {
+        use std::fmt::Write as _;
+        let _ = writeln!(
+            out,
+            "# HELP probity_recorded_budget_refused_total Requests answered 429 for want of a caller's budget of recorded decisions.\n# TYPE probity_recorded_budget_refused_total counter\nprobity_recorded_budget_refused_total {}",
+            self.inner.budget.refused()
+        );
+        let _ = writeln!(
+            out,
+            "# HELP probity_io_jobs_in_flight Verification jobs on the I/O threads.\n# TYPE probity_io_jobs_in_flight gauge\nprobity_io_jobs_in_flight {}",
+            self.inner.io.in_flight()
+        );
+        if let Some(c) = self.inner.connections.get() {
+            let (open, refused) = c.counts();
+            let _ = writeln!(
+                out,
+                "# HELP probity_connections_open Connections open.\n# TYPE probity_connections_open gauge\nprobity_connections_open {open}\n# HELP probity_connections_refused_total Connections refused over the limits.\n# TYPE probity_connections_refused_total counter\nprobity_connections_refused_total {refused}"
+            );
+        }
+        if let Some(u) = self.log_usage() {
+            let c = &self.config().decision_log;
+            let _ = writeln!(
+                out,
+                "# HELP probity_decision_log_bytes Bytes the decision log holds.\n# TYPE probity_decision_log_bytes gauge\nprobity_decision_log_bytes {}\n# HELP probity_decision_log_budget_bytes The decision log's byte budget.\n# TYPE probity_decision_log_budget_bytes gauge\nprobity_decision_log_budget_bytes {}\n# HELP probity_decision_log_records Records the decision log holds.\n# TYPE probity_decision_log_records gauge\nprobity_decision_log_records {}\n# HELP probity_decision_log_near_budget 1 when the log holds warn_pct of its budget.\n# TYPE probity_decision_log_near_budget gauge\nprobity_decision_log_near_budget {}",
+                u.bytes,
+                c.max_bytes,
+                u.records,
+                u8::from(self.log_near_budget())
+            );
+        }
+    }
+
+    fn too_many(caller: &Caller) -> ApiError {
+        ApiError::TooManyRequests(format!(
+            "{} is over its budget of recorded decisions; retry later",
+            caller.0
+        ))
+    }
+
+    /// Decides and times the decision into the metrics, within `caller`'s budget of
+    /// recorded decisions. Waits for the decision's record in place: for callers
+    /// already off the async workers (admission reviews with a state store run on the
+    /// blocking pool).
+    pub(crate) fn decide(&self, caller: &Caller, request: &Request) -> Result<Decision, ApiError> {
         let start = Instant::now();
-        let settled = self.engine().decide_deferred(&request);
-        let decisions = if settled.is_pending() {
-            tokio::task::spawn_blocking(move || settled.settle())
-                .await
-                .unwrap_or_default()
+        let budget = &self.inner.budget;
+        let settled = self
+            .engine()
+            .decide_deferred_within(request, || budget.admit(&caller.0))
+            .ok_or_else(|| Self::too_many(caller))?;
+        let d = settled
+            .settle()
+            .pop()
+            .unwrap_or_else(|| Decision::error("no decision"));
+        self.metrics().record_decision(&d, start.elapsed());
+        Ok(d)
+    }
+
+    /// Decides within `caller`'s budget of recorded decisions. A decision that runs
+    /// plugins (deadlines up to seconds) is made on the blocking pool, and one that
+    /// must be recorded first (a deny or obligations, with a state store attached)
+    /// waits for the commit there too: never on the async workers.
+    pub(crate) async fn decide_async(
+        &self,
+        caller: &Caller,
+        request: Request,
+    ) -> Result<Decision, ApiError> {
+        let start = Instant::now();
+        let decision = if self.engine().runs_plugins(&request) {
+            let s = self.clone();
+            let c = caller.clone();
+            tokio::task::spawn_blocking(move || {
+                let budget = &s.inner.budget;
+                s.engine()
+                    .decide_deferred_within(&request, || budget.admit(&c.0))
+                    .map(probity::Settled::settle)
+            })
+            .await
+            .map_err(|e| {
+                tracing::error!(error = %e, "decision task failed");
+                ApiError::Internal
+            })?
+            .ok_or_else(|| Self::too_many(caller))?
         } else {
-            settled.settle()
+            let budget = &self.inner.budget;
+            let settled = self
+                .engine()
+                .decide_deferred_within(&request, || budget.admit(&caller.0))
+                .ok_or_else(|| Self::too_many(caller))?;
+            if settled.is_pending() {
+                tokio::task::spawn_blocking(move || settled.settle())
+                    .await
+                    .unwrap_or_default()
+            } else {
+                settled.settle()
+            }
         };
-        let decision = decisions
+        let decision = decision
             .into_iter()
             .next()
             .unwrap_or_else(|| Decision::error("the decision record could not be awaited"));
         self.metrics().record_decision(&decision, start.elapsed());
-        decision
+        Ok(decision)
     }
 
-    pub(crate) fn decide_batch(&self, requests: &[Request]) -> Vec<Decision> {
+    pub(crate) fn decide_batch(
+        &self,
+        caller: &Caller,
+        requests: &[Request],
+    ) -> Result<Vec<Decision>, ApiError> {
         let start = Instant::now();
-        let decisions = self.engine().decide_batch(requests);
+        let budget = &self.inner.budget;
+        let decisions = self
+            .engine()
+            .decide_batch_deferred_within(requests, |n| budget.admit_n(&caller.0, n))
+            .ok_or_else(|| Self::too_many(caller))?
+            .settle();
         let per = start.elapsed() / u32::try_from(requests.len().max(1)).unwrap_or(u32::MAX);
         for d in &decisions {
             self.metrics().record_decision(d, per);
         }
-        decisions
+        Ok(decisions)
     }
 }
 
@@ -250,9 +387,15 @@ async fn healthz() -> impl IntoResponse {
 async fn readyz(State(state): State<AppState>) -> Response {
     if state.is_ready() {
         let s = state.engine().status();
-        axum::Json(
-            serde_json::json!({"status": "ready", "digest": s.digest, "policies": s.policies}),
-        )
+        let mut warnings = Vec::new();
+        if state.log_near_budget() {
+            warnings.push(
+                "the decision log is near its byte budget ([decision_log] max_bytes): retention is pruning"
+                    .to_owned(),
+            );
+        }
+        axum::Json(serde_json::json!({"status": "ready", "digest": s.digest,
+            "policies": s.policies, "warnings": warnings}))
         .into_response()
     } else {
         ApiError::Unavailable("not ready".into()).into_response()
@@ -260,9 +403,10 @@ async fn readyz(State(state): State<AppState>) -> Response {
 }
 
 async fn metrics_text(State(state): State<AppState>) -> Response {
-    let text = state
+    let mut text = state
         .metrics()
         .render(&state.engine().status(), state.is_ready());
+    state.render_limits(&mut text);
     (
         StatusCode::OK,
         [(

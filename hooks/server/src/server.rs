@@ -24,7 +24,8 @@ use tower::ServiceExt;
 
 use crate::config::{Config, LogConfig, LogFormat};
 use crate::error::ServeError;
-use crate::{AppState, Caller, app, certificate_common_name};
+use crate::limits::Connections;
+use crate::{AppState, Caller, app, certificate_identity};
 
 /// Longest a TLS handshake may take.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -178,6 +179,16 @@ impl Server {
     pub async fn run(self, shutdown: impl Future<Output = ()>) -> Result<(), ServeError> {
         let router = app(self.state.clone());
         let graceful = Arc::new(GracefulShutdown::new());
+        let server_config = &self.state.config().server;
+        let limits = Listen {
+            connections: Connections::new(
+                server_config.max_connections,
+                server_config.max_connections_per_caller,
+            ),
+            header_timeout: Duration::from_millis(server_config.header_read_timeout_ms.max(1)),
+        };
+        self.state.set_connections(Arc::clone(&limits.connections));
+        let retention = spawn_retention(&self.state);
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
         let mut tasks = tokio::task::JoinSet::new();
         let socket_path = self.unix.as_ref().map(|(_, p)| p.clone());
@@ -188,6 +199,7 @@ impl Server {
                 router.clone(),
                 Arc::clone(&graceful),
                 stop_rx.clone(),
+                limits.clone(),
             ));
         }
         if let Some((listener, acceptor)) = self.tcp {
@@ -199,6 +211,7 @@ impl Server {
                 router,
                 Arc::clone(&graceful),
                 stop_rx,
+                limits.clone(),
             ));
         }
         let status = self.state.engine().status();
@@ -209,7 +222,10 @@ impl Server {
         let _ = stop_tx.send(true);
         while tasks.join_next().await.is_some() {}
         if let Some(p) = socket_path {
-            let _ = std::fs::remove_file(p);
+            remove_socket(&p);
+        }
+        if let Some(stop) = retention {
+            let _ = stop.send(());
         }
         let grace = Duration::from_millis(self.state.config().server.shutdown_grace_ms);
         // The accept loops have ended, so this is the last reference.
@@ -234,7 +250,16 @@ async fn bind_unix(path: &Path, mode: u32) -> Result<UnixListener, ServeError> {
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).map_err(fail)?;
     }
-    if path.exists() {
+    if let Ok(meta) = std::fs::symlink_metadata(path) {
+        // Only a socket is ever removed: a regular file (or anything else) at the
+        // socket path is the operator's, and a typo must not delete it.
+        use std::os::unix::fs::FileTypeExt;
+        if !meta.file_type().is_socket() {
+            return Err(fail(std::io::Error::new(
+                std::io::ErrorKind::AlreadyExists,
+                "something that is not a socket is there; it is left alone",
+            )));
+        }
         // A live server answers; a stale socket from a crash is replaced.
         if tokio::net::UnixStream::connect(path).await.is_ok() {
             return Err(fail(std::io::Error::new(
@@ -299,11 +324,68 @@ fn tls_acceptor(config: &Config) -> Result<TlsAcceptor, ServeError> {
     Ok(TlsAcceptor::from(Arc::new(tls)))
 }
 
+/// What every accepted connection is held to.
+#[derive(Clone)]
+struct Listen {
+    connections: Arc<Connections>,
+    header_timeout: Duration,
+}
+
+/// Removes the socket at `path` if a socket is still there.
+fn remove_socket(path: &Path) {
+    use std::os::unix::fs::FileTypeExt;
+    if std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_socket()) {
+        let _ = std::fs::remove_file(path);
+    }
+}
+
+/// Prunes the decision log on an interval, on a thread of its own, and keeps the
+/// usage figures for readiness and metrics. Stops when the returned sender drops.
+fn spawn_retention(state: &AppState) -> Option<std::sync::mpsc::Sender<()>> {
+    let store = state.engine().state().cloned()?;
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    let s = state.clone();
+    let spawned = std::thread::Builder::new()
+        .name("probity-retention".into())
+        .spawn(move || {
+            let c = s.config().decision_log.clone();
+            let every = Duration::from_secs(c.prune_interval_seconds.max(1));
+            loop {
+                let retention = probity::state::Retention {
+                    max_bytes: c.max_bytes,
+                    max_age_seconds: c.max_age_days.saturating_mul(86_400),
+                    // Nothing forwards the log yet, so nothing holds pruning back.
+                    keep_from: u64::MAX,
+                };
+                match store.prune_decisions(&retention, s.engine().clock().now_unix_ms()) {
+                    Ok(0) => {}
+                    Ok(n) => tracing::info!(records = n, "pruned the decision log"),
+                    Err(e) => tracing::error!(error = %e, "pruning the decision log failed"),
+                }
+                if let Ok(usage) = store.decision_log_usage() {
+                    s.set_log_usage(usage);
+                }
+                match rx.recv_timeout(every) {
+                    Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+                    _ => return,
+                }
+            }
+        });
+    match spawned {
+        Ok(_) => Some(tx),
+        Err(e) => {
+            tracing::error!(error = %e, "cannot start decision log retention");
+            None
+        }
+    }
+}
+
 async fn accept_unix(
     listener: UnixListener,
     router: Router,
     graceful: Arc<GracefulShutdown>,
     mut stop: tokio::sync::watch::Receiver<bool>,
+    limits: Listen,
 ) {
     loop {
         let accepted = tokio::select! {
@@ -313,7 +395,22 @@ async fn accept_unix(
         match accepted {
             Ok((stream, _)) => {
                 let caller = stream.peer_cred().ok().map(|c| Caller::unix_uid(c.uid()));
-                serve_connection(stream, caller, router.clone(), graceful.watcher());
+                let key = caller.as_ref().map_or("unix:unknown", |c| c.0.as_str());
+                let Some(permit) = limits.connections.admit(key) else {
+                    tracing::debug!(
+                        caller = key,
+                        "connection refused: over the connection limits"
+                    );
+                    continue;
+                };
+                serve_connection(
+                    stream,
+                    caller,
+                    router.clone(),
+                    graceful.watcher(),
+                    permit,
+                    limits.header_timeout,
+                );
             }
             Err(e) => {
                 tracing::warn!(error = %e, "accept failed");
@@ -329,6 +426,7 @@ async fn accept_tcp(
     router: Router,
     graceful: Arc<GracefulShutdown>,
     mut stop: tokio::sync::watch::Receiver<bool>,
+    limits: Listen,
 ) {
     loop {
         let accepted = tokio::select! {
@@ -344,11 +442,31 @@ async fn accept_tcp(
             }
         };
         let _ = stream.set_nodelay(true);
+        // Until a certificate names the caller, its address stands for it.
+        let by_address = format!("addr:{}", peer.ip());
         match &acceptor {
-            None => serve_connection(stream, None, router.clone(), graceful.watcher()),
+            None => {
+                let Some(permit) = limits.connections.admit(&by_address) else {
+                    tracing::debug!(%peer, "connection refused: over the connection limits");
+                    continue;
+                };
+                serve_connection(
+                    stream,
+                    None,
+                    router.clone(),
+                    graceful.watcher(),
+                    permit,
+                    limits.header_timeout,
+                );
+            }
             Some(acceptor) => {
+                let Some(handshake_permit) = limits.connections.admit(&by_address) else {
+                    tracing::debug!(%peer, "connection refused: over the connection limits");
+                    continue;
+                };
                 let acceptor = acceptor.clone();
                 let router = router.clone();
+                let limits = limits.clone();
                 // Watched from accept on, so a shutdown waits for the handshake too.
                 let watcher = graceful.watcher();
                 tokio::spawn(async move {
@@ -365,22 +483,45 @@ async fn accept_tcp(
                             return;
                         }
                     };
-                    let caller = tls
-                        .get_ref()
-                        .1
-                        .peer_certificates()
-                        .and_then(|c| c.first())
-                        .and_then(|c| certificate_common_name(c))
-                        .map(|cn| Caller::common_name(&cn));
-                    serve_connection(tls, caller, router, watcher);
+                    let caller = match tls.get_ref().1.peer_certificates().and_then(|c| c.first()) {
+                        None => None,
+                        Some(cert) => match certificate_identity(cert) {
+                            Ok(c) => Some(c),
+                            Err(e) => {
+                                tracing::warn!(%peer, error = %e, "client certificate refused");
+                                return;
+                            }
+                        },
+                    };
+                    // A named caller is counted under its name from now on.
+                    let permit = match &caller {
+                        None => handshake_permit,
+                        Some(c) => match limits.connections.admit(&c.0) {
+                            Some(p) => {
+                                drop(handshake_permit);
+                                p
+                            }
+                            None => {
+                                tracing::debug!(caller = %c.0, "connection refused: over the connection limits");
+                                return;
+                            }
+                        },
+                    };
+                    serve_connection(tls, caller, router, watcher, permit, limits.header_timeout);
                 });
             }
         }
     }
 }
 
-fn serve_connection<I>(io: I, caller: Option<Caller>, router: Router, watcher: Watcher)
-where
+fn serve_connection<I>(
+    io: I,
+    caller: Option<Caller>,
+    router: Router,
+    watcher: Watcher,
+    permit: crate::limits::ConnectionPermit,
+    header_timeout: Duration,
+) where
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let service = hyper::service::service_fn(move |mut req: hyper::Request<Incoming>| {
@@ -391,10 +532,12 @@ where
     });
     let conn = hyper::server::conn::http1::Builder::new()
         .timer(hyper_util::rt::TokioTimer::new())
-        .header_read_timeout(Duration::from_secs(30))
+        .header_read_timeout(header_timeout)
         .serve_connection(TokioIo::new(io), service);
     let conn = watcher.watch(conn);
     tokio::spawn(async move {
+        // The connection's place is held until it closes.
+        let _permit = permit;
         if let Err(e) = conn.await {
             tracing::debug!(error = %e, "connection ended with an error");
         }

@@ -371,6 +371,7 @@ async fn verify_passes_an_intact_checkpoint_and_blocks_the_node_on_a_flipped_byt
 
     let mut config = Config::default();
     config.integrity.state_dir = Some(state_dir.clone());
+    config.integrity.data_roots = vec![tmp.path().to_owned()];
     let engine = crate::engine();
     engine.attach_state(store.clone()).unwrap();
     let s = probity_server::AppState::new(engine, config);
@@ -659,4 +660,275 @@ async fn bug_an_entity_writer_could_make_itself_an_administrator() {
     )
     .await;
     assert_eq!(status, StatusCode::FORBIDDEN);
+}
+
+/// A state directory and data root for verification tests, with the software anchor's
+/// key pinned; the state is attached to a fresh engine.
+fn verifying_state(tmp: &std::path::Path) -> probity_server::AppState {
+    use probity::integrity::{Anchor, SoftwareAnchor};
+    use probity::state::StateStore;
+    let state_dir = tmp.join("state");
+    let store = std::sync::Arc::new(StateStore::open(&state_dir).unwrap());
+    let anchor = SoftwareAnchor::load_or_generate(&tmp.join("anchor.key")).unwrap();
+    std::fs::write(state_dir.join("trusted.pub"), anchor.public_key().to_hex()).unwrap();
+    std::fs::create_dir_all(tmp.join("data")).unwrap();
+    let mut config = Config::default();
+    config.integrity.state_dir = Some(state_dir);
+    config.integrity.data_roots = vec![tmp.join("data")];
+    config.auth.nodes.insert("uid:1000".into(), "gpu-a1".into());
+    let engine = crate::engine();
+    engine.attach_state(store).unwrap();
+    probity_server::AppState::new(engine, config)
+}
+
+/// Issue: a sidecar learned "/etc/shadow ... 813 bytes" and whether root-only paths
+/// exist, through /v1/verify's errors.
+#[tokio::test]
+async fn bug_verify_answered_questions_about_files_outside_its_data_roots() {
+    let tmp = tempfile::tempdir().unwrap();
+    let s = verifying_state(tmp.path());
+    let secret = tmp.path().join("secret");
+    std::fs::write(&secret, b"root only").unwrap();
+    let mut answers = Vec::new();
+    for path in [
+        secret.to_str().unwrap().to_owned(),
+        "/etc/shadow".to_owned(),
+        "/nonexistent/file".to_owned(),
+        tmp.path().join("data/absent").to_str().unwrap().to_owned(),
+        // A symlink inside the root that leads out of it.
+        {
+            let link = tmp.path().join("data/escape");
+            std::os::unix::fs::symlink(&secret, &link).unwrap();
+            link.to_str().unwrap().to_owned()
+        },
+        tmp.path()
+            .join("data/../secret")
+            .to_str()
+            .unwrap()
+            .to_owned(),
+    ] {
+        let body = json!({"path": path, "id": "x", "node": "gpu-a1"});
+        let (status, out) = call(
+            &s,
+            Method::POST,
+            "/v1/verify",
+            Some(&body),
+            Some("uid:1000"),
+        )
+        .await;
+        answers.push((status, out));
+    }
+    for (status, out) in &answers {
+        assert_eq!(*status, StatusCode::FORBIDDEN, "{out}");
+        assert_eq!(out["error"], "not permitted", "{out}");
+    }
+}
+
+/// Issue: naming a FIFO 530 times filled the blocking pool, after which every deny
+/// answered 503 until someone wrote to the FIFO.
+#[tokio::test]
+async fn bug_fifos_named_to_verify_stalled_every_deny() {
+    let tmp = tempfile::tempdir().unwrap();
+    let s = verifying_state(tmp.path());
+    let fifo = tmp.path().join("data/pipe");
+    assert!(
+        std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap()
+            .success()
+    );
+    let mut refused = 0;
+    for _ in 0..40 {
+        let body = json!({"path": fifo, "id": "x", "node": "gpu-a1", "manifest": fifo});
+        let (status, out) = call(
+            &s,
+            Method::POST,
+            "/v1/verify",
+            Some(&body),
+            Some("uid:1000"),
+        )
+        .await;
+        assert!(
+            status == StatusCode::FORBIDDEN || status == StatusCode::TOO_MANY_REQUESTS,
+            "{status} {out}"
+        );
+        refused += 1;
+    }
+    assert_eq!(refused, 40);
+    // Denies are still answered, at once.
+    let deny = json!({"principal": "Workload::\"train-1\"", "action": "schedule", "resource": "Node::\"gpu-blocked\""});
+    let (status, d) = call(&s, Method::POST, "/v1/decide", Some(&deny), None).await;
+    assert_eq!(status, StatusCode::OK, "{d}");
+    assert_eq!(d["decision"], "deny");
+}
+
+/// Issue: anonymous callers' denies were recorded forever, 27,313 in 10 s: past its
+/// budget a caller gets 429 and nothing is recorded, while another caller is served.
+#[tokio::test]
+async fn bug_a_deny_flood_was_recorded_without_bound() {
+    let tmp = tempfile::tempdir().unwrap();
+    let state_dir = tmp.path().join("state");
+    let store = std::sync::Arc::new(probity::state::StateStore::open(&state_dir).unwrap());
+    let mut config = Config::default();
+    config.limits.recorded_per_second = 1;
+    config.limits.recorded_burst = 5;
+    let engine = crate::engine();
+    engine.attach_state(store.clone()).unwrap();
+    let s = probity_server::AppState::new(engine, config);
+    let deny = json!({"principal": "Workload::\"train-1\"", "action": "schedule", "resource": "Node::\"gpu-blocked\""});
+    let mut statuses = Vec::new();
+    for _ in 0..20 {
+        let (status, _) = call(&s, Method::POST, "/v1/decide", Some(&deny), None).await;
+        statuses.push(status);
+    }
+    let ok = statuses.iter().filter(|s| **s == StatusCode::OK).count();
+    let limited = statuses
+        .iter()
+        .filter(|s| **s == StatusCode::TOO_MANY_REQUESTS)
+        .count();
+    assert!((5..=6).contains(&ok), "{statuses:?}");
+    assert_eq!(ok + limited, 20);
+    assert_eq!(store.decisions(0, 100).unwrap().len(), ok);
+    // Another caller has a budget of its own.
+    let (status, d) = call(
+        &s,
+        Method::POST,
+        "/v1/decide",
+        Some(&deny),
+        Some("uid:1000"),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(d["decision"], "deny");
+    // Allows cost no budget.
+    let allow = json!({"principal": "Workload::\"train-1\"", "action": "schedule", "resource": "Node::\"gpu-a1\""});
+    let (status, _) = call(&s, Method::POST, "/v1/decide", Some(&allow), None).await;
+    assert_eq!(status, StatusCode::OK);
+    let (_, metrics) = call(&s, Method::GET, "/metrics", None, None).await;
+    assert!(
+        metrics
+            .as_str()
+            .unwrap()
+            .contains(&format!("probity_recorded_budget_refused_total {limited}"))
+    );
+}
+
+/// Issue: decisions that ran plugins (deadlines up to 10 s) ran on tokio's async
+/// workers: four slow `comply` decisions held both workers, and `/healthz` and an
+/// unrelated `admit` waited for them. Now a slow plugin stalls neither.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bug_a_slow_plugin_stalled_healthz_and_other_decisions() {
+    let wasm = crate::root().join("target/plugins/looping.wasm");
+    assert!(
+        wasm.is_file(),
+        "{} is missing: run scripts/build-plugins.sh",
+        wasm.display()
+    );
+    let tmp = tempfile::tempdir().unwrap();
+    let manifest = tmp.path().join("plugins.toml");
+    std::fs::write(
+        &manifest,
+        format!(
+            "[[plugin]]\nname = \"looping\"\npath = {:?}\nactions = [\"comply\"]\ntimeout_ms = 2000\n",
+            wasm.display().to_string()
+        ),
+    )
+    .unwrap();
+    let engine = probity::Engine::builder(crate::root().join("policies"))
+        .plugins(&manifest)
+        .build()
+        .unwrap();
+    engine.upsert_entities(&crate::cluster()).unwrap();
+    let s = probity_server::AppState::new(engine, Config::default());
+    let comply = json!({"principal": "Node::\"gpu-a1\"", "action": "comply", "resource": "Node::\"gpu-a1\""});
+    let slow: Vec<_> = (0..4)
+        .map(|_| {
+            let s = s.clone();
+            let body = comply.clone();
+            tokio::spawn(
+                async move { call(&s, Method::POST, "/v1/decide", Some(&body), None).await },
+            )
+        })
+        .collect();
+    tokio::task::yield_now().await;
+    let (status, _) = call(&s, Method::GET, "/healthz", None, None).await;
+    assert_eq!(status, StatusCode::OK);
+    let admit = json!({"principal": "Workload::\"infer-ok\"", "action": "admit", "resource": "Namespace::\"inference\""});
+    let (status, d) = call(&s, Method::POST, "/v1/decide", Some(&admit), None).await;
+    assert_eq!(
+        (status, d["decision"].as_str()),
+        (StatusCode::OK, Some("allow"))
+    );
+    // Both answered while every plugin decision was still running.
+    assert!(
+        slow.iter().all(|h| !h.is_finished()),
+        "a slow decision finished first: the others waited for the plugins"
+    );
+    for h in slow {
+        let (status, d) = h.await.unwrap();
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(d["decision"], "deny");
+        assert!(
+            d["errors"][0]["message"]
+                .as_str()
+                .unwrap()
+                .contains("timeout"),
+            "{d}"
+        );
+    }
+}
+
+/// Issue: `block`/`unblock` wrote the state store before taking the writer lock, so
+/// racing calls could leave memory disagreeing with the store. After 50 concurrent
+/// blocks and unblocks of a few nodes, memory, disk and the API agree.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_blocks_and_unblocks_leave_memory_disk_and_api_in_agreement() {
+    let tmp = tempfile::tempdir().unwrap();
+    let store =
+        std::sync::Arc::new(probity::state::StateStore::open(&tmp.path().join("state")).unwrap());
+    let engine = crate::engine();
+    engine.attach_state(store.clone()).unwrap();
+    let s = probity_server::AppState::new(engine, Config::default());
+    let calls: Vec<_> = (0..50)
+        .map(|i| {
+            let s = s.clone();
+            tokio::spawn(async move {
+                let node = format!("gpu-race-{}", i % 5);
+                let verb = if i % 3 == 0 { "unblock" } else { "block" };
+                let uri = format!("/v1/nodes/{node}/{verb}");
+                call(
+                    &s,
+                    Method::POST,
+                    &uri,
+                    Some(&json!({"reason": format!("r{i}")})),
+                    Some("uid:0"),
+                )
+                .await
+            })
+        })
+        .collect();
+    for c in calls {
+        let (status, out) = c.await.unwrap();
+        assert!(
+            status == StatusCode::OK || status == StatusCode::BAD_REQUEST,
+            "{out}"
+        );
+    }
+    let memory: std::collections::BTreeMap<String, String> = s
+        .engine()
+        .blocked_nodes()
+        .into_iter()
+        .map(|(n, r)| (n, r.reason))
+        .collect();
+    let disk: std::collections::BTreeMap<String, String> = store
+        .blocked_nodes()
+        .unwrap()
+        .into_iter()
+        .map(|b| (b.node, b.record.reason))
+        .collect();
+    assert_eq!(memory, disk);
+    let (_, api) = call(&s, Method::GET, "/v1/nodes/blocked", None, None).await;
+    let listed: Vec<&String> = api["nodes"].as_object().unwrap().keys().collect();
+    assert_eq!(listed, memory.keys().collect::<Vec<_>>());
 }
