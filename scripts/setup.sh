@@ -14,7 +14,8 @@ packages=(
   rsyslog rsyslog-gnutls rsyslog-relp               # the SIEM the forwarder delivers to
   prometheus-alertmanager                           # alert obligations
   auditd openssh-server sudo                        # elevation after a remote login
-  etcd-server etcd-client protobuf-compiler         # cluster state (etcd-client's build needs protoc)
+  etcd-server etcd-client                           # cluster state, tested against the real server
+  protobuf-compiler libprotobuf-dev                 # etcd-client's build runs protoc on etcd's .proto files
   golang-go python3-pytest python3-cryptography valgrind pkg-config  # C ABI callers
 )
 missing=()

@@ -17,7 +17,12 @@
 //! Every loop is bounded in count and in time.
 
 // A measurement binary: a failed setup step aborts the run with its message.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing)]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
 
 #[path = "../tests/etcd/harness.rs"]
 mod harness;
@@ -115,7 +120,9 @@ async fn watch_child(mode: &str, endpoint: &str) {
             wait_for_stdin_close(limit).await;
         }
         "raw" => {
-            let mut client = etcd_client::Client::connect([endpoint], None).await.unwrap();
+            let mut client = etcd_client::Client::connect([endpoint], None)
+                .await
+                .unwrap();
             let mut stream = client
                 .watch(
                     "/bench/prop/",
@@ -150,7 +157,11 @@ async fn wait_for_stdin_close(limit: Duration) {
     let (tx, rx) = tokio::sync::oneshot::channel();
     std::thread::spawn(move || {
         let mut sink = String::new();
-        while std::io::stdin().read_line(&mut sink).map(|n| n > 0).unwrap_or(false) {}
+        while std::io::stdin()
+            .read_line(&mut sink)
+            .map(|n| n > 0)
+            .unwrap_or(false)
+        {}
         let _ = tx.send(());
     });
     let _ = tokio::time::timeout(limit, rx).await;
@@ -239,7 +250,10 @@ async fn watchers() {
     }
     // Each stream is live once etcd has answered it (its created response).
     let deadline = Instant::now() + Duration::from_secs(60);
-    while streams.iter().any(|s| s.status().since_last_heard.is_none()) {
+    while streams
+        .iter()
+        .any(|s| s.status().since_last_heard.is_none())
+    {
         assert!(Instant::now() < deadline, "watchers not created in time");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
@@ -265,7 +279,10 @@ async fn watchers() {
     let mut every = Vec::new();
     for i in 0..WRITES {
         let sent = Instant::now();
-        writer.put(&format!("fan/k{i}"), b"blocked".to_vec()).await.unwrap();
+        writer
+            .put(&format!("fan/k{i}"), b"blocked".to_vec())
+            .await
+            .unwrap();
         let mut got = 0;
         let mut last = sent;
         while got < WATCHERS {
@@ -321,7 +338,9 @@ struct Phase {
 }
 
 async fn facts() {
-    println!("\n== (c) facts: 10,000 nodes x ~1 KB every 10 s = 1,000 puts/s under a lease each ==");
+    println!(
+        "\n== (c) facts: 10,000 nodes x ~1 KB every 10 s = 1,000 puts/s under a lease each =="
+    );
     const NODES: usize = 10_000;
     const RATE: u64 = 1000;
     const PHASE: Duration = Duration::from_secs(10);
@@ -473,9 +492,11 @@ async fn run_phase(
     let mut latencies = Vec::with_capacity(requests);
     let mut errors = 0;
     let deadline = Instant::now() + Duration::from_secs(30);
-    while let Ok(Some(joined)) =
-        tokio::time::timeout(deadline.saturating_duration_since(Instant::now()), set.join_next())
-            .await
+    while let Ok(Some(joined)) = tokio::time::timeout(
+        deadline.saturating_duration_since(Instant::now()),
+        set.join_next(),
+    )
+    .await
     {
         let (latency, ok) = joined.unwrap();
         if ok {

@@ -245,8 +245,13 @@ impl EtcdClient {
     ) -> Result<Swap, EtcdError> {
         let full = self.inner.keyspace.full(key);
         let put = TxnOp::put(full.clone(), value.into(), None);
-        self.swap(key, vec![at_mod_revision(&full, mod_revision)], vec![put], &full)
-            .await
+        self.swap(
+            key,
+            vec![at_mod_revision(&full, mod_revision)],
+            vec![put],
+            &full,
+        )
+        .await
     }
 
     /// Deletes `key` only if its `mod_revision` is still `mod_revision`.
@@ -302,10 +307,11 @@ impl EtcdClient {
         bytes: impl Into<Vec<u8>>,
     ) -> Result<VersionedWrite, VersionedError> {
         let bytes = bytes.into();
-        let offered = VersionHead::parse(&bytes).map_err(|source| VersionedError::InvalidOffered {
-            key: key.to_owned(),
-            source,
-        })?;
+        let offered =
+            VersionHead::parse(&bytes).map_err(|source| VersionedError::InvalidOffered {
+                key: key.to_owned(),
+                source,
+            })?;
         let full = self.inner.keyspace.full(key);
         let (mut stored, _) = self.get(key).await?;
         for _ in 0..MAX_VERSIONED_ROUNDS {
@@ -345,7 +351,13 @@ impl EtcdClient {
             // Retrying the same transaction is safe: if an attempt whose answer was lost had
             // applied it, the retry's compare fails and reads our own record back.
             let resp = self
-                .txn(key, Retry::Always, vec![compare], vec![put], vec![read_back])
+                .txn(
+                    key,
+                    Retry::Always,
+                    vec![compare],
+                    vec![put],
+                    vec![read_back],
+                )
                 .await?;
             match settle(&self.inner, &resp)? {
                 Swap::Applied { revision } => {
@@ -378,10 +390,10 @@ fn settle(inner: &Inner, resp: &etcd_client::TxnResponse) -> Result<Swap, EtcdEr
     }
     let mut current = None;
     for op in resp.op_responses() {
-        if let TxnOpResponse::Get(get) = op {
-            if let Some(kv) = get.kvs().first() {
-                current = Some(Entry::from_kv(&inner.keyspace, kv)?);
-            }
+        if let TxnOpResponse::Get(get) = op
+            && let Some(kv) = get.kvs().first()
+        {
+            current = Some(Entry::from_kv(&inner.keyspace, kv)?);
         }
     }
     Ok(Swap::Refused { current })
@@ -393,8 +405,8 @@ mod tests {
 
     #[test]
     fn head_reads_version_and_digest_and_ignores_the_rest() {
-        let head = VersionHead::parse(br#"{"object":"m","version":7,"digest":"ab","x":[1]}"#)
-            .unwrap();
+        let head =
+            VersionHead::parse(br#"{"object":"m","version":7,"digest":"ab","x":[1]}"#).unwrap();
         assert_eq!(head.version, 7);
         assert_eq!(head.digest.as_deref(), Some("ab"));
         let bare = VersionHead::parse(br#"{"version":0}"#).unwrap();

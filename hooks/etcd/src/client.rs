@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use etcd_client::{
-    Compare, CompareOp, CompactionOptions, DeleteOptions, GetOptions, PutOptions, Txn, TxnOp,
+    CompactionOptions, Compare, CompareOp, DeleteOptions, GetOptions, PutOptions, Txn, TxnOp,
 };
 
 use crate::config::EtcdConfig;
@@ -94,6 +94,15 @@ pub struct Deleted {
     /// Whether the key existed. A delete retried after a lost answer may say `false` for a
     /// key its first attempt deleted.
     pub existed: bool,
+}
+
+/// What a prefix delete did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeletedPrefix {
+    /// Revision of the store after the delete.
+    pub revision: i64,
+    /// Keys deleted.
+    pub count: i64,
 }
 
 /// A member's view of the cluster, from etcd's Status call.
@@ -555,8 +564,8 @@ impl EtcdClient {
         })
     }
 
-    /// Deletes every key under `prefix` and returns how many there were.
-    pub async fn delete_prefix(&self, prefix: &str) -> Result<(i64, i64), EtcdError> {
+    /// Deletes every key under `prefix` (relative to the configured prefix) in one request.
+    pub async fn delete_prefix(&self, prefix: &str) -> Result<DeletedPrefix, EtcdError> {
         let full = self.inner.keyspace.full(prefix);
         let resp = self
             .run(Operation::Delete, prefix, Retry::Always, |mut c| {
@@ -567,10 +576,10 @@ impl EtcdClient {
                 }
             })
             .await?;
-        Ok((
-            resp.header().map(|h| h.revision()).unwrap_or(0),
-            resp.deleted(),
-        ))
+        Ok(DeletedPrefix {
+            revision: resp.header().map(|h| h.revision()).unwrap_or(0),
+            count: resp.deleted(),
+        })
     }
 
     /// Discards the history before `revision` (the whole cluster's, not only Probity's keys),
@@ -716,7 +725,8 @@ fn is_too_large(e: &AttemptError) -> bool {
 }
 
 fn is_compacted(e: &AttemptError) -> bool {
-    e.to_string().contains("required revision has been compacted")
+    e.to_string()
+        .contains("required revision has been compacted")
 }
 
 fn lease_error(e: EtcdError, lease: Option<LeaseId>) -> EtcdError {

@@ -305,7 +305,10 @@ mod tests {
     #[test]
     fn validate_names_the_bad_setting() {
         let cases: [(EtcdConfig, &str); 6] = [
-            (EtcdConfig::new(Vec::<String>::new()), "endpoints: no endpoint given"),
+            (
+                EtcdConfig::new(Vec::<String>::new()),
+                "endpoints: no endpoint given",
+            ),
             (
                 EtcdConfig::new(["a:1"]).with_prefix("/probity"),
                 "prefix: \"/probity\" must end with '/'",
@@ -351,6 +354,10 @@ mod tests {
         std::fs::set_permissions(&ca, std::fs::Permissions::from_mode(0o644)).unwrap();
         assert_eq!(TlsConfig::from_ca_file(&ca).unwrap().ca_pem, b"pem");
         let missing = TlsConfig::from_ca_file(&dir.path().join("nope")).unwrap_err();
-        assert!(missing.to_string().starts_with("cannot read the etcd CA bundle"));
+        assert!(
+            missing
+                .to_string()
+                .starts_with("cannot read the etcd CA bundle")
+        );
     }
 }

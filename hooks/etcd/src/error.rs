@@ -216,6 +216,15 @@ pub enum EtcdError {
         /// The oldest revision etcd still has.
         compact_revision: i64,
     },
+    /// A thread could not be started.
+    #[error("cannot start the {what} thread")]
+    Spawn {
+        /// Which thread.
+        what: &'static str,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
     /// The lease does not exist (expired or revoked).
     #[error("etcd lease {id:x} does not exist (expired or revoked)")]
     LeaseNotFound {
@@ -324,9 +333,15 @@ fn is_connect_failure(s: &tonic::Status) -> bool {
 /// A TLS handshake or certificate failure: retrying with the same credentials cannot help.
 fn is_tls_failure(s: &tonic::Status) -> bool {
     let text = describe_status(s).to_ascii_lowercase();
-    ["certificate", "tls handshake", "alert", "invalid peer", "unknownissuer"]
-        .iter()
-        .any(|needle| text.contains(needle))
+    [
+        "certificate",
+        "tls handshake",
+        "alert",
+        "invalid peer",
+        "unknownissuer",
+    ]
+    .iter()
+    .any(|needle| text.contains(needle))
 }
 
 /// One line: the status code, its message and every distinct cause below it.

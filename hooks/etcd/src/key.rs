@@ -75,11 +75,11 @@ impl Keyspace {
                 limit: MAX_KEY_LEN,
             });
         }
-        let rest = full
-            .strip_prefix(self.prefix.as_bytes())
-            .ok_or_else(|| KeyError::OutsidePrefix {
-                prefix: self.prefix.clone(),
-            })?;
+        let rest =
+            full.strip_prefix(self.prefix.as_bytes())
+                .ok_or_else(|| KeyError::OutsidePrefix {
+                    prefix: self.prefix.clone(),
+                })?;
         std::str::from_utf8(rest).map_err(|e| KeyError::NotUtf8 {
             offset: self.prefix.len().saturating_add(e.valid_up_to()),
         })

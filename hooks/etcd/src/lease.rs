@@ -108,9 +108,12 @@ impl EtcdClient {
             .saturating_add(i64::from(ttl.subsec_nanos() > 0))
             .max(1);
         let resp = self
-            .run(Operation::LeaseGrant, "", Retry::Always, |mut c| async move {
-                c.lease_grant(seconds, None).await
-            })
+            .run(
+                Operation::LeaseGrant,
+                "",
+                Retry::Always,
+                |mut c| async move { c.lease_grant(seconds, None).await },
+            )
             .await?;
         Ok(Lease {
             id: LeaseId(resp.id()),
@@ -121,9 +124,12 @@ impl EtcdClient {
     /// Revokes `lease`, deleting its keys at once. `false` if it did not exist (any more).
     pub async fn revoke_lease(&self, lease: LeaseId) -> Result<bool, EtcdError> {
         let result = self
-            .run(Operation::LeaseRevoke, "", Retry::Always, |mut c| async move {
-                c.lease_revoke(lease.0).await
-            })
+            .run(
+                Operation::LeaseRevoke,
+                "",
+                Retry::Always,
+                |mut c| async move { c.lease_revoke(lease.0).await },
+            )
             .await;
         match result {
             Ok(_) => Ok(true),
@@ -142,10 +148,8 @@ impl EtcdClient {
                 |mut c| async move { c.lease_time_to_live(lease.0, None).await },
             )
             .await?;
-        Ok(u64::try_from(resp.ttl())
-            .ok()
-            .filter(|_| resp.ttl() > 0 || resp.granted_ttl() > 0)
-            .map(Duration::from_secs))
+        // etcd answers -1 for a lease it does not know.
+        Ok(u64::try_from(resp.ttl()).ok().map(Duration::from_secs))
     }
 
     /// Starts renewing `lease` in the background; see the module docs.
@@ -174,7 +178,10 @@ fn is_lease_not_found(e: &AttemptError) -> bool {
 async fn renew_loop(client: EtcdClient, lease: Lease, state: watch::Sender<LeaseState>) {
     let inner = &*client.inner;
     let interval = (lease.ttl / 3).max(MIN_RENEW_INTERVAL);
-    let timeout = inner.config.request_timeout.min(interval.max(MIN_RENEW_INTERVAL));
+    let timeout = inner
+        .config
+        .request_timeout
+        .min(interval.max(MIN_RENEW_INTERVAL));
     let count = inner.members.len();
     let mut backoff = MIN_RENEW_INTERVAL;
     let fail = |error: String| {
@@ -204,7 +211,11 @@ async fn renew_loop(client: EtcdClient, lease: Lease, state: watch::Sender<Lease
                 loop {
                     tokio::time::sleep(interval).await;
                     if let Err(e) = keeper.keep_alive().await {
-                        fail(format!("{}: {}", member.url, crate::client::describe_error(&e)));
+                        fail(format!(
+                            "{}: {}",
+                            member.url,
+                            crate::client::describe_error(&e)
+                        ));
                         break;
                     }
                     match tokio::time::timeout(timeout, stream.message()).await {
@@ -218,11 +229,18 @@ async fn renew_loop(client: EtcdClient, lease: Lease, state: watch::Sender<Lease
                             break;
                         }
                         Ok(Err(e)) => {
-                            fail(format!("{}: {}", member.url, crate::client::describe_error(&e)));
+                            fail(format!(
+                                "{}: {}",
+                                member.url,
+                                crate::client::describe_error(&e)
+                            ));
                             break;
                         }
                         Err(_) => {
-                            fail(format!("{}: no keep-alive answer within {timeout:?}", member.url));
+                            fail(format!(
+                                "{}: no keep-alive answer within {timeout:?}",
+                                member.url
+                            ));
                             break;
                         }
                     }
@@ -232,10 +250,19 @@ async fn renew_loop(client: EtcdClient, lease: Lease, state: watch::Sender<Lease
                 expire();
                 return;
             }
-            Ok(Err(e)) => fail(format!("{}: {}", member.url, crate::client::describe_error(&e))),
-            Err(_) => fail(format!("{}: no keep-alive answer within {timeout:?}", member.url)),
+            Ok(Err(e)) => fail(format!(
+                "{}: {}",
+                member.url,
+                crate::client::describe_error(&e)
+            )),
+            Err(_) => fail(format!(
+                "{}: no keep-alive answer within {timeout:?}",
+                member.url
+            )),
         }
-        inner.current.store((index + 1) % count.max(1), Ordering::Relaxed);
+        inner
+            .current
+            .store((index + 1) % count.max(1), Ordering::Relaxed);
         tokio::time::sleep(backoff).await;
         backoff = (backoff * 2).min(interval);
     }

@@ -50,7 +50,7 @@ pub use cas::{
     MAX_VERSIONED_LEN, MAX_VERSIONED_ROUNDS, Swap, VersionHead, VersionHeadError, VersionedError,
     VersionedWrite,
 };
-pub use client::{Deleted, EtcdClient, Entry, Listing, MAX_TXN_OPS, MemberStatus};
+pub use client::{Deleted, DeletedPrefix, Entry, EtcdClient, Listing, MAX_TXN_OPS, MemberStatus};
 pub use config::{
     DEFAULT_CONNECT_TIMEOUT, DEFAULT_KEEP_ALIVE_INTERVAL, DEFAULT_KEEP_ALIVE_TIMEOUT,
     DEFAULT_PAGE_SIZE, DEFAULT_PREFIX, DEFAULT_PROGRESS_INTERVAL, DEFAULT_REQUEST_TIMEOUT,
@@ -61,6 +61,6 @@ pub use health::Health;
 pub use key::{KeyError, Keyspace, MAX_KEY_LEN};
 pub use lease::{KeepAlive, Lease, LeaseId, LeaseState};
 pub use watch::{
-    DEFAULT_RESYNC_AFTER_DISCONNECT, ResyncOptions, ResyncWatch, Snapshot, SyncReason,
-    WatchEvent, WatchHandler, WatchMessage, WatchStatus, WatchStream,
+    DEFAULT_RESYNC_AFTER_DISCONNECT, ResyncOptions, ResyncWatch, Snapshot, SyncReason, WatchEvent,
+    WatchHandler, WatchMessage, WatchStatus, WatchStream,
 };

@@ -31,7 +31,7 @@ use std::time::{Duration, Instant};
 use etcd_client::WatchOptions;
 use tokio::sync::mpsc;
 
-use crate::client::{EtcdClient, Entry, prefix_end};
+use crate::client::{Entry, EtcdClient, prefix_end};
 use crate::error::EtcdError;
 use crate::health::HealthState;
 use crate::key::Escaped;
@@ -266,7 +266,10 @@ impl ResyncOptions {
 
 /// How a [`follow`] ended.
 enum FollowEnd {
-    Compacted { requested: i64, compact_revision: i64 },
+    Compacted {
+        requested: i64,
+        compact_revision: i64,
+    },
     Disconnected(Duration),
     /// The consumer went away.
     Closed,
@@ -372,9 +375,9 @@ impl EtcdClient {
                     thread_shared.link.heard(Some(revision));
                 }
             })
-            .map_err(|source| EtcdError::Config {
-                field: "watch",
-                problem: format!("cannot start the handler thread: {source}"),
+            .map_err(|source| EtcdError::Spawn {
+                what: "watch handler",
+                source,
             })?;
         let client = self.clone();
         let prefix = prefix.to_owned();
@@ -408,7 +411,12 @@ async fn resync_loop(
         };
         if reason != SyncReason::Initial {
             shared.resyncs.fetch_add(1, Ordering::Relaxed);
-            tracing::warn!(prefix, ?reason, revision = listing.revision, "etcd watch resynced");
+            tracing::warn!(
+                prefix,
+                ?reason,
+                revision = listing.revision,
+                "etcd watch resynced"
+            );
         }
         let snapshot = Snapshot {
             revision: listing.revision,
@@ -468,10 +476,10 @@ async fn follow<S: EventSink>(
     let mut disconnected_since: Option<Instant> = None;
     let mut backoff = RECONNECT_FIRST;
     loop {
-        if let (Some(since), Some(limit)) = (disconnected_since, give_up_after) {
-            if since.elapsed() >= limit {
-                return FollowEnd::Disconnected(since.elapsed());
-            }
+        if let (Some(since), Some(limit)) = (disconnected_since, give_up_after)
+            && since.elapsed() >= limit
+        {
+            return FollowEnd::Disconnected(since.elapsed());
         }
         let index = inner.current.load(Ordering::Relaxed) % count;
         let Some(member) = inner.members.get(index) else {
@@ -499,7 +507,11 @@ async fn follow<S: EventSink>(
                     // Quiet for a progress interval: ask for progress; asked and still
                     // quiet at the silence limit: the stream is dead.
                     let deadline = last_message
-                        + if progress_asked { silence_limit } else { progress_interval };
+                        + if progress_asked {
+                            silence_limit
+                        } else {
+                            progress_interval
+                        };
                     tokio::select! {
                         message = responses.message() => {
                             let resp = match message {
@@ -525,13 +537,14 @@ async fn follow<S: EventSink>(
                                 backoff = RECONNECT_FIRST;
                             }
                             if let Some((events, revision)) = convert(keyspace, shared, resp.events(), next) {
+                                // Recorded before the consumer can see the events.
+                                if track_revision {
+                                    shared.link.heard(Some(revision));
+                                }
                                 if !sink.deliver(events, revision).await {
                                     return FollowEnd::Closed;
                                 }
                                 next = revision.saturating_add(1);
-                                if track_revision {
-                                    shared.link.heard(Some(revision));
-                                }
                             }
                         }
                         () = tokio::time::sleep_until(tokio::time::Instant::from_std(deadline)) => {
@@ -557,7 +570,12 @@ async fn follow<S: EventSink>(
         disconnected_since.get_or_insert_with(Instant::now);
         inner
             .current
-            .compare_exchange(index, (index + 1) % count, Ordering::Relaxed, Ordering::Relaxed)
+            .compare_exchange(
+                index,
+                (index + 1) % count,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            )
             .ok();
         tokio::time::sleep(backoff).await;
         backoff = (backoff * 2).min(RECONNECT_MAX);
@@ -599,7 +617,10 @@ fn convert(
                     source,
                 }),
             other => {
-                tracing::error!(event_type = other, "etcd sent an unknown event type; skipped");
+                tracing::error!(
+                    event_type = other,
+                    "etcd sent an unknown event type; skipped"
+                );
                 continue;
             }
         };

@@ -40,12 +40,19 @@ async fn update_if_and_delete_if_hold_only_at_the_revision_read() {
     etcd.wait_healthy(None).await;
     let client = etcd.client("/probity/").await;
     let rev = client.put("keys/k1", b"one".to_vec()).await.unwrap();
-    let swapped = client.update_if("keys/k1", b"two".to_vec(), rev).await.unwrap();
+    let swapped = client
+        .update_if("keys/k1", b"two".to_vec(), rev)
+        .await
+        .unwrap();
     let Swap::Applied { revision: rev2 } = swapped else {
         panic!("{swapped:?}")
     };
     // A writer that read the old revision loses and sees the new value.
-    match client.update_if("keys/k1", b"three".to_vec(), rev).await.unwrap() {
+    match client
+        .update_if("keys/k1", b"three".to_vec(), rev)
+        .await
+        .unwrap()
+    {
         Swap::Refused { current: Some(e) } => {
             assert_eq!(e.value, b"two");
             assert_eq!(e.mod_revision, rev2);
@@ -53,8 +60,18 @@ async fn update_if_and_delete_if_hold_only_at_the_revision_read() {
         other => panic!("{other:?}"),
     }
     assert!(!client.delete_if("keys/k1", rev).await.unwrap().is_applied());
-    assert!(client.delete_if("keys/k1", rev2).await.unwrap().is_applied());
-    match client.update_if("keys/k1", b"four".to_vec(), rev2).await.unwrap() {
+    assert!(
+        client
+            .delete_if("keys/k1", rev2)
+            .await
+            .unwrap()
+            .is_applied()
+    );
+    match client
+        .update_if("keys/k1", b"four".to_vec(), rev2)
+        .await
+        .unwrap()
+    {
         Swap::Refused { current: None } => {}
         other => panic!("{other:?}"),
     }
@@ -135,7 +152,10 @@ async fn a_versioned_record_only_goes_up() {
         VersionedError::InvalidOffered { .. } => {}
         other => panic!("{other:?}"),
     }
-    client.put("registry/garbage", b"not json".to_vec()).await.unwrap();
+    client
+        .put("registry/garbage", b"not json".to_vec())
+        .await
+        .unwrap();
     match client
         .put_versioned("registry/garbage", &m(9, "ee"))
         .await

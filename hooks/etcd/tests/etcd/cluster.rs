@@ -30,7 +30,10 @@ async fn a_dead_follower_costs_reads_and_writes_no_error() {
     let mirror = Mirror::default();
     let _watch = client.watch_with_resync("nodes/", mirror.clone()).unwrap();
     for i in 0..20 {
-        client.put(&format!("nodes/n{i:03}"), b"up".to_vec()).await.unwrap();
+        client
+            .put(&format!("nodes/n{i:03}"), b"up".to_vec())
+            .await
+            .unwrap();
     }
     // The client has been talking to the follower; it dies mid-stream.
     let status = client.status().await.unwrap();
@@ -46,7 +49,10 @@ async fn a_dead_follower_costs_reads_and_writes_no_error() {
     assert_eq!(client.list("nodes/").await.unwrap().entries.len(), 120);
     converged(&client, &mirror, "nodes/").await;
     assert!(client.health().connected);
-    assert_ne!(client.status().await.unwrap().endpoint, etcd.endpoints()[follower]);
+    assert_ne!(
+        client.status().await.unwrap().endpoint,
+        etcd.endpoints()[follower]
+    );
 
     // Restarted by PID with its data, it rejoins and catches up.
     etcd.start(follower);
@@ -79,7 +85,10 @@ async fn losing_the_leader_keeps_the_watched_state_and_loses_no_event() {
             let key = format!("seq/{i:04}");
             let value = i.to_string().into_bytes();
             loop {
-                assert!(Instant::now() < end, "write {i} never succeeded: {errors:?}");
+                assert!(
+                    Instant::now() < end,
+                    "write {i} never succeeded: {errors:?}"
+                );
                 match writer_client.create(&key, value.clone()).await {
                     Ok(Swap::Applied { .. }) => break,
                     // An earlier attempt whose answer was lost did apply it.
@@ -103,7 +112,11 @@ async fn losing_the_leader_keeps_the_watched_state_and_loses_no_event() {
     etcd.stop(leader, Signal::KILL);
     // The state applied so far stays readable while the cluster elects.
     let state = mirror.map();
-    assert!(state.len() >= 50, "{} keys applied before the kill", state.len());
+    assert!(
+        state.len() >= 50,
+        "{} keys applied before the kill",
+        state.len()
+    );
     assert!(state.contains_key("seq/0000"));
 
     let errors = writer.await.unwrap();

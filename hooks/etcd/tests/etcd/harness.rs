@@ -295,10 +295,9 @@ impl Etcd {
             if leaders.len() == clients.len()
                 && leaders[0] != 0
                 && leaders.iter().all(|l| *l == leaders[0])
+                && let Some((i, _)) = ids.iter().find(|(_, id)| *id == leaders[0])
             {
-                if let Some((i, _)) = ids.iter().find(|(_, id)| *id == leaders[0]) {
-                    return *i;
-                }
+                return *i;
             }
             if Instant::now() >= end {
                 let logs: Vec<String> = self

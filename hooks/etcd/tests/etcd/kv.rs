@@ -14,7 +14,10 @@ async fn put_get_delete_report_the_revision_they_happened_at() {
 
     let (absent, before) = client.get("blocklist/n1").await.unwrap();
     assert_eq!(absent, None);
-    let put = client.put("blocklist/n1", b"tampered".to_vec()).await.unwrap();
+    let put = client
+        .put("blocklist/n1", b"tampered".to_vec())
+        .await
+        .unwrap();
     assert!(put > before);
     let (entry, at) = client.get("blocklist/n1").await.unwrap();
     let entry = entry.unwrap();
@@ -44,6 +47,14 @@ async fn put_get_delete_report_the_revision_they_happened_at() {
     let listing = client.list("").await.unwrap();
     let keys: Vec<&str> = listing.entries.iter().map(|e| e.key.as_str()).collect();
     assert_eq!(keys, ["blocklist/n2"]);
+    client.put("blocklist/n3", b"y".to_vec()).await.unwrap();
+    let wiped = client.delete_prefix("blocklist/").await.unwrap();
+    assert_eq!(wiped.count, 2);
+    assert!(client.list("").await.unwrap().entries.is_empty());
+    assert_eq!(
+        raw.get("other/x").await.unwrap().0.unwrap().value,
+        b"not ours"
+    );
     assert!(client.health().connected);
 }
 
@@ -75,7 +86,12 @@ async fn a_prefix_of_twenty_thousand_keys_lists_in_pages_at_one_revision() {
     // 20 pages of 1,000 keys (the 20,000 keys of 256 bytes are 5.6 MiB: more than one
     // gRPC message may carry), plus whatever late keys were in at the first page.
     assert!(listing.pages >= 20, "{} pages", listing.pages);
-    assert!(listing.entries.iter().all(|e| e.mod_revision <= listing.revision));
+    assert!(
+        listing
+            .entries
+            .iter()
+            .all(|e| e.mod_revision <= listing.revision)
+    );
     let nodes = listing
         .entries
         .iter()

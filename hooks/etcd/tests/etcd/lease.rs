@@ -30,9 +30,19 @@ async fn a_kept_alive_lease_outlives_its_ttl_and_its_key_goes_when_renewal_stops
     assert!(client.lease_time_to_live(lease.id).await.unwrap().is_some());
 
     drop(keep);
-    eventually(Duration::from_secs(10), "the leased key expires", || async {
-        client.get("facts/node-1").await.unwrap().0.is_none().then_some(())
-    })
+    eventually(
+        Duration::from_secs(10),
+        "the leased key expires",
+        || async {
+            client
+                .get("facts/node-1")
+                .await
+                .unwrap()
+                .0
+                .is_none()
+                .then_some(())
+        },
+    )
     .await;
     assert_eq!(client.lease_time_to_live(lease.id).await.unwrap(), None);
 }
@@ -48,7 +58,14 @@ async fn revoking_deletes_the_keys_at_once_and_the_keep_alive_reports_expiry() {
     let mut keep = client.keep_alive(lease);
     keep.wait_for(|s| s.renewals >= 1).await;
     assert!(client.revoke_lease(lease.id).await.unwrap());
-    assert!(client.list("facts/node-2/").await.unwrap().entries.is_empty());
+    assert!(
+        client
+            .list("facts/node-2/")
+            .await
+            .unwrap()
+            .entries
+            .is_empty()
+    );
     tokio::time::timeout(Duration::from_secs(30), keep.expired())
         .await
         .expect("keep-alive sees the lease gone");

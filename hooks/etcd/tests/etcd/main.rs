@@ -1,7 +1,12 @@
 //! Integration tests against a real etcd 3.4 (`/usr/bin/etcd`, Debian's etcd-server),
 //! started and stopped by PID by the harness.
 
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing)]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
 
 mod harness;
 

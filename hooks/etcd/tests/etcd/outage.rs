@@ -31,7 +31,9 @@ async fn etcd_down_then_back_staleness_grows_writes_fail_then_all_catches_up() {
             .unwrap();
     }
     let mirror = Mirror::default();
-    let watch = client.watch_with_resync("blocklist/", mirror.clone()).unwrap();
+    let watch = client
+        .watch_with_resync("blocklist/", mirror.clone())
+        .unwrap();
     converged(&client, &mirror, "blocklist/").await;
     assert!(watch.status().connected);
 
@@ -51,7 +53,10 @@ async fn etcd_down_then_back_staleness_grows_writes_fail_then_all_catches_up() {
     assert!(later > first);
 
     // Writes fail clearly: which operation, which key, which endpoint, what.
-    let err = client.put("blocklist/n99", b"x".to_vec()).await.unwrap_err();
+    let err = client
+        .put("blocklist/n99", b"x".to_vec())
+        .await
+        .unwrap_err();
     match &err {
         EtcdError::Unavailable {
             operation,

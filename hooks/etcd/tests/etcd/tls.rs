@@ -17,7 +17,10 @@ async fn mutual_tls_admits_the_client_certificate_and_refuses_a_client_without_o
         .await
         .unwrap();
     client.put("keys/k1", b"meta".to_vec()).await.unwrap();
-    assert_eq!(client.get("keys/k1").await.unwrap().0.unwrap().value, b"meta");
+    assert_eq!(
+        client.get("keys/k1").await.unwrap().0.unwrap().value,
+        b"meta"
+    );
 
     let refused = |tls: TlsConfig| {
         let config = etcd.config().with_tls(tls);
@@ -28,7 +31,11 @@ async fn mutual_tls_admits_the_client_certificate_and_refuses_a_client_without_o
     };
     let check = |err: &EtcdError, needle: &str| {
         let text = match err {
-            EtcdError::Request { endpoint: e, source, .. } => {
+            EtcdError::Request {
+                endpoint: e,
+                source,
+                ..
+            } => {
                 assert_eq!(e, &endpoint);
                 source.to_string()
             }

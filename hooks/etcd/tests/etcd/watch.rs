@@ -44,7 +44,10 @@ async fn a_watch_from_a_revision_delivers_puts_and_deletes_in_order_with_previou
     let client = etcd.client("/probity/").await;
     let r1 = client.put("blocklist/a", b"1".to_vec()).await.unwrap();
     client.put("blocklist/a", b"2".to_vec()).await.unwrap();
-    client.put("elsewhere/x", b"not watched".to_vec()).await.unwrap();
+    client
+        .put("elsewhere/x", b"not watched".to_vec())
+        .await
+        .unwrap();
     client.delete("blocklist/a").await.unwrap();
     // From r1: history first, then live changes.
     let mut watch = client.watch_prefix("blocklist/", r1);
@@ -54,12 +57,25 @@ async fn a_watch_from_a_revision_delivers_puts_and_deletes_in_order_with_previou
     assert!(revisions.windows(2).all(|w| w[0] < w[1]), "{revisions:?}");
     match &events[..] {
         [
-            WatchEvent::Put { entry: a1, prev: None },
-            WatchEvent::Put { entry: a2, prev: Some(p2) },
-            WatchEvent::Delete { key, prev: Some(p3), .. },
+            WatchEvent::Put {
+                entry: a1,
+                prev: None,
+            },
+            WatchEvent::Put {
+                entry: a2,
+                prev: Some(p2),
+            },
+            WatchEvent::Delete {
+                key,
+                prev: Some(p3),
+                ..
+            },
             WatchEvent::Put { entry: b, .. },
         ] => {
-            assert_eq!((a1.key.as_str(), a1.value.as_slice()), ("blocklist/a", &b"1"[..]));
+            assert_eq!(
+                (a1.key.as_str(), a1.value.as_slice()),
+                ("blocklist/a", &b"1"[..])
+            );
             assert_eq!(a2.value, b"2");
             assert_eq!(p2.value, b"1");
             assert_eq!(key, "blocklist/a");
@@ -86,10 +102,10 @@ async fn progress_notifications_keep_an_idle_watch_fresh() {
     while refreshes < 5 {
         assert!(std::time::Instant::now() < deadline, "{:?}", watch.status());
         let status = watch.status();
-        if let (Some(prev), Some(now)) = (last, status.since_last_heard) {
-            if now < prev {
-                refreshes += 1;
-            }
+        if let (Some(prev), Some(now)) = (last, status.since_last_heard)
+            && now < prev
+        {
+            refreshes += 1;
         }
         last = status.since_last_heard;
         tokio::time::sleep(crate::harness::POLL).await;
@@ -147,7 +163,10 @@ impl WatchHandler for Mirror {
     fn apply(&mut self, events: Vec<WatchEvent>, revision: i64) {
         let mut s = self.state.lock().unwrap();
         for e in events {
-            assert!(e.mod_revision() > s.revision, "no event at or below the state");
+            assert!(
+                e.mod_revision() > s.revision,
+                "no event at or below the state"
+            );
             s.applied.push(e.mod_revision());
             match e {
                 WatchEvent::Put { entry, .. } => {
@@ -218,7 +237,9 @@ async fn a_watch_that_falls_behind_a_compaction_resyncs_to_etcds_state() {
             .unwrap();
     }
     let mirror = Mirror::default();
-    let watch = watcher.watch_with_resync("blocklist/", mirror.clone()).unwrap();
+    let watch = watcher
+        .watch_with_resync("blocklist/", mirror.clone())
+        .unwrap();
     converged(&direct, &mirror, "blocklist/").await;
     assert_eq!(mirror.resets(), [SyncReason::Initial]);
 
