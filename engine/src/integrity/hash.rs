@@ -314,7 +314,11 @@ mod open_tests {
         let (tx, rx) = std::sync::mpsc::channel();
         let f = fifo.clone();
         std::thread::spawn(move || {
-            let _ = tx.send(open_sized(&f).map(|_| ()).map_err(|e| e.to_string()));
+            // The kind is in the cause, never in the message itself.
+            let _ = tx.send(open_sized(&f).map(|_| ()).map_err(|e| {
+                let cause = std::error::Error::source(&e).map(ToString::to_string);
+                format!("{e}: {}", cause.unwrap_or_default())
+            }));
         });
         let outcome = rx
             .recv_timeout(std::time::Duration::from_secs(10))
