@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use cedar_policy as cedar;
 use criterion::{Criterion, criterion_group, criterion_main};
-use probity::{Config, Engine, Request};
+use probity::{Engine, Request, SettingsSchema};
 use serde_json::{Value, json};
 
 const DRIVER: &str = "590.48.01";
@@ -96,7 +96,13 @@ fn raw_cedar(entities: &Value) -> (cedar::PolicySet, cedar::Schema, cedar::Entit
     let config_text: Arc<str> = std::fs::read_to_string(dir.join("probity.toml"))
         .unwrap()
         .into();
-    let config = Config::parse("probity.toml", &config_text).unwrap();
+    let schema_text: Arc<str> = std::fs::read_to_string(dir.join("probity.cedarschema"))
+        .unwrap()
+        .into();
+    let config = SettingsSchema::from_cedarschema("probity.cedarschema", &schema_text)
+        .unwrap()
+        .read("probity.toml", &config_text)
+        .unwrap();
     let mut all = entities.as_array().unwrap().clone();
     all.extend(config.entities_json().as_array().unwrap().iter().cloned());
     let entities = cedar::Entities::from_json_value(Value::Array(all), Some(&schema)).unwrap();

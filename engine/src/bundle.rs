@@ -16,24 +16,15 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 use smol_str::SmolStr;
 
-use crate::config::Config;
+use crate::settings::SettingsSchema;
 use crate::decision::Severity;
 use crate::diagnostic::SourceDiagnostic;
 use crate::error::LoadError;
+use crate::conventions::Conventions;
 use crate::facts::FactOrigins;
 use crate::plugin::PluginSet;
 use crate::source::{SourceFile, Sources};
 use crate::store::{Converter, Stored};
-
-/// Obligation kinds the default policies and callers understand. An unknown kind is a
-/// load error: a typo must not silently drop an obligation.
-pub const OBLIGATION_KINDS: &[&str] = &[
-    "alert",
-    "block_node",
-    "burst_to_cloud",
-    "migrate",
-    "rotate_key",
-];
 
 /// Where an obligation points: the principal or resource, optionally followed
 /// through entity-valued attributes (`resource.zone`).
@@ -124,6 +115,8 @@ pub(crate) struct PolicyMeta {
     pub severity: Severity,
     pub message: MessageTemplate,
     pub obligation: Option<ObligationSpec>,
+    /// `@score("N")` of a permit policy: what its allow adds to the decision's score.
+    pub score: i64,
 }
 
 /// A loaded, validated policy set.
@@ -137,6 +130,8 @@ pub(crate) struct Bundle {
     pub meta: HashMap<PolicyId, Arc<PolicyMeta>>,
     /// Which facts the engine owns, from the schema's `@owned` annotations.
     pub origins: FactOrigins,
+    /// The names the engine acts on (obligation kinds, the verified read).
+    pub conventions: Arc<Conventions>,
     /// The blocklist's entity type and attribute, parsed.
     pub blocklist: Option<(EntityType, SmolStr)>,
     /// `Settings::"active"` and the `GpuModel`s, from the configuration.
@@ -159,12 +154,38 @@ impl Bundle {
     /// Parses, checks and validates every source; reports every problem found, located.
     pub fn compile(sources: &Sources) -> Result<Self, LoadError> {
         let mut problems = Vec::new();
-        let origins = FactOrigins::read(&sources.schema)
+        // The schema's annotations, read from its JSON form; a schema that does not
+        // parse declares nothing (the compiler below says why).
+        let schema_json = crate::facts::schema_json(&sources.schema.text);
+        let json = schema_json.as_ref();
+        let origins = json
+            .map(|j| FactOrigins::from_json(j, &sources.schema))
+            .transpose()
             .map_err(|found| problems.extend(found))
+            .ok()
+            .flatten()
             .unwrap_or_default();
-        let config = Config::parse(&sources.config.name, &sources.config.text)
-            .map_err(|d| problems.push(*d))
-            .ok();
+        let conventions = json
+            .map(|j| Conventions::read(j, &sources.schema))
+            .transpose()
+            .map_err(|found| problems.extend(found))
+            .ok()
+            .flatten()
+            .unwrap_or_default();
+        // The configuration is read against the schema's configuration types; with a
+        // schema that does not parse there is nothing to read it against.
+        let config = json
+            .map(|j| SettingsSchema::from_json(j, &sources.schema))
+            .transpose()
+            .map_err(|found| problems.extend(found))
+            .ok()
+            .flatten()
+            .and_then(|settings| {
+                settings
+                    .read(&sources.config.name, &sources.config.text)
+                    .map_err(|d| problems.push(*d))
+                    .ok()
+            });
         let schema = match Schema::from_cedarschema_str(&sources.schema.text) {
             Ok((schema, _warnings)) => Some(schema),
             Err(e) => {
@@ -203,7 +224,7 @@ impl Bundle {
                 let Some(policy) = parsed.policy(&PolicyId::new(format!("policy{index}"))) else {
                     continue;
                 };
-                let m = match read_meta(policy, file, index) {
+                let m = match read_meta(policy, file, index, &conventions) {
                     Ok(m) => m,
                     Err(message) => {
                         problems.push(locate(message));
@@ -259,7 +280,7 @@ impl Bundle {
                             0,
                             format!(
                                 "the configuration does not fit the schema's {} entity: {e}",
-                                uid.as_deref().unwrap_or("Settings or GpuModel")
+                                uid.as_deref().unwrap_or("configuration")
                             ),
                         )),
                     }
@@ -287,6 +308,7 @@ impl Bundle {
                         Some((crate::store::entity_type(&b.entity_type)?, b.attr.clone()))
                     }),
                     origins,
+                    conventions: Arc::new(conventions),
                     policies,
                     schema,
                     meta,
@@ -446,6 +468,7 @@ fn read_meta(
     policy: &cedar_policy::Policy,
     file: &SourceFile,
     index: usize,
+    conventions: &Conventions,
 ) -> Result<PolicyMeta, String> {
     let forbid = policy.effect() == Effect::Forbid;
     let annotation = |key: &str| policy.annotation(key).map(str::to_owned);
@@ -483,10 +506,10 @@ fn read_meta(
             None
         }
         Some(kind) => {
-            if !OBLIGATION_KINDS.contains(&kind.as_str()) {
+            if !conventions.knows_obligation(&kind) {
                 return Err(format!(
                     "@obligation(\"{kind}\") is not a known kind ({})",
-                    OBLIGATION_KINDS.join(", ")
+                    conventions.obligation_kinds().collect::<Vec<_>>().join(", ")
                 ));
             }
             let target = annotation("target").map(|t| parse_target(&t)).transpose()?;
@@ -504,12 +527,22 @@ fn read_meta(
             })
         }
     };
+    let score = match annotation("score") {
+        None => 0,
+        Some(_) if forbid => {
+            return Err("@score is for permit policies: a forbid's deny has no rank".into());
+        }
+        Some(text) => text.trim().parse::<i64>().ok().filter(|n| n.unsigned_abs() <= 1_000_000).ok_or_else(|| {
+            format!("@score(\"{text}\") is not a whole number between -1000000 and 1000000")
+        })?,
+    };
     Ok(PolicyMeta {
         id,
         forbid,
         severity,
         message,
         obligation,
+        score,
     })
 }
 

@@ -103,6 +103,15 @@ pub struct Decision {
     pub obligations: Vec<Obligation>,
     /// Errors met while deciding.
     pub errors: Vec<DecisionError>,
+    /// How much the policies prefer this allow: the sum of the `@score` annotations of
+    /// the permit policies that allowed it (0 on a deny, or when none has one). The
+    /// scheduler extender ranks nodes by it.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub score: i64,
+}
+
+fn is_zero(n: &i64) -> bool {
+    *n == 0
 }
 
 impl Decision {
@@ -116,6 +125,7 @@ impl Decision {
                 policy: None,
                 message: message.into(),
             }],
+            score: 0,
         }
     }
 

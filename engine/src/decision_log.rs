@@ -199,6 +199,7 @@ impl Settled {
                             d.obligations.clear();
                         }
                         d.decision = Effect::Deny;
+                        d.score = 0;
                         d.errors.push(DecisionError {
                             policy: None,
                             message: format!("the decision could not be recorded: {why}"),
@@ -288,6 +289,7 @@ mod tests {
                 policy: "p".into(),
             }],
             errors: Vec::new(),
+            score: 3,
         };
         let plain_allow = Decision {
             obligations: Vec::new(),
@@ -300,6 +302,7 @@ mod tests {
         assert!(settled.is_pending());
         let out = settled.settle();
         assert_eq!(out[0].decision, Effect::Deny);
+        assert_eq!(out[0].score, 0);
         assert_eq!(
             out[0].errors[0].message,
             "the decision could not be recorded: the decision log is not running"

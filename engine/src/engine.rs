@@ -380,6 +380,23 @@ impl Engine {
         self.decide_in(&snapshot, request)
     }
 
+    /// The live snapshot, held.
+    pub(crate) fn snapshot_now(&self) -> Arc<Snapshot> {
+        self.shared.current.load_full()
+    }
+
+    /// Whether `request`'s decisions depend only on their slice: no fact from the
+    /// clock, no plugin (which may look beyond it).
+    pub(crate) fn cacheable(&self, snapshot: &Snapshot, request: &Request) -> bool {
+        let action = request.action.id();
+        let clocked = snapshot
+            .bundle
+            .origins
+            .action(action)
+            .is_some_and(|f| f.clock_attrs().next().is_some());
+        !clocked && snapshot.bundle.plugins.for_action(action).is_empty()
+    }
+
     /// [`Engine::decide`] without waiting for the record: the caller must
     /// [`Settled::settle`] before acknowledging the decision. For async servers, which
     /// wait for the commit off their event loop.
@@ -576,42 +593,75 @@ impl Engine {
     }
 
     fn decide_in(&self, snapshot: &Snapshot, request: &Request) -> Decision {
-        let bundle = &snapshot.bundle;
-        let schema = &bundle.schema;
-        let context_json = match self.effective_context(snapshot, request) {
-            Ok(c) => c,
-            Err(e) => return Decision::error(e),
-        };
+        match self.prepare(snapshot, request) {
+            Ok(prepared) => self.decide_prepared(
+                snapshot,
+                request,
+                &prepared,
+                &request.resource,
+                None,
+            ),
+            Err(denied) => denied,
+        }
+    }
+
+    /// What every decision of one request shares, whatever its resource: the
+    /// effective context and the request's own entities, checked.
+    pub(crate) fn prepare(
+        &self,
+        snapshot: &Snapshot,
+        request: &Request,
+    ) -> Result<Prepared, Decision> {
+        let schema = &snapshot.bundle.schema;
+        let context_json = self
+            .effective_context(snapshot, request)
+            .map_err(Decision::error)?;
         let context = match &context_json {
             None => Context::empty(),
-            Some(map) => match Context::from_json_value(
+            Some(map) => Context::from_json_value(
                 Value::Object(map.clone()),
                 Some((schema, &request.action.0)),
-            ) {
-                Ok(c) => c,
-                Err(e) => return Decision::error(format!("invalid context: {e}")),
-            },
+            )
+            .map_err(|e| Decision::error(format!("invalid context: {e}")))?,
         };
+        let extra = if request.entities.is_empty() {
+            HashMap::new()
+        } else {
+            Self::request_entities(snapshot, &request.entities).map_err(Decision::error)?
+        };
+        Ok(Prepared {
+            context_json,
+            context,
+            extra,
+        })
+    }
+
+    /// Decides `request` with `resource` in place of its own. With `deps`, the stored
+    /// entities the decision read are pushed there (for [`DecisionCache`]).
+    pub(crate) fn decide_prepared(
+        &self,
+        snapshot: &Snapshot,
+        request: &Request,
+        prepared: &Prepared,
+        resource_uid: &EntityUid,
+        deps: Option<&mut Vec<crate::slice::Dependency>>,
+    ) -> Decision {
+        let bundle = &snapshot.bundle;
+        let schema = &bundle.schema;
+        let context_json = &prepared.context_json;
+        let extra = &prepared.extra;
         let cedar_request = match cedar_policy::Request::new(
             request.principal.0.clone(),
             request.action.0.clone(),
-            request.resource.0.clone(),
-            context,
+            resource_uid.0.clone(),
+            prepared.context.clone(),
             Some(schema),
         ) {
             Ok(r) => r,
             Err(e) => return Decision::error(format!("invalid request: {e}")),
         };
-        let extra = if request.entities.is_empty() {
-            HashMap::new()
-        } else {
-            match Self::request_entities(snapshot, &request.entities) {
-                Ok(e) => e,
-                Err(e) => return Decision::error(e),
-            }
-        };
         let principal: &EntityUID = request.principal.0.as_ref();
-        let resource: &EntityUID = request.resource.0.as_ref();
+        let resource: &EntityUID = resource_uid.0.as_ref();
         let mut roots: Vec<EntityUID> = vec![principal.clone(), resource.clone()];
         if let Some(c) = &context_json {
             for v in c.values() {
@@ -622,14 +672,14 @@ impl Engine {
         #[cfg(test)]
         let entities = if crate::slice::reference::whole_store() {
             Ok(crate::slice::reference::whole(
-                &snapshot.slicer(&extra),
+                &snapshot.slicer(extra),
                 roots,
             ))
         } else {
-            snapshot.slicer(&extra).cut(roots)
+            snapshot.slicer(extra).cut(roots, deps)
         };
         #[cfg(not(test))]
-        let entities = snapshot.slicer(&extra).cut(roots);
+        let entities = snapshot.slicer(extra).cut(roots, deps);
         let entities = match entities {
             Ok(e) => e,
             Err(e) => return Decision::error(e.to_string()),
@@ -674,8 +724,13 @@ impl Engine {
                     (Effect::Deny, forbids)
                 }
             };
+        // Cedar reports the determining policies as a set; the most severe first, then
+        // by id, so that the same question always gets the same answer.
+        let mut determining = determining;
+        determining.sort_by(|(a, _), (b, _)| b.severity.cmp(&a.severity).then_with(|| a.id.cmp(&b.id)));
         let facts = Facts {
-            request,
+            principal: &request.principal.0,
+            resource: &resource_uid.0,
             entities: &entities,
             context: context_json.as_ref(),
         };
@@ -696,7 +751,16 @@ impl Engine {
                 })
             })
             .collect();
+        let score = if decision == Effect::Allow {
+            determining
+                .iter()
+                .filter(|(m, fired)| *fired && !m.forbid)
+                .fold(0i64, |sum, (m, _)| sum.saturating_add(m.score))
+        } else {
+            0
+        };
         let cedar = Decision {
+            score,
             decision,
             reasons: determining
                 .iter()
@@ -725,7 +789,25 @@ impl Engine {
                         bundle.blocklist_target(),
                     ))
                 };
-                crate::plugin::combine(plugins, request, context_json.as_ref(), &view, cedar)
+                // Plugins see the request as decided, with this resource.
+                let asked;
+                let request = if &request.resource == resource_uid {
+                    request
+                } else {
+                    asked = Request {
+                        resource: resource_uid.clone(),
+                        ..request.clone()
+                    };
+                    &asked
+                };
+                crate::plugin::combine(
+                    plugins,
+                    request,
+                    context_json.as_ref(),
+                    &view,
+                    &bundle.conventions,
+                    cedar,
+                )
             }
         }
     }
@@ -742,12 +824,14 @@ impl Engine {
             reasons: Vec::new(),
             obligations: Vec::new(),
             errors: Vec::new(),
+            score: 0,
         };
         Some(crate::plugin::combine(
             std::slice::from_ref(plugin),
             request,
             request.context.as_ref(),
             &snapshot.plugin_entities,
+            &snapshot.bundle.conventions,
             neutral,
         ))
     }
@@ -1167,6 +1251,22 @@ impl Engine {
     /// The blocked nodes and why.
     pub fn blocked_nodes(&self) -> BTreeMap<String, BlockRecord> {
         BTreeMap::clone(&self.shared.current.load().blocked)
+    }
+
+    /// The entity type the blocklist blocks (the schema's `@owned("blocklist")`
+    /// attribute's type, `Node` by default), if the schema declares one.
+    pub fn blocklist_type(&self) -> Option<String> {
+        self.shared
+            .current
+            .load()
+            .bundle
+            .blocklist_target()
+            .map(|(t, _)| t)
+    }
+
+    /// The names the engine acts on, as the live schema declares them.
+    pub fn conventions(&self) -> Arc<crate::conventions::Conventions> {
+        Arc::clone(&self.shared.current.load().bundle.conventions)
     }
 
     /// Reads the policy directory again and, if the whole set is valid, swaps it in.
@@ -1601,10 +1701,18 @@ fn context_refs(v: &Value, out: &mut Vec<EntityUID>, depth: usize) {
     }
 }
 
+/// What every decision of one request shares (see [`Engine::prepare`]).
+pub(crate) struct Prepared {
+    context_json: Option<Map<String, Value>>,
+    context: Context,
+    extra: HashMap<EntityUID, Arc<Stored>>,
+}
+
 /// What a decision's reasons and obligations may name: the request, its slice and
 /// its context.
 struct Facts<'a> {
-    request: &'a Request,
+    principal: &'a cedar_policy::EntityUid,
+    resource: &'a cedar_policy::EntityUid,
     entities: &'a Entities,
     context: Option<&'a Map<String, Value>>,
 }
@@ -1613,8 +1721,8 @@ impl Facts<'_> {
     /// Follows a `@target` path through entity-valued attributes.
     fn target(&self, path: &TargetPath) -> Option<String> {
         let mut uid = match path.root {
-            TargetRoot::Principal => self.request.principal.0.clone(),
-            TargetRoot::Resource => self.request.resource.0.clone(),
+            TargetRoot::Principal => self.principal.clone(),
+            TargetRoot::Resource => self.resource.clone(),
             TargetRoot::Context => return None,
         };
         for attr in &path.attrs {
@@ -1645,8 +1753,8 @@ impl Facts<'_> {
     fn show(&self, path: &TargetPath) -> String {
         const UNKNOWN: &str = "(unknown)";
         let mut value: EvalResult = match path.root {
-            TargetRoot::Principal => EvalResult::EntityUid(self.request.principal.0.clone()),
-            TargetRoot::Resource => EvalResult::EntityUid(self.request.resource.0.clone()),
+            TargetRoot::Principal => EvalResult::EntityUid(self.principal.clone()),
+            TargetRoot::Resource => EvalResult::EntityUid(self.resource.clone()),
             TargetRoot::Context => {
                 let mut v = match self.context {
                     Some(c) => Value::Object(c.clone()),

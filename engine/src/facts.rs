@@ -99,15 +99,17 @@ pub(crate) struct FactOrigins {
 impl FactOrigins {
     /// Reads the `@owned` annotations of `schema` (the text of `file`). Problems name
     /// the declaration they are on: the JSON form of a schema keeps no source spans.
+    #[cfg(test)]
     pub fn read(file: &SourceFile) -> Result<Self, Vec<SourceDiagnostic>> {
-        let json = match SchemaFragment::from_cedarschema_str(&file.text)
-            .ok()
-            .and_then(|(f, _)| f.to_json_value().ok())
-        {
-            Some(j) => j,
+        match schema_json(&file.text) {
+            Some(json) => Self::from_json(&json, file),
             // The schema's own errors are reported by the compiler.
-            None => return Ok(Self::default()),
-        };
+            None => Ok(Self::default()),
+        }
+    }
+
+    /// From the JSON form of the schema (the text of `file`).
+    pub fn from_json(json: &Value, file: &SourceFile) -> Result<Self, Vec<SourceDiagnostic>> {
         let mut problems = Vec::new();
         let mut out = Self::default();
         let problem = |what: String| SourceDiagnostic::new(&file.name, &file.text, 0, 0, what);
@@ -238,6 +240,14 @@ impl FactOrigins {
         }
         out
     }
+}
+
+/// The JSON form of a schema text, where annotations are easy to read; `None` if the
+/// text is not a schema (the compiler reports why).
+pub(crate) fn schema_json(text: &str) -> Option<Value> {
+    SchemaFragment::from_cedarschema_str(text)
+        .ok()
+        .and_then(|(f, _)| f.to_json_value().ok())
 }
 
 fn owned(decl: &Value) -> Option<&str> {

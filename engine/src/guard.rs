@@ -1,5 +1,8 @@
 //! Verify before read, with consequences: a verification outcome becomes a `read`
 //! decision through the policies, and the decision's obligations are carried out.
+//! The action, the reader's and the object's types and the block obligation are the
+//! schema's conventions (`crate::conventions`), `read`, `Node`, `Checkpoint` and
+//! `block_node` in the default schema.
 //!
 //! This is where an integrity failure turns into a blocked node: the policy
 //! `integrity.unverified-read` denies the read and carries `block_node` for the reader;
@@ -8,6 +11,7 @@
 
 use serde_json::{Map, Value};
 
+use crate::conventions::{FAILURE_ATTR, VERIFIED_ATTR};
 use crate::decision::{Decision, DecisionError};
 use crate::engine::Engine;
 use crate::integrity::{VerifiedReader, VerifyReport};
@@ -26,21 +30,32 @@ impl Engine {
         checkpoint: &str,
         verification: Result<&VerifyReport, &dyn std::error::Error>,
     ) -> Decision {
+        let conventions = self.conventions();
+        let Some(read) = conventions.verified_read() else {
+            return Decision::error(
+                "the schema declares no verified-read action (@verified_read), so no read can be allowed",
+            );
+        };
         let mut context = Map::new();
-        context.insert("verified".into(), Value::Bool(verification.is_ok()));
+        context.insert(VERIFIED_ATTR.into(), Value::Bool(verification.is_ok()));
         if let Err(e) = verification {
-            context.insert("failure".into(), Value::String(e.to_string()));
+            context.insert(FAILURE_ATTR.into(), Value::String(e.to_string()));
         }
         let request = match (
-            EntityUid::new("Node", node),
-            EntityUid::action("read"),
-            EntityUid::new("Checkpoint", checkpoint),
+            EntityUid::new(&read.reader, node),
+            EntityUid::action(&read.action),
+            EntityUid::new(&read.object, checkpoint),
         ) {
             // The verification is the engine's own: it reports the `verified` fact.
             (Ok(p), Ok(a), Ok(r)) => Request::new(p, a, r)
                 .with_context(context)
                 .as_fact_reporter(),
-            _ => return Decision::error(format!("cannot build a read request for node {node:?}")),
+            _ => {
+                return Decision::error(format!(
+                    "cannot build a {} request for {} {node:?}",
+                    read.action, read.reader
+                ));
+            }
         };
         let mut decision = self.decide(&request);
         let reason = decision
@@ -49,7 +64,7 @@ impl Engine {
             .map(|r| r.policy.clone())
             .unwrap_or_else(|| "integrity".into());
         for obligation in &decision.obligations {
-            if obligation.kind != "block_node" {
+            if obligation.kind != conventions.block_obligation() {
                 continue;
             }
             let Some(target) = obligation.target.as_deref() else {
@@ -58,7 +73,15 @@ impl Engine {
             let Ok(uid) = target.parse::<EntityUid>() else {
                 continue;
             };
-            if uid.type_name() != "Node" {
+            // The blocklist blocks entities of its own type only.
+            if self.blocklist_type().as_deref() != Some(uid.type_name().as_str()) {
+                decision.errors.push(DecisionError {
+                    policy: Some(obligation.policy.clone()),
+                    message: format!(
+                        "{} names {target}, which is not of the blocklist's type",
+                        obligation.kind
+                    ),
+                });
                 continue;
             }
             let detail = match verification {

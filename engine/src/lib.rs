@@ -44,33 +44,38 @@ struct ReadmeDoctests;
 
 mod bundle;
 mod clock;
-mod config;
+mod conventions;
 mod decision;
 mod decision_log;
 mod diagnostic;
 mod engine;
 mod error;
 mod facts;
+mod fanout;
 mod guard;
 pub mod integrity;
 mod plugin;
 mod request;
 pub mod scenario;
+mod settings;
 mod slice;
 mod source;
 pub mod state;
 mod store;
 mod watch;
 
-pub use bundle::OBLIGATION_KINDS;
+pub use conventions::{
+    CONVENTIONS_ANNOTATION, Conventions, DEFAULT_OBLIGATION_KINDS, VerifiedRead,
+};
 pub use clock::{Clock, ManualClock, SystemClock};
-pub use config::Config;
+pub use settings::{SettingInfo, Settings, SettingsSchema};
 pub use decision::{Decision, DecisionError, Effect, Obligation, Reason, Severity};
 pub use decision_log::Settled;
 pub use diagnostic::SourceDiagnostic;
 pub use engine::{BlockEvent, BlockRecord, Engine, EngineBuilder, PolicyStatus};
 pub use error::{EntityError, LoadError, RequestError, WatchError};
 pub use facts::{EntityOwner, OWNED_ANNOTATION};
+pub use fanout::{DEFAULT_DECISION_CACHE_ENTRIES, DecisionCache};
 pub use plugin::{
     DEFAULT_PLUGIN_MEMORY_MIB, DEFAULT_PLUGIN_TIMEOUT_MS, MAX_PLUGIN_BYTES, PLUGIN_MANIFEST,
     PluginInfo, compile_uncached as __compile_plugin_uncached,

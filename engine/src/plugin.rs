@@ -28,7 +28,7 @@ use entities::Batch;
 pub(crate) use entities::PluginEntities;
 pub use manifest::{DEFAULT_PLUGIN_MEMORY_MIB, DEFAULT_PLUGIN_TIMEOUT_MS, PLUGIN_MANIFEST};
 
-use crate::bundle::OBLIGATION_KINDS;
+use crate::conventions::Conventions;
 use crate::decision::{Decision, DecisionError, Effect, Obligation, Reason, Severity};
 use crate::diagnostic::SourceDiagnostic;
 use crate::request::{EntityUid, Request};
@@ -303,6 +303,7 @@ pub(crate) fn combine(
     request: &Request,
     context: Option<&serde_json::Map<String, serde_json::Value>>,
     entities: &Arc<PluginEntities>,
+    conventions: &Conventions,
     cedar: Decision,
 ) -> Decision {
     let principal = request.principal.to_string();
@@ -338,7 +339,7 @@ pub(crate) fn combine(
                 },
                 settings: &p.settings,
             };
-            (p.as_ref(), call(p, req, entities))
+            (p.as_ref(), call(p, req, entities, conventions))
         })
         .collect();
     let plugin_denies = votes
@@ -350,6 +351,7 @@ pub(crate) fn combine(
         decision.decision = Effect::Deny;
         decision.reasons.clear();
         decision.obligations.clear();
+        decision.score = 0;
     }
     let allowed = decision.decision == Effect::Allow;
     for (plugin, vote) in votes {
@@ -381,7 +383,12 @@ pub(crate) fn combine(
     decision
 }
 
-fn call(plugin: &LoadedPlugin, request: wit::Request<'_>, entities: &Arc<PluginEntities>) -> Vote {
+fn call(
+    plugin: &LoadedPlugin,
+    request: wit::Request<'_>,
+    entities: &Arc<PluginEntities>,
+    conventions: &Conventions,
+) -> Vote {
     let verdict =
         match plugin
             .compiled
@@ -390,7 +397,7 @@ fn call(plugin: &LoadedPlugin, request: wit::Request<'_>, entities: &Arc<PluginE
             Ok(v) => v,
             Err(failure) => return Vote::Failed(failure),
         };
-    let convert = |o: wit::Outcome| outcome(&plugin.name, o);
+    let convert = |o: wit::Outcome| outcome(&plugin.name, o, conventions);
     match verdict {
         wit::Verdict::Abstain => Vote::Abstain,
         wit::Verdict::Allow(o) => match convert(o) {
@@ -405,7 +412,11 @@ fn call(plugin: &LoadedPlugin, request: wit::Request<'_>, entities: &Arc<PluginE
 }
 
 /// Checks a verdict's reasons and obligations and turns them into the engine's.
-fn outcome(name: &str, o: wit::Outcome) -> Result<(Vec<Reason>, Vec<Obligation>), String> {
+fn outcome(
+    name: &str,
+    o: wit::Outcome,
+    conventions: &Conventions,
+) -> Result<(Vec<Reason>, Vec<Obligation>), String> {
     if o.reasons.len() > MAX_VERDICT_ITEMS || o.obligations.len() > MAX_VERDICT_ITEMS {
         return Err(format!(
             "more than {MAX_VERDICT_ITEMS} reasons or obligations"
@@ -444,11 +455,11 @@ fn outcome(name: &str, o: wit::Outcome) -> Result<(Vec<Reason>, Vec<Obligation>)
         .map_or_else(|| format!("plugin:{name}"), |r| r.policy.clone());
     let mut obligations = Vec::with_capacity(o.obligations.len());
     for ob in o.obligations {
-        if !OBLIGATION_KINDS.contains(&ob.kind.as_str()) {
+        if !conventions.knows_obligation(&ob.kind) {
             return Err(format!(
                 "obligation kind {:?} is not one of {}",
                 ob.kind.chars().take(64).collect::<String>(),
-                OBLIGATION_KINDS.join(", ")
+                conventions.obligation_kinds().collect::<Vec<_>>().join(", ")
             ));
         }
         if let Some(t) = &ob.target
@@ -524,6 +535,7 @@ mod tests {
             message: "m".into(),
             severity: wit::Severity::Low,
         };
+        let conventions = Conventions::default();
         let ok = outcome(
             "p",
             wit::Outcome {
@@ -534,11 +546,12 @@ mod tests {
                     parameters: vec![("k".into(), "v".into())],
                 }],
             },
+            &conventions,
         )
         .unwrap();
         assert_eq!(ok.0[0].policy, "plugin:p/a.b-c_1");
         assert_eq!(ok.1[0].policy, "plugin:p/a.b-c_1");
-        let bad = |o: wit::Outcome| outcome("p", o).unwrap_err();
+        let bad = |o: wit::Outcome| outcome("p", o, &conventions).unwrap_err();
         assert!(
             bad(wit::Outcome {
                 reasons: vec![reason("a b")],

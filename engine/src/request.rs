@@ -192,6 +192,12 @@ impl Request {
         self
     }
 
+    /// The same question about another resource.
+    pub fn with_resource(mut self, resource: EntityUid) -> Self {
+        self.resource = resource;
+        self
+    }
+
     /// Whether the request may carry facts the engine owns.
     pub fn is_fact_reporter(&self) -> bool {
         self.reporter

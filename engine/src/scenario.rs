@@ -27,7 +27,8 @@
 //! seconds) is the engine's clock. A case's request is asked as an authorized fact
 //! reporter unless the case says `"reporter": false` (to test what an ordinary caller
 //! may not claim). `reasons` and `obligations`, when given, must match exactly (as
-//! sets); `errors` (default `false`) says whether evaluation errors are expected.
+//! sets); `errors` (default `false`) says whether evaluation errors are expected; `score`
+//! (optional) is the decision's expected score.
 //! `policy` names the rule the file covers.
 
 use std::collections::BTreeSet;
@@ -88,6 +89,9 @@ struct Expect {
     obligations: Option<Vec<ExpectedObligation>>,
     #[serde(default)]
     errors: bool,
+    /// The decision's score (the `@score`s of the permits that allowed it).
+    #[serde(default)]
+    score: Option<i64>,
 }
 
 #[derive(Deserialize, Debug)]
@@ -301,6 +305,11 @@ fn check(d: &Decision, expect: &Expect) -> Result<(), String> {
     let mut problems = Vec::new();
     if d.decision != expect.decision {
         problems.push(format!("expected {}, got {}", expect.decision, d.decision));
+    }
+    if let Some(want) = expect.score
+        && d.score != want
+    {
+        problems.push(format!("score {}, expected {want}", d.score));
     }
     if let Some(want) = &expect.reasons {
         let got: BTreeSet<String> = d.reason_ids().map(str::to_owned).collect();

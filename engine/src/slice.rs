@@ -63,6 +63,25 @@ pub(crate) struct SliceSource<'a> {
     pub actions: &'a [Arc<ast::Entity>],
 }
 
+/// A stored entity a slice was cut from, as it was then (`None`: not stored).
+#[derive(Debug, Clone)]
+pub(crate) struct Dependency {
+    pub uid: EntityUID,
+    pub version: Option<Arc<Stored>>,
+}
+
+impl Dependency {
+    /// Whether `store` still holds this entity as it was (stored entities are
+    /// immutable: a change is a new `Arc`).
+    pub fn holds(&self, store: &Store) -> bool {
+        match (&self.version, store.get(&self.uid)) {
+            (None, None) => true,
+            (Some(then), Some(now)) => Arc::ptr_eq(then, now),
+            _ => false,
+        }
+    }
+}
+
 /// Why no slice could be cut.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum SliceError {
@@ -86,10 +105,14 @@ impl SliceSource<'_> {
         Some((attr, self.blocked.contains_key(id)))
     }
 
-    /// The slice for `roots`.
+    /// The slice for `roots`. With `deps`, every stored entity the slice was cut from
+    /// (or looked for and did not find) is pushed there, with the version it had: a
+    /// decision over this slice holds while each of them is unchanged, the request's
+    /// own entities, the owned ones and the blocklist are the same.
     pub fn cut(
         &self,
         roots: impl IntoIterator<Item = EntityUID>,
+        mut deps: Option<&mut Vec<Dependency>>,
     ) -> Result<cedar_policy::Entities, SliceError> {
         let mut queue: Vec<EntityUID> = roots.into_iter().collect();
         let mut seen: HashSet<EntityUID> = HashSet::with_capacity(16);
@@ -102,6 +125,15 @@ impl SliceSource<'_> {
                 return Err(SliceError::TooLarge);
             }
             let stored = self.extra.get(&uid).or_else(|| self.store.get(&uid));
+            if let Some(deps) = deps.as_deref_mut()
+                && !self.extra.contains_key(&uid)
+                && !self.owned.contains_key(&uid)
+            {
+                deps.push(Dependency {
+                    uid: uid.clone(),
+                    version: self.store.get(&uid).cloned(),
+                });
+            }
             if let Some(s) = stored {
                 queue.extend(s.refs().filter(|r| !seen.contains(*r)).cloned());
             }
@@ -109,6 +141,12 @@ impl SliceSource<'_> {
                 out.push(Arc::clone(e));
             } else if let Some(s) = stored {
                 let ancestors = self.store.ancestors(&s.parents, self.extra);
+                if let Some(deps) = deps.as_deref_mut() {
+                    deps.extend(ancestors.iter().filter(|a| !self.extra.contains_key(*a)).map(|a| Dependency {
+                        uid: a.clone(),
+                        version: self.store.get(a).cloned(),
+                    }));
+                }
                 out.push(Arc::new(materialize(
                     &uid,
                     s,

@@ -17,6 +17,27 @@ pub(crate) struct SourceFile {
     pub text: Arc<str>,
 }
 
+impl SourceFile {
+    /// A named text.
+    pub fn inline(name: &str, text: &Arc<str>) -> Self {
+        Self {
+            name: name.to_owned(),
+            text: Arc::clone(text),
+        }
+    }
+
+    /// A problem at byte range `span` of this file.
+    pub fn at(&self, span: std::ops::Range<usize>, message: String) -> Box<crate::diagnostic::SourceDiagnostic> {
+        Box::new(crate::diagnostic::SourceDiagnostic::new(
+            &self.name,
+            &self.text,
+            span.start,
+            span.len(),
+            message,
+        ))
+    }
+}
+
 /// Everything a policy set is built from.
 #[derive(Debug, Clone)]
 pub(crate) struct Sources {

@@ -1,7 +1,13 @@
-//! Any text as probity.toml: an located error or a configuration, never a panic.
+//! Any text as probity.toml: a located error or the settings entities, never a panic.
 #![no_main]
+
+static SCHEMA: &str = include_str!("../../policies/probity.cedarschema");
+
 libfuzzer_sys::fuzz_target!(|data: &[u8]| {
     if let Ok(text) = std::str::from_utf8(data) {
-        let _ = probity::Config::parse("fuzz.toml", &std::sync::Arc::from(text));
+        let schema = std::sync::Arc::from(SCHEMA);
+        if let Ok(settings) = probity::SettingsSchema::from_cedarschema("schema", &schema) {
+            let _ = settings.read("fuzz.toml", &std::sync::Arc::from(text));
+        }
     }
 });

@@ -11,6 +11,7 @@
 mod decision_log;
 mod engine;
 mod facts;
+mod fanout;
 mod integrity;
 mod plugins;
 mod read_guard;

@@ -1,0 +1,144 @@
+//! One request decided for many resources, and the decisions reused while their facts
+//! hold.
+
+use probity::{DecisionCache, Effect, Engine, EntityUid, Request};
+use serde_json::{Value, json};
+
+use crate::{cluster, load_cluster};
+
+fn loaded() -> Engine {
+    let engine = Engine::from_embedded_defaults().unwrap();
+    load_cluster(&engine);
+    engine
+}
+
+/// A node like `gpu-a1` (A100, 58 C, zone-a) named `id`, with `changes` applied.
+fn node(id: &str, changes: Value) -> Value {
+    let mut n = cluster()
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["uid"]["id"] == "gpu-a1")
+        .unwrap()
+        .clone();
+    n["uid"]["id"] = json!(id);
+    for (k, v) in changes.as_object().unwrap() {
+        n["attrs"][k] = v.clone();
+    }
+    n
+}
+
+fn schedule(workload: &str) -> Request {
+    Request::from_json_value(&json!({"principal": format!("Workload::\"{workload}\""),
+        "action": "schedule", "resource": "Node::\"unused\""}))
+    .unwrap()
+}
+
+fn uids(ids: &[String]) -> Vec<EntityUid> {
+    ids.iter().map(|id| EntityUid::new("Node", id).unwrap()).collect()
+}
+
+#[test]
+fn each_answer_is_the_single_decision_in_order_on_one_thread_or_many() {
+    let engine = loaded();
+    // 200 nodes: every third one too hot, plus the fixture's own.
+    let nodes: Vec<Value> = (0..200)
+        .map(|i| node(&format!("n{i:03}"), json!({"hottestGpuTempC": if i % 3 == 0 { 80 } else { 50 }})))
+        .collect();
+    engine.upsert_entities(&Value::Array(nodes)).unwrap();
+    let mut ids: Vec<String> = (0..200).map(|i| format!("n{i:03}")).collect();
+    ids.extend(["gpu-blocked", "gpu-hot1", "gpu-h1", "never-heard-of"].map(String::from));
+    for few in [&ids[..5], &ids[..]] {
+        let request = schedule("train-1");
+        let each = engine.decide_each(&request, &uids(few), None);
+        assert_eq!(each.len(), few.len());
+        for (id, got) in few.iter().zip(&each) {
+            let one = request.clone().with_resource(EntityUid::new("Node", id).unwrap());
+            assert_eq!(got, &engine.decide_dry_run(&one), "{id}");
+        }
+    }
+    let each = engine.decide_each(&schedule("train-1"), &uids(&ids), None);
+    assert_eq!(each[0].decision, Effect::Deny);
+    assert_eq!(each[1].decision, Effect::Allow);
+    assert_eq!(each[1].score, 5);
+    assert_eq!(each[200].reasons[0].policy, "security.blocked-node");
+    assert_eq!(each[201].reasons[0].policy, "thermal.zone-power-ceiling");
+    assert_eq!(each[203].decision, Effect::Deny);
+}
+
+#[test]
+fn a_cached_decision_is_reused_until_a_fact_it_read_changes() {
+    let engine = loaded();
+    let nodes: Vec<Value> = (0..100)
+        .map(|i| node(&format!("n{i:03}"), json!({})))
+        .collect();
+    engine.upsert_entities(&Value::Array(nodes)).unwrap();
+    let ids: Vec<String> = (0..100).map(|i| format!("n{i:03}")).collect();
+    let resources = uids(&ids);
+    let cache = DecisionCache::default();
+    let request = schedule("train-1");
+    let first = engine.decide_each(&request, &resources, Some(&cache));
+    assert_eq!((cache.hits(), cache.misses()), (0, 100));
+    let again = engine.decide_each(&request, &resources, Some(&cache));
+    assert_eq!(first, again);
+    assert_eq!((cache.hits(), cache.misses()), (100, 100));
+
+    // One node heats up: only its decision is made again, and it changes.
+    engine
+        .upsert_entities(&json!([node("n007", json!({"hottestGpuTempC": 90}))]))
+        .unwrap();
+    let third = engine.decide_each(&request, &resources, Some(&cache));
+    assert_eq!((cache.hits(), cache.misses()), (199, 101));
+    assert_eq!(third[7].reasons[0].policy, "thermal.gpu-over-temperature");
+    assert_eq!(third[8], first[8]);
+
+    // The zone every node is in (a fact each decision read) heats up: all again.
+    engine
+        .upsert_entities(&json!([{"uid": {"type": "Zone", "id": "zone-a"}, "parents": [],
+            "attrs": {"cluster": {"__entity": {"type": "Cluster", "id": "onprem"}},
+                      "powerDrawW": 39_000, "powerCeilingW": 40_000}}]))
+        .unwrap();
+    let fourth = engine.decide_each(&request, &resources, Some(&cache));
+    assert_eq!(cache.misses(), 201);
+    assert!(fourth.iter().all(|d| d.reason_ids().any(|r| r == "thermal.zone-power-ceiling")));
+
+    // A block empties the cache: the blocklist is part of every decision's world.
+    engine.block_node("n003", "test").unwrap();
+    let fifth = engine.decide_each(&request, &resources, Some(&cache));
+    assert_eq!(cache.misses(), 301);
+    assert_eq!(fifth[3].reasons[0].policy, "security.blocked-node");
+
+    // Another workload is another question.
+    engine.decide_each(&schedule("rlhf-1"), &resources, Some(&cache));
+    assert_eq!(cache.misses(), 401);
+}
+
+#[test]
+fn the_request_entities_are_part_of_the_question() {
+    let engine = loaded();
+    let cache = DecisionCache::default();
+    let pod = |gpus: i64| {
+        schedule("pod-x").with_entities(vec![json!({"uid": {"type": "Workload", "id": "pod-x"},
+            "attrs": {"namespace": {"__entity": {"type": "Namespace", "id": "training"}},
+                      "class": "training", "gpus": gpus, "cpuMillis": 8000,
+                      "gpuMemoryMiB": if gpus > 1 { 80_000 } else { 1000 }, "image": "x"},
+            "parents": [{"type": "Namespace", "id": "training"}]})])
+    };
+    let nodes = uids(&["gpu-a1".to_owned()]);
+    let small = engine.decide_each(&pod(1), &nodes, Some(&cache));
+    let big = engine.decide_each(&pod(2), &nodes, Some(&cache));
+    assert_eq!(small[0].decision, Effect::Allow);
+    assert_eq!(big[0].reasons[0].policy, "placement.gpu-memory-headroom");
+    assert_eq!(cache.hits(), 0);
+}
+
+#[test]
+fn a_bad_request_is_one_deny_per_resource() {
+    let engine = loaded();
+    let bad = schedule("w").with_entities(vec![json!({"uid": {"type": "Settings", "id": "active"}, "attrs": {}, "parents": []})]);
+    let out = engine.decide_each(&bad, &uids(&["a".into(), "b".into()]), None);
+    assert_eq!(out.len(), 2);
+    assert!(out.iter().all(|d| d.decision == Effect::Deny
+        && d.errors[0].message.contains("Settings entities come from the engine")));
+    assert!(engine.decide_each(&bad, &[], None).is_empty());
+}
