@@ -54,12 +54,14 @@ mod facts;
 mod guard;
 pub mod integrity;
 mod plugin;
+pub mod policy_seal;
 mod request;
 pub mod scenario;
 mod slice;
 mod source;
 pub mod state;
 mod store;
+pub mod trust;
 mod watch;
 
 pub use bundle::OBLIGATION_KINDS;
@@ -78,4 +80,7 @@ pub use plugin::{
 pub use request::{EntityUid, MAX_REQUEST_BYTES, Request};
 pub use slice::MAX_SLICE_ENTITIES;
 pub use source::MAX_SOURCE_BYTES;
-pub use watch::{DEFAULT_DEBOUNCE, ReloadWatcher};
+pub use watch::{
+    DEFAULT_DEBOUNCE, DEFAULT_SETTLE_ROUNDS, RELOAD_EVENT_BACKLOG, ReloadEvent, ReloadOutcome,
+    ReloadWatcher, Settle, Sleeper, ThreadSleeper,
+};

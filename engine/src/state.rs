@@ -22,6 +22,7 @@ use thiserror::Error;
 
 use crate::decision::Decision;
 use crate::engine::BlockRecord;
+use crate::trust::{self, Material, TrustError};
 
 /// Object id -> registry record (version, digest, signed manifest).
 const MANIFESTS: TableDefinition<&str, &[u8]> = TableDefinition::new("manifests");
@@ -54,6 +55,10 @@ pub enum StateError {
         #[source]
         source: std::io::Error,
     },
+    /// The state directory or database could not be created tight, or others could
+    /// change it: it is not trusted.
+    #[error(transparent)]
+    Untrusted(#[from] TrustError),
     /// The database failed.
     #[error("state database {path} failed while {operation}")]
     Database {
@@ -340,6 +345,7 @@ pub trait StateBackend: Send + Sync + std::fmt::Debug {
 pub struct StateStore {
     db: Database,
     path: PathBuf,
+    created: bool,
 }
 
 fn now_unix() -> u64 {
@@ -351,18 +357,31 @@ fn now_unix() -> u64 {
 
 impl StateStore {
     /// Opens (creating if needed) the store in directory `dir` (file [`STATE_FILE`]).
+    ///
+    /// A new directory is created 0700 and a new database file 0600, whatever the umask.
+    /// An existing database file is refused if group or others may write it, or if it
+    /// belongs to another user than this one or root (symlinks followed; see
+    /// [`crate::trust`]); so is a directory others can write. Whether this call created
+    /// the database ([`StateStore::is_new`]) tells a caller that the registry remembers
+    /// no version: see [`crate::integrity::restore_rollback_memory`].
     pub fn open(dir: &Path) -> Result<Self, StateError> {
-        std::fs::create_dir_all(dir).map_err(|source| StateError::CreateDir {
-            path: dir.to_owned(),
-            source,
-        })?;
+        trust::create_private_dir(dir)?;
         let path = dir.join(STATE_FILE);
+        let created = match trust::create_private_file(&path) {
+            Ok(_) => true,
+            Err(e) if e.already_exists() => {
+                trust::check_file(&path, Material::Registry)?;
+                false
+            }
+            Err(e) => return Err(e.into()),
+        };
+        // redb initializes an empty file in place, keeping the mode it was created with.
         let db = Database::create(&path).map_err(|e| StateError::Database {
             path: path.clone(),
             operation: "opening",
             source: Box::new(e),
         })?;
-        let store = Self { db, path };
+        let store = Self { db, path, created };
         // Create the tables so that read transactions find them.
         store.write("creating tables", |txn| {
             txn.open_table(MANIFESTS)?;
@@ -380,6 +399,13 @@ impl StateStore {
     /// The database file.
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// Whether [`StateStore::open`] created the database: its registry then remembers no
+    /// accepted version, and rollback protection restarts from zero unless it is rebuilt
+    /// ([`crate::integrity::restore_rollback_memory`]).
+    pub fn is_new(&self) -> bool {
+        self.created
     }
 
     fn db_err(&self, operation: &'static str) -> impl FnOnce(redb::Error) -> StateError + '_ {
