@@ -174,11 +174,7 @@ pub(crate) mod reference {
     ) -> cedar_policy::Entities {
         let mut named: Vec<EntityUID> = roots.into_iter().collect();
         let mut out: HashMap<EntityUID, Arc<ast::Entity>> = HashMap::new();
-        let stored = source
-            .store
-            .iter()
-            .map(|(u, s)| (u, s))
-            .chain(source.extra.iter());
+        let stored = source.store.iter().chain(source.extra.iter());
         for (uid, s) in stored {
             named.extend(s.refs().cloned());
             named.extend(s.parents.iter().cloned());

@@ -203,11 +203,28 @@ impl Origin {
     }
 }
 
+/// Deepest directory nesting read under a policy directory: a symlink loop
+/// (`security/again -> ..`) would otherwise recurse until the stack overflows.
+const MAX_POLICY_DEPTH: usize = 32;
+
 fn collect_cedar_files(dir: &Path, out: &mut Vec<PathBuf>) -> Result<(), LoadError> {
+    collect_cedar_files_at(dir, out, 0)
+}
+
+fn collect_cedar_files_at(
+    dir: &Path,
+    out: &mut Vec<PathBuf>,
+    depth: usize,
+) -> Result<(), LoadError> {
     let io = |source| LoadError::Io {
         path: dir.to_path_buf(),
         source,
     };
+    if depth > MAX_POLICY_DEPTH {
+        return Err(io(std::io::Error::other(format!(
+            "directories nest deeper than {MAX_POLICY_DEPTH} levels (a symlink loop?)"
+        ))));
+    }
     for entry in std::fs::read_dir(dir).map_err(io)? {
         let entry = entry.map_err(io)?;
         let path = entry.path();
@@ -222,7 +239,7 @@ fn collect_cedar_files(dir: &Path, out: &mut Vec<PathBuf>) -> Result<(), LoadErr
             source,
         })?;
         if meta.is_dir() {
-            collect_cedar_files(&path, out)?;
+            collect_cedar_files_at(&path, out, depth + 1)?;
         } else if path.extension().is_some_and(|e| e == "cedar") {
             out.push(path);
         }
@@ -297,5 +314,18 @@ mod tests {
             .map(|(n, _)| (*n).to_owned())
             .collect();
         assert_eq!(on_disk, embedded, "update EMBEDDED_POLICIES in source.rs");
+    }
+
+    /// A directory symlinked into itself recursed until the stack overflowed.
+    #[test]
+    fn bug_a_symlink_loop_in_the_policy_directory_is_an_error_not_a_stack_overflow() {
+        let tmp = tempfile::tempdir().unwrap();
+        std::fs::create_dir(tmp.path().join("security")).unwrap();
+        std::os::unix::fs::symlink("..", tmp.path().join("security/again")).unwrap();
+        let mut out = Vec::new();
+        let e = collect_cedar_files(tmp.path(), &mut out).unwrap_err();
+        assert!(matches!(e, LoadError::Io { .. }), "{e:?}");
+        let cause = std::error::Error::source(&e).unwrap().to_string();
+        assert!(cause.contains("symlink loop"), "{cause}");
     }
 }

@@ -598,7 +598,7 @@ impl StateStore {
         let time = now_unix();
         self.write("appending an event", |txn| {
             let mut table = txn.open_table(EVENTS)?;
-            let seq = table.last()?.map(|(k, _)| k.value() + 1).unwrap_or(0);
+            let seq = next_seq(table.last()?.map(|(k, _)| k.value()), 1)?;
             let record = encode_event(time, object_id, node, kind, detail);
             table.insert(seq, record.as_slice())?;
             Ok(seq)
@@ -620,7 +620,7 @@ impl StateStore {
             })?;
         let first = self.write("appending decision records", |txn| {
             let mut table = txn.open_table(DECISIONS)?;
-            let first = table.last()?.map(|(k, _)| k.value() + 1).unwrap_or(0);
+            let first = next_seq(table.last()?.map(|(k, _)| k.value()), encoded.len())?;
             for (seq, bytes) in (first..).zip(&encoded) {
                 table.insert(seq, bytes.as_slice())?;
             }
@@ -696,6 +696,23 @@ fn check_against(
         });
     }
     Ok(())
+}
+
+/// The sequence number after `last` (0 for an empty log), with room for `count` more:
+/// a log whose numbers would overflow is reported as corrupt rather than wrap.
+fn next_seq(last: Option<u64>, count: usize) -> Result<u64, redb::Error> {
+    let first = match last {
+        None => 0,
+        Some(last) => last.checked_add(1).ok_or_else(exhausted)?,
+    };
+    first
+        .checked_add(count as u64)
+        .ok_or_else(exhausted)
+        .map(|_| first)
+}
+
+fn exhausted() -> redb::Error {
+    redb::Error::Corrupted("a log's sequence numbers are exhausted".into())
 }
 
 fn encode_entry(version: u64, digest: &[u8; 32], signed: &[u8]) -> Vec<u8> {
@@ -989,6 +1006,14 @@ fn split_revision(raw: &[u8]) -> Option<(u64, &[u8])> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sequence_numbers_never_wrap() {
+        assert_eq!(next_seq(None, 3).unwrap(), 0);
+        assert_eq!(next_seq(Some(4), 1).unwrap(), 5);
+        assert!(next_seq(Some(u64::MAX), 1).is_err());
+        assert!(next_seq(Some(u64::MAX - 2), 5).is_err());
+    }
 
     #[test]
     fn registry_refuses_rollback_and_conflicts() {

@@ -315,7 +315,9 @@ pub enum AnchorError {
     /// The token's key is not protected by the HSM: it could have been, or could be,
     /// copied out of the token.
     #[error(
-        "key {key:?} on token {token:?} is not HSM-protected: {attribute} is {found}, it must be {required}"
+        "key {key:?} on token {token:?} is not HSM-protected: {attribute} is {}, it must be {}",
+        shown(*found),
+        required(attribute)
     )]
     UnprotectedKey {
         /// Key label.
@@ -324,10 +326,8 @@ pub enum AnchorError {
         token: String,
         /// The PKCS#11 attribute that failed, e.g. `CKA_EXTRACTABLE`.
         attribute: &'static str,
-        /// What the token says (`true`, `false`, `unavailable`).
-        found: &'static str,
-        /// What it must say.
-        required: &'static str,
+        /// What the token says (`None`: it does not say).
+        found: Option<bool>,
     },
     /// The pinned public key file could not be read.
     #[error("cannot read the pinned public key {}", path.display())]
@@ -347,6 +347,25 @@ pub enum AnchorError {
         /// File path.
         path: PathBuf,
     },
+}
+
+fn shown(value: Option<bool>) -> &'static str {
+    match value {
+        Some(true) => "true",
+        Some(false) => "false",
+        None => "unavailable",
+    }
+}
+
+/// What a protection attribute must be (see `pkcs11::check_protection`).
+fn required(attribute: &str) -> &'static str {
+    match attribute {
+        "CKA_EXTRACTABLE" => "false",
+        "CKA_ALWAYS_SENSITIVE" | "CKA_NEVER_EXTRACTABLE" => {
+            "true (the key was not generated in the token: CKA_LOCAL is not true)"
+        }
+        _ => "true",
+    }
 }
 
 /// Lowercase hex of `bytes`.

@@ -533,42 +533,28 @@ fn check_protection(
             _ => {}
         }
     }
-    let shown = |v: Option<bool>| match v {
-        Some(true) => "true",
-        Some(false) => "false",
-        None => "unavailable",
-    };
-    let fail = |attribute: &'static str, found: Option<bool>, required: &'static str| {
+    let fail = |attribute: &'static str, found: Option<bool>| {
         Err(AnchorError::UnprotectedKey {
             key: config.key_label.clone(),
             token: token.to_owned(),
             attribute,
-            found: shown(found),
-            required,
+            found,
         })
     };
     if sensitive != Some(true) {
-        return fail("CKA_SENSITIVE", sensitive, "true");
+        return fail("CKA_SENSITIVE", sensitive);
     }
     if extractable != Some(false) {
-        return fail("CKA_EXTRACTABLE", extractable, "false");
+        return fail("CKA_EXTRACTABLE", extractable);
     }
     if local == Some(true) {
         return Ok(());
     }
     if always_sensitive != Some(true) {
-        return fail(
-            "CKA_ALWAYS_SENSITIVE",
-            always_sensitive,
-            "true (the key was not generated in the token: CKA_LOCAL is not true)",
-        );
+        return fail("CKA_ALWAYS_SENSITIVE", always_sensitive);
     }
     if never_extractable != Some(true) {
-        return fail(
-            "CKA_NEVER_EXTRACTABLE",
-            never_extractable,
-            "true (the key was not generated in the token: CKA_LOCAL is not true)",
-        );
+        return fail("CKA_NEVER_EXTRACTABLE", never_extractable);
     }
     Ok(())
 }

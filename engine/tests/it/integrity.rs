@@ -916,7 +916,7 @@ fn bug_an_extractable_or_imported_key_under_our_label_is_not_trusted() {
                     &err,
                     AnchorError::UnprotectedKey {
                         attribute: "CKA_EXTRACTABLE",
-                        found: "true",
+                        found: Some(true),
                         ..
                     }
                 ),

@@ -159,13 +159,16 @@ fn watching_embedded_defaults_is_an_error() {
 
 // ------------------------------------------------------------ settling and events
 
+/// A write scheduled on a [`Script`].
+type Action = Box<dyn FnOnce() + Send>;
+
 /// A sleeper that moves a virtual clock and, as it passes their times, runs the writes
 /// scheduled on it: time passes only when the watcher waits, and a test says exactly
 /// what lands when.
 #[derive(Default)]
 struct Script {
     now_ms: Mutex<u64>,
-    due: Mutex<Vec<(u64, Box<dyn FnOnce() + Send>)>>,
+    due: Mutex<Vec<(u64, Action)>>,
     /// What each sleep saw of the live set: whether `security.blocked-node` was in it.
     blocklist_live: Mutex<Vec<bool>>,
     engine: Mutex<Option<Engine>>,
