@@ -157,12 +157,12 @@ fn main() {
         }
         "hsm" => {
             let env = |k: &str| std::env::var(k).unwrap_or_else(|_| panic!("{k} unset"));
-            let config = Pkcs11Config {
-                module: env("PROBITY_HSM_MODULE").into(),
-                token_label: env("PROBITY_HSM_TOKEN"),
-                key_label: "probity-bench".into(),
-                pin: Pin::from_file(Path::new(&env("PROBITY_HSM_PIN_FILE"))).unwrap(),
-            };
+            let config = Pkcs11Config::new(
+                env("PROBITY_HSM_MODULE"),
+                env("PROBITY_HSM_TOKEN"),
+                "probity-bench",
+                Pin::from_file(Path::new(&env("PROBITY_HSM_PIN_FILE"))).unwrap(),
+            );
             let t = Instant::now();
             let anchor = Pkcs11Anchor::open_or_generate(&config).unwrap();
             println!(

@@ -148,6 +148,8 @@ pub(crate) struct Bundle {
     pub digest: String,
     pub files: Vec<String>,
     pub loaded_at: SystemTime,
+    /// The seal the set was checked against, in sealed mode.
+    pub seal: Option<Arc<crate::policy_seal::LoadedSeal>>,
 }
 
 impl Bundle {
@@ -317,6 +319,7 @@ impl Bundle {
                     plugins,
                     files: sources.policies.iter().map(|f| f.name.clone()).collect(),
                     loaded_at: SystemTime::now(),
+                    seal: None,
                 })
             }
             _ => Err(LoadError::Invalid { problems }),

@@ -22,12 +22,15 @@ use crate::decision::{Decision, DecisionError, Effect, Obligation, Reason};
 use crate::decision_log::{self, DecisionLog, Settled};
 use crate::error::{EntityError, LoadError};
 use crate::facts::{ContextOwner, EntityOwner};
+use crate::integrity::Verifier;
 use crate::plugin::{PluginEntities, PluginInfo};
+use crate::policy_seal::{self, LoadedSeal, SealInfo, Sealing};
 use crate::request::{EntityUid, Request, kind};
 use crate::slice::SliceSource;
 use crate::source::Origin;
 use crate::state::StateBackend;
 use crate::store::{self, Converted, Converter, Store, Stored};
+use crate::watch::{ReloadEvent, ReloadOutcome, ReloadSubscribers};
 
 /// Most earlier blocks a block record remembers.
 const MAX_BLOCK_HISTORY: usize = 32;
@@ -173,6 +176,10 @@ struct Shared {
     state: std::sync::OnceLock<Arc<dyn StateBackend>>,
     /// Records denies and obligations in the state store, once one is attached.
     decision_log: std::sync::OnceLock<DecisionLog>,
+    /// Sealed mode: load only sets whose `policy.seal` verifies.
+    sealing: Option<Sealing>,
+    /// Who hears of reloads ([`Engine::reload_events`]).
+    reload_events: ReloadSubscribers,
 }
 
 /// The policy engine. Cheap to clone: clones share one state.
@@ -212,9 +219,35 @@ pub struct EngineBuilder {
     config: Option<PathBuf>,
     plugins: Option<PathBuf>,
     clock: Option<Arc<dyn Clock>>,
+    sealing: Option<Sealing>,
 }
 
 impl EngineBuilder {
+    /// Sealed mode: the engine loads a set (at build and at every reload) only if its
+    /// `policy.seal` verifies under `verifier`'s pinned key, lists every file of the set
+    /// with the digest of the bytes compiled, no other policy file is present, and its
+    /// version is not lower than the live set's nor than the one the attached state
+    /// store remembers ([`Engine::attach_state`]). Anything else is a rejected reload,
+    /// located in the seal; the previous set keeps serving. See
+    /// [`crate::policy_seal`]. Default: off (any valid set loads).
+    pub fn sealed(mut self, verifier: Verifier) -> Self {
+        self.sealing = Some(Sealing {
+            verifier,
+            name: self.sealing.and_then(|s| s.name),
+        });
+        self
+    }
+
+    /// In sealed mode, also requires the seal's name to be `name`, so that another
+    /// set signed with the same key (a staging set, with its own versions) cannot
+    /// stand in for this one. Default: any name at build; a reload keeps the live name.
+    pub fn sealed_name(mut self, name: impl Into<String>) -> Self {
+        if let Some(s) = &mut self.sealing {
+            s.name = Some(name.into());
+        }
+        self
+    }
+
     /// Uses `path` as the schema instead of `<dir>/probity.cedarschema`.
     pub fn schema(mut self, path: impl Into<PathBuf>) -> Self {
         self.schema = Some(path.into());
@@ -255,7 +288,11 @@ impl EngineBuilder {
                 dir,
             },
         };
-        Engine::from_origin(origin, self.clock.unwrap_or_else(|| Arc::new(SystemClock)))
+        Engine::from_origin(
+            origin,
+            self.clock.unwrap_or_else(|| Arc::new(SystemClock)),
+            self.sealing,
+        )
     }
 }
 
@@ -280,6 +317,9 @@ pub struct PolicyStatus {
     pub entities: usize,
     /// The plugins of the live set (from `plugins.toml`).
     pub plugins: Vec<PluginInfo>,
+    /// The seal the live set was checked against, in sealed mode.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub seal: Option<SealInfo>,
 }
 
 impl Engine {
@@ -291,6 +331,7 @@ impl Engine {
             config: None,
             plugins: None,
             clock: None,
+            sealing: None,
         }
     }
 
@@ -302,6 +343,7 @@ impl Engine {
             config: None,
             plugins: None,
             clock: None,
+            sealing: None,
         }
     }
 
@@ -310,8 +352,12 @@ impl Engine {
         Self::defaults().build()
     }
 
-    fn from_origin(origin: Origin, clock: Arc<dyn Clock>) -> Result<Self, LoadError> {
-        let bundle = Arc::new(Bundle::compile(&origin.read()?)?);
+    fn from_origin(
+        origin: Origin,
+        clock: Arc<dyn Clock>,
+        sealing: Option<Sealing>,
+    ) -> Result<Self, LoadError> {
+        let bundle = Arc::new(load_bundle(&origin, sealing.as_ref(), None, None)?);
         let mut store = Store::default();
         for (uid, stored) in &bundle.settings {
             store.insert(uid.clone(), Arc::clone(stored));
@@ -330,6 +376,8 @@ impl Engine {
                 clock,
                 state: std::sync::OnceLock::new(),
                 decision_log: std::sync::OnceLock::new(),
+                sealing,
+                reload_events: ReloadSubscribers::default(),
             }),
         })
     }
@@ -1095,7 +1143,18 @@ impl Engine {
     /// on, decisions that deny or carry obligations are recorded in its decision log
     /// ([`StateBackend::decisions`]) before they are returned. Attach once; a second call
     /// is refused.
+    ///
+    /// In sealed mode ([`EngineBuilder::sealed`]) the live set's seal version is checked
+    /// against the one the store remembers first, and remembered: a set older than one
+    /// this store saw loaded is refused ([`crate::state::StateError::Rollback`]) and
+    /// nothing is attached.
     pub fn attach_state(&self, state: Arc<dyn StateBackend>) -> Result<(), EntityError> {
+        if let Some(seal) = self.shared.current.load().bundle.seal.clone() {
+            let id = seal.seal.registry_id();
+            state
+                .accept(&id, seal.seal.version(), &seal.digest, &seal.encoded)
+                .map_err(EntityError::State)?;
+        }
         let blocked = state.blocked_nodes().map_err(EntityError::State)?;
         // The log starts before the store counts as attached, so no decision made with
         // the store attached goes unrecorded; a losing second call drops (and joins)
@@ -1269,45 +1328,128 @@ impl Engine {
         Arc::clone(&self.shared.current.load().bundle.conventions)
     }
 
-    /// Reads the policy directory again and, if the whole set is valid, swaps it in.
-    /// On error the previous set keeps serving and the error stays in
-    /// [`Engine::last_error`] until a good set loads.
+    /// Reads the policy directory again and, if the whole set is valid (and, in sealed
+    /// mode, matches its seal), swaps it in. On error the previous set keeps serving and
+    /// the error stays in [`Engine::last_error`] until a good set loads. Either way the
+    /// attempt is reported to [`Engine::reload_events`].
+    ///
+    /// The files are read as they are: a reload triggered while a file is being written
+    /// may read half of it. The watcher ([`Engine::watch`]) reloads only once the files
+    /// have settled ([`Engine::reload_when_settled`]); deploy files by atomic rename
+    /// (see [`crate::watch`]).
     pub fn reload(&self) -> Result<(), Arc<LoadError>> {
-        let compiled = self
+        let started = std::time::Instant::now();
+        let before = self.live_digest();
+        let result = self
+            .prepare_reload()
+            .and_then(|bundle| self.commit_reload(bundle));
+        self.finish_reload(started, before, 1, result)
+    }
+
+    /// Subscribes to reloads: every reload attempt from now on (by the watcher or
+    /// [`Engine::reload`]), loaded, unchanged or rejected, with the digests before and
+    /// after, the error and the duration. Each call returns a new receiver. A receiver
+    /// that falls more than [`crate::RELOAD_EVENT_BACKLOG`] events behind misses the
+    /// newest ones (it sees a gap in [`ReloadEvent::seq`]); a dropped receiver is
+    /// forgotten. Hosts log these: the CLI prints nothing for them.
+    pub fn reload_events(&self) -> std::sync::mpsc::Receiver<ReloadEvent> {
+        self.shared.reload_events.subscribe()
+    }
+
+    /// The digest of the live set.
+    pub(crate) fn live_digest(&self) -> String {
+        self.shared.current.load().bundle.digest.clone()
+    }
+
+    /// The origin the engine reads.
+    pub(crate) fn origin(&self) -> &Origin {
+        &self.shared.origin
+    }
+
+    /// Reads, checks and compiles the set: a bundle ready to be swapped in.
+    pub(crate) fn prepare_reload(&self) -> Result<Arc<Bundle>, LoadError> {
+        let live = self.shared.current.load_full();
+        let registry = self.shared.state.get().map(|s| s.as_ref());
+        load_bundle(
+            &self.shared.origin,
+            self.shared.sealing.as_ref(),
+            live.bundle.seal.as_deref(),
+            registry,
+        )
+        .map(Arc::new)
+    }
+
+    /// Swaps `bundle` in; whether it differed from the live set. In sealed mode the seal
+    /// is judged again against the live one (another reload may have won the race) and
+    /// made durable in the attached state store before the set goes live.
+    pub(crate) fn commit_reload(&self, bundle: Arc<Bundle>) -> Result<bool, LoadError> {
+        let refusal: Arc<Mutex<Option<LoadError>>> = Arc::new(Mutex::new(None));
+        let stash = Arc::clone(&refusal);
+        let state = self.shared.state.get().cloned();
+        let dir = self
             .shared
             .origin
-            .read()
-            .and_then(|sources| Bundle::compile(&sources));
-        let outcome = match compiled {
-            Err(e) => Err(e),
-            Ok(bundle) => {
-                let bundle = Arc::new(bundle);
-                self.write(Box::new(move |w: &mut Working| {
-                    if bundle.digest == w.bundle.digest {
-                        return Ok(0);
-                    }
-                    // The configuration's entities go with the set that made them.
-                    let stale: Vec<EntityUID> = w
-                        .store
-                        .iter()
-                        .filter(|(u, _)| {
-                            w.bundle.origins.owner_of(&u.entity_type().to_string())
-                                == Some(EntityOwner::Config)
-                        })
-                        .map(|(u, _)| u.clone())
-                        .collect();
-                    for u in &stale {
-                        w.store.remove(u);
-                    }
-                    for (uid, stored) in &bundle.settings {
-                        w.store.insert(uid.clone(), Arc::clone(stored));
-                    }
-                    w.owned = Arc::new(owned_cache(&bundle, &w.store));
-                    w.bundle = bundle;
-                    w.changed = true;
-                    Ok(1)
-                }))
-                .map_err(|e| LoadError::Invalid {
+            .dir()
+            .map(Path::to_path_buf)
+            .unwrap_or_default();
+        let result = self.write(Box::new(move |w: &mut Working| {
+            let seal_digest = |b: &Bundle| b.seal.as_ref().map(|s| s.digest);
+            if bundle.digest == w.bundle.digest && seal_digest(&bundle) == seal_digest(&w.bundle) {
+                return Ok(0);
+            }
+            if let Some(seal) = &bundle.seal {
+                let problem = match &w.bundle.seal {
+                    Some(live) => policy_seal::compare_live(seal, live),
+                    None => None,
+                }
+                .or_else(|| {
+                    let state = state.as_ref()?;
+                    state
+                        .accept(
+                            &seal.seal.registry_id(),
+                            seal.seal.version(),
+                            &seal.digest,
+                            &seal.encoded,
+                        )
+                        .err()
+                        .map(|e| policy_seal::registry_problem(&e))
+                });
+                if let Some(message) = problem {
+                    *stash.lock().unwrap_or_else(PoisonError::into_inner) =
+                        Some(policy_seal::late_problem(&dir, seal, message));
+                    return Err(EntityError::Invalid {
+                        detail: "sealed set refused".into(),
+                    });
+                }
+            }
+            // The configuration's entities go with the set that made them.
+            let stale: Vec<EntityUID> = w
+                .store
+                .iter()
+                .filter(|(u, _)| {
+                    w.bundle.origins.owner_of(&u.entity_type().to_string())
+                        == Some(EntityOwner::Config)
+                })
+                .map(|(u, _)| u.clone())
+                .collect();
+            for u in &stale {
+                w.store.remove(u);
+            }
+            for (uid, stored) in &bundle.settings {
+                w.store.insert(uid.clone(), Arc::clone(stored));
+            }
+            w.owned = Arc::new(owned_cache(&bundle, &w.store));
+            w.bundle = bundle;
+            w.changed = true;
+            Ok(1)
+        }));
+        match result {
+            Ok(n) => Ok(n == 1),
+            Err(e) => Err(refusal
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .take()
+                .unwrap_or_else(|| LoadError::Invalid {
                     problems: vec![crate::diagnostic::SourceDiagnostic::new(
                         "probity.toml",
                         &Arc::from(""),
@@ -1315,23 +1457,49 @@ impl Engine {
                         0,
                         format!("the new set could not be swapped in: {e}"),
                     )],
-                })
-                .map(|_| ())
-            }
-        };
-        match outcome {
-            Ok(()) => {
+                })),
+        }
+    }
+
+    /// Counts the attempt, keeps or clears the last error, and tells subscribers.
+    pub(crate) fn finish_reload(
+        &self,
+        started: std::time::Instant,
+        before: String,
+        rounds: u32,
+        result: Result<bool, LoadError>,
+    ) -> Result<(), Arc<LoadError>> {
+        let (outcome, error, returned) = match result {
+            Ok(changed) => {
                 self.shared.last_error.store(None);
                 self.shared.reloads.fetch_add(1, Ordering::Relaxed);
-                Ok(())
+                let outcome = if changed {
+                    ReloadOutcome::Loaded
+                } else {
+                    ReloadOutcome::Unchanged
+                };
+                (outcome, None, Ok(()))
             }
             Err(e) => {
                 let e = Arc::new(e);
                 self.shared.last_error.store(Some(Arc::clone(&e)));
                 self.shared.reload_errors.fetch_add(1, Ordering::Relaxed);
-                Err(e)
+                (ReloadOutcome::Rejected, Some(Arc::clone(&e)), Err(e))
             }
-        }
+        };
+        let live = self.shared.current.load();
+        self.shared.reload_events.publish(ReloadEvent {
+            seq: 0,
+            outcome,
+            digest_before: before,
+            digest_after: live.bundle.digest.clone(),
+            seal: live.bundle.seal.as_ref().map(|s| s.info.clone()),
+            error,
+            duration: started.elapsed(),
+            rounds,
+            at_unix_ms: self.shared.clock.now_unix_ms(),
+        });
+        returned
     }
 
     /// The error of the last rejected reload, until a good set loads.
@@ -1356,6 +1524,7 @@ impl Engine {
             last_error: self.last_error().map(|e| e.detail()),
             entities: current.store.len(),
             plugins: b.plugins.infos(),
+            seal: b.seal.as_ref().map(|s| s.info.clone()),
         }
     }
 
@@ -1443,11 +1612,83 @@ impl Engine {
                     clock: Arc::new(crate::clock::ManualClock::at(t)),
                     state: std::sync::OnceLock::new(),
                     decision_log: std::sync::OnceLock::new(),
+                    sealing: None,
+                    reload_events: ReloadSubscribers::default(),
                 }),
             },
         };
         Ok(world.decide_in(&snapshot, request))
     }
+}
+
+/// Reads the set from `origin`, checks it against its seal in sealed mode (before
+/// compiling: an unsealed plugin is never compiled), compiles it, and checks that the
+/// components compiled are the ones the seal covers.
+fn load_bundle(
+    origin: &Origin,
+    sealing: Option<&Sealing>,
+    live: Option<&LoadedSeal>,
+    registry: Option<&dyn StateBackend>,
+) -> Result<Bundle, LoadError> {
+    let sources = origin.read()?;
+    let checked = match sealing {
+        None => None,
+        Some(sealing) => {
+            let Some(dir) = origin.dir() else {
+                return Err(LoadError::Sealed {
+                    seal: PathBuf::from(policy_seal::SEAL_FILE),
+                    problems: vec![crate::diagnostic::SourceDiagnostic::new(
+                        policy_seal::SEAL_FILE,
+                        &Arc::from(""),
+                        0,
+                        0,
+                        "sealed mode needs a policy directory: the embedded defaults carry no seal",
+                    )],
+                });
+            };
+            let texts: Vec<(PathBuf, crate::integrity::Hash)> = std::iter::once(&sources.schema)
+                .chain(std::iter::once(&sources.config))
+                .chain(sources.policies.iter())
+                .chain(sources.plugins.iter().map(|m| &m.file))
+                .filter_map(|f| {
+                    Some((f.path.clone()?, crate::integrity::sha256(f.text.as_bytes())))
+                })
+                .collect();
+            let mut components = Vec::new();
+            if let Some(manifest) = &sources.plugins {
+                for path in crate::plugin::component_paths(manifest) {
+                    let bytes = crate::source::read_bytes(&path)?;
+                    components.push((path, crate::integrity::sha256(&bytes)));
+                }
+            }
+            Some(policy_seal::check(
+                sealing,
+                dir,
+                &texts,
+                &components,
+                live,
+                registry,
+            )?)
+        }
+    };
+    let mut bundle = Bundle::compile(&sources)?;
+    if let Some(checked) = checked {
+        for (path, hash) in bundle.plugins.components() {
+            if !checked.components.contains(&(path.clone(), hash)) {
+                let dir = origin.dir().unwrap_or(Path::new("."));
+                return Err(policy_seal::late_problem(
+                    dir,
+                    &checked.seal,
+                    format!(
+                        "{} changed while it was loaded: it no longer matches the seal",
+                        path.display()
+                    ),
+                ));
+            }
+        }
+        bundle.seal = Some(checked.seal);
+    }
+    Ok(bundle)
 }
 
 struct BusyGuard<'a>(&'a Writes);

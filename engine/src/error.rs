@@ -45,12 +45,41 @@ pub enum LoadError {
         #[related]
         problems: Vec<SourceDiagnostic>,
     },
+    /// Sealed mode: the set does not match its seal (a file changed, added or missing),
+    /// or the seal is not trusted (another key, altered, an older version). Every
+    /// problem found is listed, located in `policy.seal`.
+    #[error("policy set refused by its seal {}: {}", seal.display(), count(.problems))]
+    Sealed {
+        /// The seal file.
+        seal: PathBuf,
+        /// Each problem, located.
+        #[related]
+        problems: Vec<SourceDiagnostic>,
+    },
+    /// The files kept changing while the watcher waited for them to settle; the set
+    /// was not read. The next change tries again.
+    #[error(
+        "the policy files kept changing for {rounds} rounds of {debounce_ms} ms ({} last); the previous set keeps serving",
+        path.display()
+    )]
+    Unsettled {
+        /// Rounds waited.
+        rounds: u32,
+        /// Length of a round, in milliseconds.
+        debounce_ms: u64,
+        /// A file seen changing in the last round.
+        path: PathBuf,
+    },
 }
 
 fn summary(problems: &[SourceDiagnostic]) -> String {
+    format!("policy set rejected: {}", count(problems))
+}
+
+fn count(problems: &[SourceDiagnostic]) -> String {
     match problems.len() {
-        1 => "policy set rejected: 1 problem".to_owned(),
-        n => format!("policy set rejected: {n} problems"),
+        1 => "1 problem".to_owned(),
+        n => format!("{n} problems"),
     }
 }
 
@@ -68,7 +97,7 @@ impl LoadError {
     /// Every located problem, for callers that render them one by one.
     pub fn problems(&self) -> &[SourceDiagnostic] {
         match self {
-            LoadError::Invalid { problems } => problems,
+            LoadError::Invalid { problems } | LoadError::Sealed { problems, .. } => problems,
             _ => &[],
         }
     }

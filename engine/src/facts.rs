@@ -263,6 +263,7 @@ mod tests {
         FactOrigins::read(&SourceFile {
             name: "s.cedarschema".into(),
             text: Arc::from(text),
+            path: None,
         })
     }
 

@@ -62,7 +62,7 @@ pub use manifest::{
     Algorithm, DEFAULT_CHUNK_SIZE, Hash, MANIFEST_FORMAT, MANIFEST_MAGIC, MAX_CHUNK_SIZE,
     MAX_OBJECT_ID_LEN, MIN_CHUNK_SIZE, Manifest, ManifestError, chunk_count, merkle_root, sha256,
 };
-pub use pkcs11::{DATA_APPLICATION, Pin, Pkcs11Anchor, Pkcs11Config};
+pub use pkcs11::{DATA_APPLICATION, Pin, Pkcs11Anchor, Pkcs11Config, TokenDigest, token_digests};
 pub use reader::VerifiedReader;
 pub use signed::{
     SIGNED_FORMAT, SIGNED_MAGIC, SignatureProblem, SignedManifest, SignedManifestError,
@@ -213,6 +213,24 @@ pub enum IntegrityError {
         /// The object id in the manifest.
         found: String,
     },
+    /// The version is the last one a `u64` holds: sealing it would leave the object no
+    /// later version, so it is refused.
+    #[error(
+        "refusing to seal {object_id:?} as version {version}: it is the last version, after which the object could never be sealed again"
+    )]
+    LastVersion {
+        /// Object id.
+        object_id: String,
+        /// The version offered (`u64::MAX`).
+        version: u64,
+    },
+    /// The HSM token's digests could not be read to rebuild a new registry.
+    #[error("cannot read the sealed versions kept on the HSM token to rebuild the new registry")]
+    TokenDigests {
+        /// Why.
+        #[source]
+        source: AnchorError,
+    },
     /// A verified reader refuses every read after a failure.
     #[error(
         "{path}: reads refused after integrity failure at chunk {index} (byte offset {offset})"
@@ -245,6 +263,8 @@ impl IntegrityError {
             Self::ChunkReordered { .. } => "chunk-reordered",
             Self::ObjectMismatch { .. } => "object-mismatch",
             Self::Poisoned { .. } => "poisoned",
+            Self::LastVersion { .. } => "last-version",
+            Self::TokenDigests { .. } => "token-error",
         }
     }
 
@@ -265,7 +285,7 @@ impl IntegrityError {
     pub fn is_environment(&self) -> bool {
         matches!(
             self,
-            Self::Hash(_) | Self::Anchor { .. } | Self::State { .. }
+            Self::Hash(_) | Self::Anchor { .. } | Self::State { .. } | Self::TokenDigests { .. }
         )
     }
 
@@ -339,6 +359,12 @@ pub fn seal(
     };
     manifest::check_object_id(object_id.as_bytes()).map_err(invalid)?;
     manifest::check_chunk_size(options.chunk_size).map_err(invalid)?;
+    if version == u64::MAX {
+        return Err(IntegrityError::LastVersion {
+            object_id: object_id.to_owned(),
+            version,
+        });
+    }
     if let Some(entry) = registry.registry_entry(object_id).map_err(state_err)?
         && version < entry.version
     {
@@ -440,6 +466,139 @@ pub fn verify_encoded_file(
         Err(e) if e.is_environment() => Err(e),
         Err(e) => Ok(Err(VerifyFailure::Object(e))),
     }
+}
+
+/// The version after the registry's latest for `object_id` (1 if none was accepted), as
+/// `probity seal` picks by default; `None` when the latest is the last version a `u64`
+/// holds.
+pub fn next_version(
+    registry: &dyn StateBackend,
+    object_id: &str,
+) -> Result<Option<u64>, IntegrityError> {
+    let entry = registry
+        .registry_entry(object_id)
+        .map_err(|e| IntegrityError::from_state(object_id, e))?;
+    Ok(match entry {
+        None => Some(1),
+        Some(e) => e.version.checked_add(1).filter(|v| *v < u64::MAX),
+    })
+}
+
+/// Reads the pinned public key at `path` (the hex form of an uncompressed P-256 point,
+/// as [`pin_public_key`] writes it), refusing a file that group or others may write, that
+/// another user than this one or root owns, or that sits in a directory others could
+/// change (symlinks are followed and the final target judged: see [`crate::trust`]).
+/// Every verifier of this host should get its key here.
+pub fn load_pinned_key(path: &Path) -> Result<PublicKey, AnchorError> {
+    let target =
+        crate::trust::check_file(path, crate::trust::Material::Public).map_err(|e| match e {
+            crate::trust::TrustError::Io { source, .. } => AnchorError::PinnedKeyFile {
+                path: path.to_owned(),
+                source,
+            },
+            other => other.into(),
+        })?;
+    let meta = std::fs::metadata(&target).map_err(|source| AnchorError::PinnedKeyFile {
+        path: path.to_owned(),
+        source,
+    })?;
+    // 130 hex digits and a newline; anything much larger is not a key.
+    if meta.len() > 4096 {
+        return Err(AnchorError::PinnedKeyInvalid {
+            path: path.to_owned(),
+        });
+    }
+    let text = std::fs::read_to_string(&target).map_err(|source| AnchorError::PinnedKeyFile {
+        path: path.to_owned(),
+        source,
+    })?;
+    PublicKey::from_hex(&text).map_err(|_| AnchorError::PinnedKeyInvalid {
+        path: path.to_owned(),
+    })
+}
+
+/// Writes `key` to `path` as [`load_pinned_key`] reads it, atomically and with mode 0644
+/// whatever the umask.
+pub fn pin_public_key(path: &Path, key: &PublicKey) -> Result<(), AnchorError> {
+    let mut text = key.to_hex();
+    text.push('\n');
+    crate::trust::write_file_atomic(path, text.as_bytes(), crate::trust::PUBLIC_FILE_MODE)?;
+    Ok(())
+}
+
+/// Where a registry's rollback memory came from when it was opened.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RollbackMemory {
+    /// The registry existed already: it remembers what it accepted.
+    Kept,
+    /// The registry was new and was rebuilt from the HSM token's digests: the highest
+    /// version of each of `objects` object ids.
+    Rebuilt {
+        /// Object ids restored.
+        objects: usize,
+    },
+    /// The registry was new and no HSM was configured to rebuild it from: **rollback
+    /// protection restarts from zero**, so any validly signed version of any object will
+    /// be accepted once. Say so loudly (the CLI prints an error line; a server should log
+    /// it at error level and expose it).
+    RestartedFromZero,
+}
+
+impl RollbackMemory {
+    /// Whether rollback protection restarted from zero (see
+    /// [`RollbackMemory::RestartedFromZero`]).
+    pub fn restarted_from_zero(&self) -> bool {
+        matches!(self, RollbackMemory::RestartedFromZero)
+    }
+}
+
+/// Restores a registry's rollback memory after it was lost. Call it right after opening
+/// the registry and before accepting anything, with `is_new` saying whether the open
+/// created it ([`crate::state::StateStore::is_new`]):
+///
+/// * an existing registry is left alone ([`RollbackMemory::Kept`]);
+/// * a new one, with an HSM configured (`hsm`), gets the highest version of each object
+///   id the token keeps as a `CKO_DATA` object, with its digest, so an older version is
+///   refused as before ([`RollbackMemory::Rebuilt`]);
+/// * a new one without an HSM cannot be rebuilt: [`RollbackMemory::RestartedFromZero`].
+pub fn restore_rollback_memory(
+    registry: &dyn StateBackend,
+    is_new: bool,
+    hsm: Option<&Pkcs11Config>,
+) -> Result<RollbackMemory, IntegrityError> {
+    if !is_new {
+        return Ok(RollbackMemory::Kept);
+    }
+    let Some(config) = hsm else {
+        return Ok(RollbackMemory::RestartedFromZero);
+    };
+    let digests =
+        token_digests(config).map_err(|source| IntegrityError::TokenDigests { source })?;
+    rebuild_registry(registry, &digests).map(|objects| RollbackMemory::Rebuilt { objects })
+}
+
+/// Accepts, for each object id in `digests`, its highest version with its digest (no
+/// signed manifest is kept for them: the token holds only digests). Returns the number of
+/// object ids. A registry that already holds a higher version keeps it.
+pub fn rebuild_registry(
+    registry: &dyn StateBackend,
+    digests: &[TokenDigest],
+) -> Result<usize, IntegrityError> {
+    let mut highest: std::collections::BTreeMap<&str, &TokenDigest> =
+        std::collections::BTreeMap::new();
+    for d in digests {
+        let slot = highest.entry(d.object_id.as_str()).or_insert(d);
+        if d.version > slot.version {
+            *slot = d;
+        }
+    }
+    for d in highest.values() {
+        match registry.accept(&d.object_id, d.version, &d.digest, &[]) {
+            Ok(()) | Err(StateError::Rollback { .. }) => {}
+            Err(e) => return Err(IntegrityError::from_state(&d.object_id, e)),
+        }
+    }
+    Ok(highest.len())
 }
 
 /// Where a signed manifest lives by convention: beside the object, as `OBJECT.manifest`.

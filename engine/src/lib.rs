@@ -55,6 +55,7 @@ mod fanout;
 mod guard;
 pub mod integrity;
 mod plugin;
+pub mod policy_seal;
 mod request;
 pub mod scenario;
 mod settings;
@@ -62,6 +63,7 @@ mod slice;
 mod source;
 pub mod state;
 mod store;
+pub mod trust;
 mod watch;
 
 pub use conventions::{
@@ -83,4 +85,7 @@ pub use plugin::{
 pub use request::{EntityUid, MAX_REQUEST_BYTES, Request};
 pub use slice::MAX_SLICE_ENTITIES;
 pub use source::MAX_SOURCE_BYTES;
-pub use watch::{DEFAULT_DEBOUNCE, ReloadWatcher};
+pub use watch::{
+    DEFAULT_DEBOUNCE, DEFAULT_SETTLE_ROUNDS, RELOAD_EVENT_BACKLOG, ReloadEvent, ReloadOutcome,
+    ReloadWatcher, Settle, Sleeper, ThreadSleeper,
+};

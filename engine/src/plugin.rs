@@ -240,6 +240,14 @@ impl PluginSet {
         self.plugins.iter().map(|p| p.path.clone()).collect()
     }
 
+    /// Every component file with the SHA-256 of the bytes compiled.
+    pub fn components(&self) -> Vec<(PathBuf, [u8; 32])> {
+        self.plugins
+            .iter()
+            .map(|p| (p.path.clone(), p.hash))
+            .collect()
+    }
+
     /// Feeds every component's name and hash into a policy-set digest.
     pub fn digest_into(&self, h: &mut Sha256) {
         for p in &self.plugins {
@@ -247,6 +255,18 @@ impl PluginSet {
             h.update(p.hash);
         }
     }
+}
+
+/// The component files a manifest names (none if it does not parse: loading it says why).
+pub(crate) fn component_paths(source: &ManifestSource) -> Vec<PathBuf> {
+    Manifest::parse(&source.file.text)
+        .map(|m| {
+            m.plugin
+                .iter()
+                .map(|e| source.dir.join(e.get_ref().path.get_ref()))
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 fn load_one(

@@ -15,6 +15,8 @@ pub const MAX_SOURCE_BYTES: u64 = 4 * 1024 * 1024;
 pub(crate) struct SourceFile {
     pub name: String,
     pub text: Arc<str>,
+    /// The file it was read from (`None` for the embedded defaults).
+    pub path: Option<PathBuf>,
 }
 
 impl SourceFile {
@@ -23,6 +25,7 @@ impl SourceFile {
         Self {
             name: name.to_owned(),
             text: Arc::clone(text),
+            path: None,
         }
     }
 
@@ -92,15 +95,18 @@ impl Origin {
                     .map(|(name, text)| SourceFile {
                         name: format!("embedded:{name}"),
                         text: Arc::from(*text),
+                        path: None,
                     })
                     .collect(),
                 schema: SourceFile {
                     name: "embedded:probity.cedarschema".into(),
                     text: Arc::from(EMBEDDED_SCHEMA),
+                    path: None,
                 },
                 config: SourceFile {
                     name: "embedded:probity.toml".into(),
                     text: Arc::from(EMBEDDED_CONFIG),
+                    path: None,
                 },
                 // The embedded defaults have no plugins: a component is not source text.
                 plugins: None,
@@ -109,7 +115,7 @@ impl Origin {
                 dir,
                 schema,
                 config,
-                plugins,
+                ..
             } => {
                 let mut paths = Vec::new();
                 collect_cedar_files(dir, &mut paths)?;
@@ -118,11 +124,7 @@ impl Origin {
                     .iter()
                     .map(|p| read_source(p))
                     .collect::<Result<Vec<_>, _>>()?;
-                let manifest = match plugins {
-                    Some(explicit) => Some(explicit.clone()),
-                    None => Some(dir.join(PLUGIN_MANIFEST)).filter(|m| m.is_file()),
-                };
-                let plugins = match manifest {
+                let plugins = match self.manifest_path() {
                     Some(path) => Some(ManifestSource {
                         file: read_source(&path)?,
                         // Component paths are relative to the manifest.
@@ -138,6 +140,71 @@ impl Origin {
                 })
             }
         }
+    }
+
+    /// A directory in the default layout: `dir/probity.cedarschema`, `dir/probity.toml`,
+    /// `dir/plugins.toml` if present.
+    pub fn default_dir(dir: &Path) -> Self {
+        Origin::Dir {
+            dir: dir.to_owned(),
+            schema: dir.join("probity.cedarschema"),
+            config: dir.join("probity.toml"),
+            plugins: None,
+        }
+    }
+
+    /// The policy directory, if the set comes from one.
+    pub fn dir(&self) -> Option<&Path> {
+        match self {
+            Origin::Dir { dir, .. } => Some(dir),
+            Origin::Embedded => None,
+        }
+    }
+
+    /// The plugin manifest this origin reads, if any.
+    fn manifest_path(&self) -> Option<PathBuf> {
+        match self {
+            Origin::Embedded => None,
+            Origin::Dir { dir, plugins, .. } => match plugins {
+                Some(explicit) => Some(explicit.clone()),
+                None => Some(dir.join(PLUGIN_MANIFEST)).filter(|m| m.is_file()),
+            },
+        }
+    }
+
+    /// Every file the set is built from, in a fixed order: the schema, the
+    /// configuration, every policy file (sorted), the plugin manifest and the
+    /// components it names. What a seal lists, and what the watcher checks is settled.
+    /// A manifest that cannot be read or parsed names no component here (compiling it
+    /// reports why).
+    pub fn set_files(&self) -> Result<Vec<PathBuf>, LoadError> {
+        let Origin::Dir {
+            dir,
+            schema,
+            config,
+            ..
+        } = self
+        else {
+            return Ok(Vec::new());
+        };
+        let mut policies = Vec::new();
+        collect_cedar_files(dir, &mut policies)?;
+        policies.sort();
+        let mut files = vec![schema.clone(), config.clone()];
+        files.extend(policies);
+        if let Some(manifest) = self.manifest_path() {
+            if let Ok(file) = read_source(&manifest) {
+                let source = ManifestSource {
+                    dir: manifest.parent().map(Path::to_path_buf).unwrap_or_default(),
+                    file,
+                };
+                files.push(manifest);
+                files.extend(crate::plugin::component_paths(&source));
+            } else {
+                files.push(manifest);
+            }
+        }
+        Ok(files)
     }
 
     /// The paths a watcher must follow for this origin.
@@ -158,11 +225,28 @@ impl Origin {
     }
 }
 
+/// Deepest directory nesting read under a policy directory: a symlink loop
+/// (`security/again -> ..`) would otherwise recurse until the stack overflows.
+const MAX_POLICY_DEPTH: usize = 32;
+
 fn collect_cedar_files(dir: &Path, out: &mut Vec<PathBuf>) -> Result<(), LoadError> {
+    collect_cedar_files_at(dir, out, 0)
+}
+
+fn collect_cedar_files_at(
+    dir: &Path,
+    out: &mut Vec<PathBuf>,
+    depth: usize,
+) -> Result<(), LoadError> {
     let io = |source| LoadError::Io {
         path: dir.to_path_buf(),
         source,
     };
+    if depth > MAX_POLICY_DEPTH {
+        return Err(io(std::io::Error::other(format!(
+            "directories nest deeper than {MAX_POLICY_DEPTH} levels (a symlink loop?)"
+        ))));
+    }
     for entry in std::fs::read_dir(dir).map_err(io)? {
         let entry = entry.map_err(io)?;
         let path = entry.path();
@@ -177,7 +261,7 @@ fn collect_cedar_files(dir: &Path, out: &mut Vec<PathBuf>) -> Result<(), LoadErr
             source,
         })?;
         if meta.is_dir() {
-            collect_cedar_files(&path, out)?;
+            collect_cedar_files_at(&path, out, depth + 1)?;
         } else if path.extension().is_some_and(|e| e == "cedar") {
             out.push(path);
         }
@@ -186,19 +270,7 @@ fn collect_cedar_files(dir: &Path, out: &mut Vec<PathBuf>) -> Result<(), LoadErr
 }
 
 fn read_source(path: &Path) -> Result<SourceFile, LoadError> {
-    let io = |source| LoadError::Io {
-        path: path.to_path_buf(),
-        source,
-    };
-    let len = std::fs::metadata(path).map_err(io)?.len();
-    if len > MAX_SOURCE_BYTES {
-        return Err(LoadError::TooLarge {
-            path: path.to_path_buf(),
-            size: len,
-            limit: MAX_SOURCE_BYTES,
-        });
-    }
-    let bytes = std::fs::read(path).map_err(io)?;
+    let bytes = read_limited_bytes(path, MAX_SOURCE_BYTES)?;
     let text = String::from_utf8(bytes).map_err(|e| LoadError::NotUtf8 {
         path: path.to_path_buf(),
         offset: e.utf8_error().valid_up_to(),
@@ -206,7 +278,43 @@ fn read_source(path: &Path) -> Result<SourceFile, LoadError> {
     Ok(SourceFile {
         name: path.display().to_string(),
         text: Arc::from(text),
+        path: Some(path.to_path_buf()),
     })
+}
+
+/// The bytes of `path`, refusing more than `limit` (the file may grow while it is read:
+/// at most `limit + 1` bytes are read).
+pub(crate) fn read_limited_bytes(path: &Path, limit: u64) -> Result<Vec<u8>, LoadError> {
+    use std::io::Read as _;
+    let io = |source| LoadError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let file = std::fs::File::open(path).map_err(io)?;
+    let len = file.metadata().map_err(io)?.len();
+    let too_large = |size| LoadError::TooLarge {
+        path: path.to_path_buf(),
+        size,
+        limit,
+    };
+    if len > limit {
+        return Err(too_large(len));
+    }
+    let mut bytes = Vec::with_capacity(usize::try_from(len).unwrap_or(0));
+    file.take(limit.saturating_add(1))
+        .read_to_end(&mut bytes)
+        .map_err(io)?;
+    let read = bytes.len() as u64;
+    if read > limit {
+        return Err(too_large(read));
+    }
+    Ok(bytes)
+}
+
+/// The bytes of a file of a policy set: a source or a plugin component (whichever limit
+/// is larger).
+pub(crate) fn read_bytes(path: &Path) -> Result<Vec<u8>, LoadError> {
+    read_limited_bytes(path, MAX_SOURCE_BYTES.max(crate::plugin::MAX_PLUGIN_BYTES))
 }
 
 #[cfg(test)]
@@ -228,5 +336,18 @@ mod tests {
             .map(|(n, _)| (*n).to_owned())
             .collect();
         assert_eq!(on_disk, embedded, "update EMBEDDED_POLICIES in source.rs");
+    }
+
+    /// A directory symlinked into itself recursed until the stack overflowed.
+    #[test]
+    fn bug_a_symlink_loop_in_the_policy_directory_is_an_error_not_a_stack_overflow() {
+        let tmp = tempfile::tempdir().unwrap();
+        std::fs::create_dir(tmp.path().join("security")).unwrap();
+        std::os::unix::fs::symlink("..", tmp.path().join("security/again")).unwrap();
+        let mut out = Vec::new();
+        let e = collect_cedar_files(tmp.path(), &mut out).unwrap_err();
+        assert!(matches!(e, LoadError::Io { .. }), "{e:?}");
+        let cause = std::error::Error::source(&e).unwrap().to_string();
+        assert!(cause.contains("symlink loop"), "{cause}");
     }
 }

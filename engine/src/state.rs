@@ -25,6 +25,7 @@ use thiserror::Error;
 
 use crate::decision::Decision;
 use crate::engine::BlockRecord;
+use crate::trust::{self, Material, TrustError};
 
 /// Object id -> registry record (version, digest, signed manifest).
 const MANIFESTS: TableDefinition<&str, &[u8]> = TableDefinition::new("manifests");
@@ -90,6 +91,10 @@ pub enum StateError {
         #[source]
         source: std::io::Error,
     },
+    /// The state directory or database could not be created tight, or others could
+    /// change it: it is not trusted.
+    #[error(transparent)]
+    Untrusted(#[from] TrustError),
     /// The database failed.
     #[error("state database {path} failed while {operation}")]
     Database {
@@ -382,6 +387,7 @@ pub trait StateBackend: Send + Sync + std::fmt::Debug {
 pub struct StateStore {
     db: Database,
     path: PathBuf,
+    created: bool,
 }
 
 fn now_unix() -> u64 {
@@ -393,18 +399,31 @@ fn now_unix() -> u64 {
 
 impl StateStore {
     /// Opens (creating if needed) the store in directory `dir` (file [`STATE_FILE`]).
+    ///
+    /// A new directory is created 0700 and a new database file 0600, whatever the umask.
+    /// An existing database file is refused if group or others may write it, or if it
+    /// belongs to another user than this one or root (symlinks followed; see
+    /// [`crate::trust`]); so is a directory others can write. Whether this call created
+    /// the database ([`StateStore::is_new`]) tells a caller that the registry remembers
+    /// no version: see [`crate::integrity::restore_rollback_memory`].
     pub fn open(dir: &Path) -> Result<Self, StateError> {
-        std::fs::create_dir_all(dir).map_err(|source| StateError::CreateDir {
-            path: dir.to_owned(),
-            source,
-        })?;
+        trust::create_private_dir(dir)?;
         let path = dir.join(STATE_FILE);
+        let created = match trust::create_private_file(&path) {
+            Ok(_) => true,
+            Err(e) if e.already_exists() => {
+                trust::check_file(&path, Material::Registry)?;
+                false
+            }
+            Err(e) => return Err(e.into()),
+        };
+        // redb initializes an empty file in place, keeping the mode it was created with.
         let db = Database::create(&path).map_err(|e| StateError::Database {
             path: path.clone(),
             operation: "opening",
             source: Box::new(e),
         })?;
-        let store = Self { db, path };
+        let store = Self { db, path, created };
         // Create the tables so that read transactions find them.
         store.write("creating tables", |txn| {
             txn.open_table(MANIFESTS)?;
@@ -423,6 +442,13 @@ impl StateStore {
     /// The database file.
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// Whether [`StateStore::open`] created the database: its registry then remembers no
+    /// accepted version, and rollback protection restarts from zero unless it is rebuilt
+    /// ([`crate::integrity::restore_rollback_memory`]).
+    pub fn is_new(&self) -> bool {
+        self.created
     }
 
     fn db_err(&self, operation: &'static str) -> impl FnOnce(redb::Error) -> StateError + '_ {
@@ -615,7 +641,7 @@ impl StateStore {
         let time = now_unix();
         self.write("appending an event", |txn| {
             let mut table = txn.open_table(EVENTS)?;
-            let seq = table.last()?.map(|(k, _)| k.value() + 1).unwrap_or(0);
+            let seq = next_seq(table.last()?.map(|(k, _)| k.value()), 1)?;
             let record = encode_event(time, object_id, node, kind, detail);
             table.insert(seq, record.as_slice())?;
             Ok(seq)
@@ -640,15 +666,18 @@ impl StateStore {
             let mut table = txn.open_table(DECISIONS)?;
             let mut meta = txn.open_table(META)?;
             // The counter survives pruning, so sequence numbers never repeat.
-            let after_last = table.last()?.map(|(k, _)| k.value() + 1).unwrap_or(0);
+            let after_last = next_seq(table.last()?.map(|(k, _)| k.value()), encoded.len())?;
             let counted = meta.get("decisions.next")?.map(|g| g.value()).unwrap_or(0);
             let first = after_last.max(counted);
+            let end = first
+                .checked_add(encoded.len() as u64)
+                .ok_or_else(exhausted)?;
             for (seq, bytes) in (first..).zip(&encoded) {
                 table.insert(seq, bytes.as_slice())?;
             }
             let bytes = meta.get("decisions.bytes")?.map(|g| g.value()).unwrap_or(0);
             meta.insert("decisions.bytes", bytes.saturating_add(added))?;
-            meta.insert("decisions.next", first + encoded.len() as u64)?;
+            meta.insert("decisions.next", end)?;
             Ok(first)
         })?;
         for (seq, record) in (first..).zip(records.iter_mut()) {
@@ -786,6 +815,23 @@ fn check_against(
         });
     }
     Ok(())
+}
+
+/// The sequence number after `last` (0 for an empty log), with room for `count` more:
+/// a log whose numbers would overflow is reported as corrupt rather than wrap.
+fn next_seq(last: Option<u64>, count: usize) -> Result<u64, redb::Error> {
+    let first = match last {
+        None => 0,
+        Some(last) => last.checked_add(1).ok_or_else(exhausted)?,
+    };
+    first
+        .checked_add(count as u64)
+        .ok_or_else(exhausted)
+        .map(|_| first)
+}
+
+fn exhausted() -> redb::Error {
+    redb::Error::Corrupted("a log's sequence numbers are exhausted".into())
 }
 
 fn encode_entry(version: u64, digest: &[u8; 32], signed: &[u8]) -> Vec<u8> {
@@ -1085,6 +1131,14 @@ fn split_revision(raw: &[u8]) -> Option<(u64, &[u8])> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sequence_numbers_never_wrap() {
+        assert_eq!(next_seq(None, 3).unwrap(), 0);
+        assert_eq!(next_seq(Some(4), 1).unwrap(), 5);
+        assert!(next_seq(Some(u64::MAX), 1).is_err());
+        assert!(next_seq(Some(u64::MAX - 2), 5).is_err());
+    }
 
     #[test]
     fn registry_refuses_rollback_and_conflicts() {

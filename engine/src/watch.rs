@@ -1,19 +1,243 @@
-//! Hot reload: follow the policy directory, schema and configuration with notify,
-//! wait for writes to settle, then [`Engine::reload`] the whole set.
+//! Hot reload: follow the policy directory, schema, configuration and plugins with
+//! notify, wait for the files to settle, then reload the whole set, and tell whoever
+//! listens ([`Engine::reload_events`]).
+//!
+//! # Deploying policy files
+//!
+//! **Write a file in full under a temporary name in the same directory, then rename it
+//! over the old one** (`mv`, `rename(2)`): a rename is atomic, so the engine sees the old
+//! file or the new one, never a mix. Editors that save by rename, `kubectl cp` to a
+//! temporary name followed by `mv`, and Kubernetes ConfigMap and Secret mounts (which
+//! swap a `..data` symlink) all do this. An in-place write (`>`, `cp` over the file,
+//! `truncate` then write) is visible half-done.
+//!
+//! # Settling (a heuristic)
+//!
+//! Because in-place writes happen anyway, the watcher does not reload on the first
+//! event. Once no event came for the debounce ([`DEFAULT_DEBOUNCE`]), it reloads only
+//! when the files are **quiescent**: it notes every file of the set (size and
+//! modification time, and a SHA-256 of its bytes), reads and compiles the set, waits
+//! one more debounce, and notes them again. Only if nothing changed across that wait,
+//! and the bytes re-read equal the bytes read before compiling, does the attempt count
+//! (the set goes live, or its rejection is reported); else it starts over, at most
+//! [`DEFAULT_SETTLE_ROUNDS`] times, then reports [`LoadError::Unsettled`]. The digest
+//! comparison catches what sizes and times miss: a same-size rewrite within one tick of
+//! a coarse file-system clock.
+//!
+//! What it cannot protect against: **a writer that pauses longer than the debounce
+//! between two writes of one file.** After the first write the files are quiescent for
+//! a whole round, and if that first part is a valid set on its own (say, a file whose
+//! first half holds every policy but `security.blocked-node`), it goes live until the
+//! second write lands and settles. No waiting rule can tell a slow writer from a
+//! finished one. Deploy by atomic rename; where that cannot be guaranteed, run in
+//! sealed mode ([`crate::EngineBuilder::sealed`], [`crate::policy_seal`]), where a set
+//! that does not match its signed seal never loads, half-written or not.
 
-use std::path::Path;
-use std::sync::mpsc;
+use std::path::{Path, PathBuf};
+use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant, SystemTime};
 
 use notify::{EventKind, RecursiveMode, Watcher};
 
 use crate::engine::Engine;
-use crate::error::WatchError;
+use crate::error::{LoadError, WatchError};
+use crate::integrity::{Hash, sha256};
+use crate::policy_seal::SealInfo;
 
-/// How long the watcher waits after the last change before reloading. Editors and
-/// `kubectl cp` write a file in several steps; one reload should see all of them.
+/// How long the watcher waits after the last change before it looks at the files, and
+/// how long a settling round lasts. Editors and `kubectl cp` write a file in several
+/// steps; one reload should see all of them.
 pub const DEFAULT_DEBOUNCE: Duration = Duration::from_millis(50);
+
+/// Most settling rounds before the watcher gives up on files that keep changing
+/// ([`LoadError::Unsettled`]); the next change tries again.
+pub const DEFAULT_SETTLE_ROUNDS: u32 = 40;
+
+/// Reload events a subscriber may have unread before it misses the newest ones.
+pub const RELOAD_EVENT_BACKLOG: usize = 256;
+
+/// How a reload attempt ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ReloadOutcome {
+    /// A different set went live.
+    Loaded,
+    /// The set read is the live one: nothing changed.
+    Unchanged,
+    /// The set was refused; the previous set keeps serving.
+    Rejected,
+}
+
+/// One reload attempt, as [`Engine::reload_events`] reports it.
+#[derive(Debug, Clone)]
+pub struct ReloadEvent {
+    /// Attempt number, from 1, per engine: a gap means events were missed.
+    pub seq: u64,
+    /// How it ended.
+    pub outcome: ReloadOutcome,
+    /// Digest of the live set when the attempt started.
+    pub digest_before: String,
+    /// Digest of the live set after it (the same as before unless [`ReloadOutcome::Loaded`]).
+    pub digest_after: String,
+    /// The seal of the live set after the attempt, in sealed mode.
+    pub seal: Option<SealInfo>,
+    /// Why it was refused.
+    pub error: Option<Arc<LoadError>>,
+    /// How long the attempt took, settling included.
+    pub duration: Duration,
+    /// Settling rounds it took (1 for [`Engine::reload`]).
+    pub rounds: u32,
+    /// When it ended, by the engine's clock, in Unix milliseconds.
+    pub at_unix_ms: u64,
+}
+
+/// The receivers of [`Engine::reload_events`].
+#[derive(Default)]
+pub(crate) struct ReloadSubscribers {
+    senders: Mutex<Vec<SyncSender<ReloadEvent>>>,
+    seq: std::sync::atomic::AtomicU64,
+}
+
+impl ReloadSubscribers {
+    pub fn subscribe(&self) -> Receiver<ReloadEvent> {
+        let (tx, rx) = mpsc::sync_channel(RELOAD_EVENT_BACKLOG);
+        self.senders
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(tx);
+        rx
+    }
+
+    /// Numbers `event` and hands it to every live subscriber, never waiting on one.
+    pub fn publish(&self, mut event: ReloadEvent) {
+        event.seq = self
+            .seq
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            .saturating_add(1);
+        self.senders
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .retain(|tx| match tx.try_send(event.clone()) {
+                Ok(()) | Err(TrySendError::Full(_)) => true,
+                Err(TrySendError::Disconnected(_)) => false,
+            });
+    }
+}
+
+/// Waits: the watcher's only way to let time pass, so that tests drive time without
+/// sleeping.
+pub trait Sleeper: Send + Sync {
+    /// Returns after `duration` (or whatever the implementation makes of it).
+    fn sleep(&self, duration: Duration);
+}
+
+/// [`Sleeper`] on the thread's own sleep: the default.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ThreadSleeper;
+
+impl Sleeper for ThreadSleeper {
+    fn sleep(&self, duration: Duration) {
+        std::thread::sleep(duration);
+    }
+}
+
+/// When the watcher considers the files settled (see the module docs).
+#[derive(Clone)]
+pub struct Settle {
+    debounce: Duration,
+    max_rounds: u32,
+    sleeper: Arc<dyn Sleeper>,
+}
+
+impl std::fmt::Debug for Settle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Settle")
+            .field("debounce", &self.debounce)
+            .field("max_rounds", &self.max_rounds)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Default for Settle {
+    fn default() -> Self {
+        Self::new(DEFAULT_DEBOUNCE)
+    }
+}
+
+impl Settle {
+    /// Rounds of `debounce`, at most [`DEFAULT_SETTLE_ROUNDS`], sleeping on the thread.
+    pub fn new(debounce: Duration) -> Self {
+        Self {
+            debounce,
+            max_rounds: DEFAULT_SETTLE_ROUNDS,
+            sleeper: Arc::new(ThreadSleeper),
+        }
+    }
+
+    /// Lets time pass with `sleeper` instead of the thread's sleep (tests).
+    pub fn with_sleeper(mut self, sleeper: Arc<dyn Sleeper>) -> Self {
+        self.sleeper = sleeper;
+        self
+    }
+
+    /// At most `rounds` rounds (at least 1).
+    pub fn with_max_rounds(mut self, rounds: u32) -> Self {
+        self.max_rounds = rounds.max(1);
+        self
+    }
+
+    /// The length of a round.
+    pub fn debounce(&self) -> Duration {
+        self.debounce
+    }
+}
+
+/// What one look at a file saw.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct FileState {
+    len: u64,
+    modified: Option<SystemTime>,
+    sha256: Hash,
+}
+
+/// What one look at every file of the set saw (`None`: unreadable or absent).
+type Observation = Vec<(PathBuf, Option<FileState>)>;
+
+fn observe(files: &[PathBuf]) -> Observation {
+    files
+        .iter()
+        .map(|path| {
+            let state = std::fs::metadata(path).ok().and_then(|meta| {
+                let bytes = crate::source::read_bytes(path).ok()?;
+                Some(FileState {
+                    len: meta.len(),
+                    modified: meta.modified().ok(),
+                    sha256: sha256(&bytes),
+                })
+            });
+            (path.clone(), state)
+        })
+        .collect()
+}
+
+/// A file that differs between two looks.
+fn changed(a: &Observation, b: &Observation) -> Option<PathBuf> {
+    if a.len() != b.len() {
+        let longer = if a.len() > b.len() { a } else { b };
+        let shorter = if a.len() > b.len() { b } else { a };
+        return longer
+            .iter()
+            .find(|(p, _)| !shorter.iter().any(|(q, _)| q == p))
+            .map(|(p, _)| p.clone())
+            .or_else(|| longer.first().map(|(p, _)| p.clone()));
+    }
+    a.iter()
+        .zip(b)
+        .find(|(x, y)| x != y)
+        .map(|((p, _), _)| p.clone())
+}
 
 /// Keeps the engine's policy set in step with the files. Dropping it stops watching.
 pub struct ReloadWatcher {
@@ -22,13 +246,57 @@ pub struct ReloadWatcher {
 }
 
 impl Engine {
-    /// Watches the policy files and reloads on change, with [`DEFAULT_DEBOUNCE`].
+    /// Watches the policy files and reloads once they settle, with [`DEFAULT_DEBOUNCE`].
     pub fn watch(&self) -> Result<ReloadWatcher, WatchError> {
-        self.watch_with_debounce(DEFAULT_DEBOUNCE)
+        self.watch_settled(Settle::default())
     }
 
-    /// Watches the policy files and reloads once no change has come for `debounce`.
+    /// Watches the policy files and reloads once no change has come for `debounce` and
+    /// the files have settled in rounds of `debounce`.
     pub fn watch_with_debounce(&self, debounce: Duration) -> Result<ReloadWatcher, WatchError> {
+        self.watch_settled(Settle::new(debounce))
+    }
+
+    /// Reads the set once the files are quiescent (see the module docs), then swaps it
+    /// in as [`Engine::reload`] does, reporting the attempt to
+    /// [`Engine::reload_events`]. What the watcher calls after each burst of changes;
+    /// a host that reloads on a signal should call it too.
+    pub fn reload_when_settled(&self, settle: &Settle) -> Result<(), Arc<LoadError>> {
+        let started = Instant::now();
+        let before = self.live_digest();
+        let mut last_changed = PathBuf::new();
+        for round in 1..=settle.max_rounds {
+            // A directory that cannot be listed is reported by reading the set.
+            let files = self.origin().set_files().unwrap_or_default();
+            let first = observe(&files);
+            let prepared = self.prepare_reload();
+            settle.sleeper.sleep(settle.debounce);
+            let files = self.origin().set_files().unwrap_or_default();
+            let second = observe(&files);
+            match changed(&first, &second) {
+                None => {
+                    let result = prepared.and_then(|bundle| self.commit_reload(bundle));
+                    return self.finish_reload(started, before, round, result);
+                }
+                Some(path) => last_changed = path,
+            }
+        }
+        let debounce_ms = u64::try_from(settle.debounce.as_millis()).unwrap_or(u64::MAX);
+        self.finish_reload(
+            started,
+            before,
+            settle.max_rounds,
+            Err(LoadError::Unsettled {
+                rounds: settle.max_rounds,
+                debounce_ms,
+                path: last_changed,
+            }),
+        )
+    }
+
+    /// Watches the policy files and, after each burst of changes, reloads with
+    /// [`Engine::reload_when_settled`].
+    pub fn watch_settled(&self, settle: Settle) -> Result<ReloadWatcher, WatchError> {
         let paths = self.watched_paths();
         if paths.is_empty() {
             return Err(WatchError::NothingToWatch);
@@ -76,6 +344,7 @@ impl Engine {
                 })?;
         }
         let engine = self.clone();
+        let debounce = settle.debounce;
         let thread = std::thread::Builder::new()
             .name("probity-reload".into())
             .spawn(move || {
@@ -87,8 +356,9 @@ impl Engine {
                             Err(mpsc::RecvTimeoutError::Disconnected) => return,
                         }
                     }
-                    // The error is kept in the engine (last_error, status) for callers.
-                    let _ = engine.reload();
+                    // The outcome is kept in the engine (last_error, status) and sent to
+                    // the reload event subscribers.
+                    let _ = engine.reload_when_settled(&settle);
                 }
             })
             .map_err(|source| WatchError::Notify {

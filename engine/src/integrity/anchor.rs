@@ -119,12 +119,17 @@ pub struct AnchorDescription {
     pub summary: String,
     /// The key id of its public key.
     pub key_id: KeyId,
+    /// Whether the HSM protects the key (sensitive, not extractable, generated in the
+    /// token or never extractable). False for the software anchor, and for a token key
+    /// used despite failing the check ([`crate::integrity::Pkcs11Config::allow_unprotected_key`]).
+    pub key_protected: bool,
 }
 
 impl AnchorDescription {
-    /// Whether the key lives in an HSM.
+    /// Whether signatures are HSM-protected: the key lives in an HSM that protects it.
+    /// A token key that failed the protection check does not count.
     pub fn is_hsm(&self) -> bool {
-        self.kind == AnchorKind::Hsm
+        self.kind == AnchorKind::Hsm && self.key_protected
     }
 }
 
@@ -303,6 +308,64 @@ pub enum AnchorError {
     /// The software signer failed (random source or key).
     #[error("software anchor (not an HSM): signing failed")]
     SoftwareSign,
+    /// A key file, PIN file or pinned public key that others could change (or read, for
+    /// a secret) is not trusted.
+    #[error(transparent)]
+    Untrusted(#[from] crate::trust::TrustError),
+    /// The token's key is not protected by the HSM: it could have been, or could be,
+    /// copied out of the token.
+    #[error(
+        "key {key:?} on token {token:?} is not HSM-protected: {attribute} is {}, it must be {}",
+        shown(*found),
+        required(attribute)
+    )]
+    UnprotectedKey {
+        /// Key label.
+        key: String,
+        /// Token label.
+        token: String,
+        /// The PKCS#11 attribute that failed, e.g. `CKA_EXTRACTABLE`.
+        attribute: &'static str,
+        /// What the token says (`None`: it does not say).
+        found: Option<bool>,
+    },
+    /// The pinned public key file could not be read.
+    #[error("cannot read the pinned public key {}", path.display())]
+    PinnedKeyFile {
+        /// File path.
+        path: PathBuf,
+        /// I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The pinned public key file does not hold a public key.
+    #[error(
+        "pinned public key {} is not the hex form of an uncompressed P-256 point (130 hex digits)",
+        path.display()
+    )]
+    PinnedKeyInvalid {
+        /// File path.
+        path: PathBuf,
+    },
+}
+
+fn shown(value: Option<bool>) -> &'static str {
+    match value {
+        Some(true) => "true",
+        Some(false) => "false",
+        None => "unavailable",
+    }
+}
+
+/// What a protection attribute must be (see `pkcs11::check_protection`).
+fn required(attribute: &str) -> &'static str {
+    match attribute {
+        "CKA_EXTRACTABLE" => "false",
+        "CKA_ALWAYS_SENSITIVE" | "CKA_NEVER_EXTRACTABLE" => {
+            "true (the key was not generated in the token: CKA_LOCAL is not true)"
+        }
+        _ => "true",
+    }
 }
 
 /// Lowercase hex of `bytes`.

@@ -28,6 +28,7 @@ use super::anchor::{
     Verifier,
 };
 use super::manifest::{Hash, sha256};
+use crate::trust::{self, Material, TrustError};
 
 /// DER encoding of the P-256 curve OID (1.2.840.10045.3.1.7), the `CKA_EC_PARAMS` value.
 const P256_PARAMS: [u8; 10] = [0x06, 0x08, 0x2a, 0x86, 0x48, 0xce, 0x3d, 0x03, 0x01, 0x07];
@@ -48,7 +49,33 @@ impl Pin {
         }
     }
     /// Reads the PIN from the first line of the file at `path` (trailing newline removed).
+    /// Refuses a file that group or others may read or write, or that another user than
+    /// this one or root owns (see [`crate::trust`]).
     pub fn from_file(path: &Path) -> Result<Self, AnchorError> {
+        let (pin, readable) = Self::from_file_lenient(path)?;
+        match readable {
+            Some(problem) => Err(problem.into()),
+            None => Ok(pin),
+        }
+    }
+
+    /// [`Pin::from_file`], except that a file group or others may read is accepted and
+    /// the problem returned beside the PIN, for the caller to warn about. Everything
+    /// else [`Pin::from_file`] refuses is still refused.
+    pub fn from_file_lenient(path: &Path) -> Result<(Self, Option<TrustError>), AnchorError> {
+        let (_, readable) =
+            trust::check_file_lenient(path, Material::Secret).map_err(|e| match e {
+                // A file that cannot be found or read is a PIN file problem, not a trust one.
+                TrustError::Io { source, .. } => AnchorError::PinFile {
+                    path: path.to_owned(),
+                    source,
+                },
+                other => other.into(),
+            })?;
+        Ok((Self::read_file(path)?, readable))
+    }
+
+    fn read_file(path: &Path) -> Result<Self, AnchorError> {
         let text = std::fs::read_to_string(path).map_err(|source| AnchorError::PinFile {
             path: path.to_owned(),
             source,
@@ -89,6 +116,41 @@ pub struct Pkcs11Config {
     pub key_label: String,
     /// The user PIN.
     pub pin: Pin,
+    /// Use a key found on the token even if the HSM does not protect it (sensitive, not
+    /// extractable, and generated in the token or never extractable): every description
+    /// of the anchor then says its signatures are NOT HSM-protected. Default: false, and
+    /// such a key is refused with [`AnchorError::UnprotectedKey`].
+    pub allow_unprotected_key: bool,
+}
+
+impl Pkcs11Config {
+    /// A configuration that refuses unprotected keys.
+    pub fn new(
+        module: impl Into<PathBuf>,
+        token_label: impl Into<String>,
+        key_label: impl Into<String>,
+        pin: Pin,
+    ) -> Self {
+        Self {
+            module: module.into(),
+            token_label: token_label.into(),
+            key_label: key_label.into(),
+            pin,
+            allow_unprotected_key: false,
+        }
+    }
+}
+
+/// A manifest digest kept on the token as a `CKO_DATA` object (see
+/// [`Anchor::store_digest`]): the rollback memory that survives the loss of the registry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TokenDigest {
+    /// Object id.
+    pub object_id: String,
+    /// Version.
+    pub version: u64,
+    /// Manifest digest.
+    pub digest: Hash,
 }
 
 /// An anchor backed by a PKCS#11 token (an HSM).
@@ -99,6 +161,8 @@ pub struct Pkcs11Anchor {
     session: Mutex<Session>,
     key: ObjectHandle,
     public: PublicKey,
+    /// The first protection check the key failed, when it was used anyway.
+    unprotected: Option<AnchorError>,
 }
 
 impl std::fmt::Debug for Pkcs11Anchor {
@@ -236,6 +300,11 @@ impl Pkcs11Anchor {
             key: config.key_label.clone(),
             token: token.to_owned(),
         })?;
+        let unprotected = match check_protection(&session, key, config) {
+            Ok(()) => None,
+            Err(problem) if config.allow_unprotected_key => Some(problem),
+            Err(problem) => return Err(problem),
+        };
         let attrs = session
             .get_attributes(public_handle, &[AttributeType::EcPoint])
             .map_err(p11("public key read", token))?;
@@ -253,6 +322,7 @@ impl Pkcs11Anchor {
             session: Mutex::new(session),
             key,
             public,
+            unprotected,
         })
     }
 
@@ -315,6 +385,17 @@ impl Pkcs11Anchor {
     /// The token label.
     pub fn token_label(&self) -> &str {
         &self.token
+    }
+
+    /// Why the key is not HSM-protected, when it was used anyway
+    /// ([`Pkcs11Config::allow_unprotected_key`]); `None` for a protected key.
+    pub fn protection_problem(&self) -> Option<&AnchorError> {
+        self.unprotected.as_ref()
+    }
+
+    /// The manifest digests this token keeps (see [`token_digests`]).
+    pub fn stored_digests(&self) -> Result<Vec<TokenDigest>, AnchorError> {
+        list_digests(&self.session(), &self.token)
     }
 
     fn session(&self) -> std::sync::MutexGuard<'_, Session> {
@@ -395,17 +476,142 @@ impl Anchor for Pkcs11Anchor {
     }
 
     fn describe(&self) -> AnchorDescription {
+        let mut summary = format!(
+            "PKCS#11 HSM token {:?} key {:?} via {}",
+            self.token,
+            self.key_label,
+            self.module.display()
+        );
+        if let Some(problem) = &self.unprotected {
+            summary.push_str(&format!(
+                " -- signatures NOT HSM-protected: {problem} (used because unprotected keys were allowed)"
+            ));
+        }
         AnchorDescription {
             kind: AnchorKind::Hsm,
-            summary: format!(
-                "PKCS#11 HSM token {:?} key {:?} via {}",
-                self.token,
-                self.key_label,
-                self.module.display()
-            ),
+            summary,
             key_id: self.public.key_id(),
+            key_protected: self.unprotected.is_none(),
         }
     }
+}
+
+/// Checks that the HSM protects the private key `key`: `CKA_SENSITIVE` true,
+/// `CKA_EXTRACTABLE` false, and `CKA_LOCAL` true (generated in the token) or both
+/// `CKA_ALWAYS_SENSITIVE` and `CKA_NEVER_EXTRACTABLE` true (never seen outside it). An
+/// attribute the token does not report counts as failing.
+fn check_protection(
+    session: &Session,
+    key: ObjectHandle,
+    config: &Pkcs11Config,
+) -> Result<(), AnchorError> {
+    let token = config.token_label.as_str();
+    let attrs = session
+        .get_attributes(
+            key,
+            &[
+                AttributeType::Sensitive,
+                AttributeType::Extractable,
+                AttributeType::Local,
+                AttributeType::AlwaysSensitive,
+                AttributeType::NeverExtractable,
+            ],
+        )
+        .map_err(p11("key attribute read", token))?;
+    let mut sensitive = None;
+    let mut extractable = None;
+    let mut local = None;
+    let mut always_sensitive = None;
+    let mut never_extractable = None;
+    for a in &attrs {
+        match a {
+            Attribute::Sensitive(v) => sensitive = Some(*v),
+            Attribute::Extractable(v) => extractable = Some(*v),
+            Attribute::Local(v) => local = Some(*v),
+            Attribute::AlwaysSensitive(v) => always_sensitive = Some(*v),
+            Attribute::NeverExtractable(v) => never_extractable = Some(*v),
+            _ => {}
+        }
+    }
+    let fail = |attribute: &'static str, found: Option<bool>| {
+        Err(AnchorError::UnprotectedKey {
+            key: config.key_label.clone(),
+            token: token.to_owned(),
+            attribute,
+            found,
+        })
+    };
+    if sensitive != Some(true) {
+        return fail("CKA_SENSITIVE", sensitive);
+    }
+    if extractable != Some(false) {
+        return fail("CKA_EXTRACTABLE", extractable);
+    }
+    if local == Some(true) {
+        return Ok(());
+    }
+    if always_sensitive != Some(true) {
+        return fail("CKA_ALWAYS_SENSITIVE", always_sensitive);
+    }
+    if never_extractable != Some(true) {
+        return fail("CKA_NEVER_EXTRACTABLE", never_extractable);
+    }
+    Ok(())
+}
+
+/// Every manifest digest the token labelled `config.token_label` keeps, read with a user
+/// session but without the signing key: what a new registry is rebuilt from
+/// ([`crate::integrity::restore_rollback_memory`]). Objects whose label or value is not
+/// one Probity writes are skipped.
+pub fn token_digests(config: &Pkcs11Config) -> Result<Vec<TokenDigest>, AnchorError> {
+    let session = login(config)?;
+    list_digests(&session, &config.token_label)
+}
+
+fn list_digests(session: &Session, token: &str) -> Result<Vec<TokenDigest>, AnchorError> {
+    let handles = session
+        .find_objects(&[
+            Attribute::Class(ObjectClass::DATA),
+            Attribute::Application(DATA_APPLICATION.as_bytes().to_vec()),
+        ])
+        .map_err(p11("data object search", token))?;
+    let mut out = Vec::with_capacity(handles.len());
+    for handle in handles {
+        let attrs = session
+            .get_attributes(handle, &[AttributeType::Label, AttributeType::Value])
+            .map_err(p11("data object read", token))?;
+        let mut label = None;
+        let mut value = None;
+        for a in attrs {
+            match a {
+                Attribute::Label(l) => label = Some(l),
+                Attribute::Value(v) => value = Some(v),
+                _ => {}
+            }
+        }
+        if let Some(d) = label
+            .zip(value)
+            .and_then(|(l, v)| parse_digest_object(&l, &v))
+        {
+            out.push(d);
+        }
+    }
+    Ok(out)
+}
+
+/// A data object as [`Anchor::store_digest`] writes it: label `<object id>@<version>`
+/// (the id may itself hold `@`), value the 32-byte digest.
+fn parse_digest_object(label: &[u8], value: &[u8]) -> Option<TokenDigest> {
+    let label = std::str::from_utf8(label).ok()?;
+    let (object_id, version) = label.rsplit_once('@')?;
+    if object_id.is_empty() || version.starts_with('+') {
+        return None;
+    }
+    Some(TokenDigest {
+        object_id: object_id.to_owned(),
+        version: version.parse().ok()?,
+        digest: value.try_into().ok()?,
+    })
 }
 
 #[cfg(test)]
@@ -416,12 +622,7 @@ mod tests {
     fn pin_debug_is_redacted() {
         let pin = Pin::new("123456".into());
         assert_eq!(format!("{pin:?}"), "Pin(<redacted>)");
-        let cfg = Pkcs11Config {
-            module: "/x".into(),
-            token_label: "t".into(),
-            key_label: "k".into(),
-            pin,
-        };
+        let cfg = Pkcs11Config::new("/x", "t", "k", pin);
         assert!(!format!("{cfg:?}").contains("123456"));
     }
 
@@ -447,6 +648,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("pin");
         std::fs::write(&path, "1234\r\nignored\n").unwrap();
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
         assert!(Pin::from_file(&path).is_ok());
         std::fs::write(&path, "\n").unwrap();
         assert!(matches!(
@@ -455,14 +658,52 @@ mod tests {
         ));
     }
 
+    /// Issue (hardening): a PIN file others could read was used silently.
+    #[test]
+    fn bug_pin_file_readable_by_group_or_others_is_refused_unless_lenient() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("pin");
+        std::fs::write(&path, "1234\n").unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o640)).unwrap();
+        let err = Pin::from_file(&path).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                AnchorError::Untrusted(TrustError::Readable { mode: 0o640, .. })
+            ),
+            "{err:?}"
+        );
+        assert!(err.to_string().contains("lets group read it"), "{err}");
+        let (_, warning) = Pin::from_file_lenient(&path).unwrap();
+        assert!(warning.is_some());
+        // Writable by others is refused even when lenient.
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666)).unwrap();
+        assert!(Pin::from_file_lenient(&path).is_err());
+    }
+
+    #[test]
+    fn digest_objects_parse_back_from_their_labels() {
+        let d = [3u8; 32];
+        assert_eq!(
+            parse_digest_object(b"models/a@b@12", &d),
+            Some(TokenDigest {
+                object_id: "models/a@b".into(),
+                version: 12,
+                digest: d
+            })
+        );
+        assert_eq!(parse_digest_object(b"x@", &d), None);
+        assert_eq!(parse_digest_object(b"@1", &d), None);
+        assert_eq!(parse_digest_object(b"x@+1", &d), None);
+        assert_eq!(parse_digest_object(b"x@1", &d[..31]), None);
+        assert_eq!(parse_digest_object(b"x@18446744073709551616", &d), None);
+        assert_eq!(parse_digest_object(&[0xff, b'@', b'1'], &d), None);
+    }
+
     #[test]
     fn missing_module_is_a_load_error() {
-        let cfg = Pkcs11Config {
-            module: "/nonexistent/libnothing.so".into(),
-            token_label: "t".into(),
-            key_label: "k".into(),
-            pin: Pin::new("1".into()),
-        };
+        let cfg = Pkcs11Config::new("/nonexistent/libnothing.so", "t", "k", Pin::new("1".into()));
         assert!(matches!(
             Pkcs11Anchor::open(&cfg),
             Err(AnchorError::ModuleLoad { .. })

@@ -2,9 +2,8 @@
 //! the file can sign. It exists as the embedded default for a first run; every description of
 //! it says "software anchor (not an HSM)".
 
-use std::fs::OpenOptions;
 use std::io::Write as _;
-use std::os::unix::fs::{MetadataExt as _, OpenOptionsExt as _};
+use std::os::unix::fs::MetadataExt as _;
 use std::path::{Path, PathBuf};
 
 use ring::rand::SystemRandom;
@@ -44,18 +43,15 @@ impl SoftwareAnchor {
             path: path.to_owned(),
             source,
         };
-        let mut file = OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(path)
-            .map_err(key_err)?;
+        let mut file = crate::trust::create_private_file(path)?;
         file.write_all(pkcs8.as_ref()).map_err(key_err)?;
         file.sync_all().map_err(key_err)?;
         Self::from_pkcs8(path, pkcs8.as_ref(), rng)
     }
 
-    /// Loads the key at `path`, refusing a file with any group or other permission bit.
+    /// Loads the key at `path`, refusing a file with any group or other permission bit,
+    /// owned by another user than this one or root, or in a directory others could
+    /// change (see [`crate::trust`]).
     pub fn load(path: &Path) -> Result<Self, AnchorError> {
         let key_err = |source| AnchorError::KeyFile {
             path: path.to_owned(),
@@ -69,6 +65,7 @@ impl SoftwareAnchor {
                 mode,
             });
         }
+        crate::trust::check_file(path, crate::trust::Material::Secret)?;
         let bytes = std::fs::read(path).map_err(key_err)?;
         Self::from_pkcs8(path, &bytes, SystemRandom::new())
     }
@@ -128,6 +125,7 @@ impl Anchor for SoftwareAnchor {
                 self.path.display()
             ),
             key_id: self.public.key_id(),
+            key_protected: false,
         }
     }
 }

@@ -76,12 +76,12 @@ pub(crate) struct Hsm {
 
 impl Hsm {
     pub(crate) fn config(&self, key: &str) -> Pkcs11Config {
-        Pkcs11Config {
-            module: MODULE.into(),
-            token_label: self.token.clone(),
-            key_label: key.into(),
-            pin: Pin::from_file(&self.pin_file).unwrap(),
-        }
+        Pkcs11Config::new(
+            MODULE,
+            self.token.clone(),
+            key,
+            Pin::from_file(&self.pin_file).unwrap(),
+        )
     }
     fn pin(&self) -> String {
         fs::read_to_string(&self.pin_file)
@@ -129,6 +129,11 @@ pub(crate) fn with_softhsm(name: &str, body: impl FnOnce(&Hsm, &Path)) {
     let pin = format!("{:08x}", nanos ^ 0x5a5a_5a5a);
     fs::write(dir.join("token.label"), &label).unwrap();
     fs::write(dir.join("user.pin"), format!("{pin}\n")).unwrap();
+    // A PIN file others can read is refused (trust.rs).
+    {
+        use std::os::unix::fs::PermissionsExt as _;
+        fs::set_permissions(dir.join("user.pin"), fs::Permissions::from_mode(0o600)).unwrap();
+    }
     let init = Command::new("softhsm2-util")
         .args(["--init-token", "--free", "--label", &label])
         .args(["--so-pin", "so-secret-1234", "--pin", &pin])
@@ -864,4 +869,271 @@ fn softhsm_interop_with_pkcs11_tool() {
         ]);
         assert_eq!(fs::read(&out).unwrap(), signed.digest());
     });
+}
+
+// ---------------------------------------------------------------- hardening
+
+/// Runs pkcs11-tool logged in to the test token.
+fn pkcs11_tool(hsm: &Hsm, args: &[&str]) -> String {
+    let out = Command::new("pkcs11-tool")
+        .args(["--module", MODULE, "--token-label", &hsm.token])
+        .args(["--login", "--pin", &hsm.pin()])
+        .args(args)
+        .output()
+        .expect("pkcs11-tool must be installed: apt-get install -y opensc");
+    assert!(
+        out.status.success(),
+        "pkcs11-tool {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Issue: a pre-provisioned key pair under Probity's label, imported and extractable,
+/// was used and `seal` said `"hsm": true`. Such keys are refused, naming the attribute,
+/// unless explicitly allowed, and then nothing calls the signature HSM-protected.
+#[test]
+fn bug_an_extractable_or_imported_key_under_our_label_is_not_trusted() {
+    with_softhsm(
+        "integrity::bug_an_extractable_or_imported_key_under_our_label_is_not_trusted",
+        |hsm, dir| {
+            // Generated in the token, but extractable.
+            pkcs11_tool(
+                hsm,
+                &[
+                    "--keypairgen",
+                    "--key-type",
+                    "EC:prime256v1",
+                    "--label",
+                    "extractable-key",
+                    "--usage-sign",
+                    "--extractable",
+                ],
+            );
+            let err = Pkcs11Anchor::open(&hsm.config("extractable-key")).unwrap_err();
+            assert!(
+                matches!(
+                    &err,
+                    AnchorError::UnprotectedKey {
+                        attribute: "CKA_EXTRACTABLE",
+                        found: Some(true),
+                        ..
+                    }
+                ),
+                "{err:?}"
+            );
+            assert!(err.to_string().contains("CKA_EXTRACTABLE"), "{err}");
+            // open_or_generate does not paper over it by generating another key.
+            assert!(Pkcs11Anchor::open_or_generate(&hsm.config("extractable-key")).is_err());
+
+            // Allowed explicitly: usable, and described as NOT HSM-protected.
+            let mut cfg = hsm.config("extractable-key");
+            cfg.allow_unprotected_key = true;
+            let anchor = Pkcs11Anchor::open(&cfg).unwrap();
+            let d = anchor.describe();
+            assert!(!d.is_hsm());
+            assert!(!d.key_protected);
+            assert!(d.summary.contains("NOT HSM-protected"), "{}", d.summary);
+            assert!(anchor.protection_problem().is_some());
+            let digest = sha256(b"m");
+            assert!(
+                Verifier::new(anchor.public_key().clone())
+                    .verify(&digest, &anchor.sign(&digest).unwrap())
+            );
+
+            // Imported from outside the token (sensitive, not extractable, but not local
+            // and never always-sensitive): its plaintext existed somewhere.
+            let pem = dir.join("k.pem");
+            let der = dir.join("k.der");
+            let pubder = dir.join("pub.der");
+            let run = |args: &[&str]| {
+                let out = Command::new("openssl").args(args).output().unwrap();
+                assert!(
+                    out.status.success(),
+                    "openssl {args:?}: {}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
+            };
+            run(&[
+                "ecparam",
+                "-name",
+                "prime256v1",
+                "-genkey",
+                "-noout",
+                "-out",
+                pem.to_str().unwrap(),
+            ]);
+            run(&[
+                "pkcs8",
+                "-topk8",
+                "-nocrypt",
+                "-in",
+                pem.to_str().unwrap(),
+                "-outform",
+                "DER",
+                "-out",
+                der.to_str().unwrap(),
+            ]);
+            run(&[
+                "ec",
+                "-in",
+                pem.to_str().unwrap(),
+                "-pubout",
+                "-outform",
+                "DER",
+                "-out",
+                pubder.to_str().unwrap(),
+            ]);
+            pkcs11_tool(
+                hsm,
+                &[
+                    "--write-object",
+                    der.to_str().unwrap(),
+                    "--type",
+                    "privkey",
+                    "--label",
+                    "imported-key",
+                    "--usage-sign",
+                    "--sensitive",
+                ],
+            );
+            pkcs11_tool(
+                hsm,
+                &[
+                    "--write-object",
+                    pubder.to_str().unwrap(),
+                    "--type",
+                    "pubkey",
+                    "--label",
+                    "imported-key",
+                ],
+            );
+            let err = Pkcs11Anchor::open(&hsm.config("imported-key")).unwrap_err();
+            assert!(
+                matches!(
+                    &err,
+                    AnchorError::UnprotectedKey {
+                        attribute: "CKA_ALWAYS_SENSITIVE",
+                        ..
+                    }
+                ),
+                "{err:?}"
+            );
+            assert!(err.to_string().contains("CKA_LOCAL"), "{err}");
+
+            // A key Probity generated passes.
+            let good = Pkcs11Anchor::generate(&hsm.config(KEY)).unwrap();
+            assert!(good.describe().is_hsm());
+            assert!(good.describe().key_protected);
+        },
+    );
+}
+
+/// Issue: after the state directory was deleted, `verify` created an empty registry and
+/// accepted version 1 again, although the token keeps every sealed digest. A new
+/// registry is now rebuilt from the token before anything is accepted.
+#[test]
+fn bug_a_lost_registry_is_rebuilt_from_the_token_and_refuses_the_rollback() {
+    with_softhsm(
+        "integrity::bug_a_lost_registry_is_rebuilt_from_the_token_and_refuses_the_rollback",
+        |hsm, dir| {
+            let anchor = Pkcs11Anchor::generate(&hsm.config(KEY)).unwrap();
+            let verifier = Verifier::new(anchor.public_key().clone());
+            let state_dir = dir.join("state");
+            let store = StateStore::open(&state_dir).unwrap();
+            let v1_path = write_object(dir, "v1.bin", 10_000);
+            let v2_path = write_object(dir, "v2.bin", 12_000);
+            let v1 = integrity::seal(&v1_path, "ckpt", 1, &anchor, &store, &opts()).unwrap();
+            let v2 = integrity::seal(&v2_path, "ckpt", 2, &anchor, &store, &opts()).unwrap();
+            integrity::seal(&v1_path, "other", 5, &anchor, &store, &opts()).unwrap();
+            drop(store);
+            fs::remove_dir_all(&state_dir).unwrap();
+
+            let store = StateStore::open(&state_dir).unwrap();
+            assert!(store.is_new());
+            let token: Vec<_> = anchor.stored_digests().unwrap();
+            assert_eq!(token.len(), 3, "{token:?}");
+            let memory =
+                integrity::restore_rollback_memory(&store, store.is_new(), Some(&hsm.config(KEY)))
+                    .unwrap();
+            assert_eq!(memory, integrity::RollbackMemory::Rebuilt { objects: 2 });
+            assert!(!memory.restarted_from_zero());
+            let entry = store.registry_entry("ckpt").unwrap().unwrap();
+            assert_eq!((entry.version, entry.digest), (2, *v2.digest()));
+            assert_eq!(store.registry_entry("other").unwrap().unwrap().version, 5);
+
+            let err = integrity::verify_object(
+                &v1_path,
+                &v1,
+                &verifier,
+                &store,
+                &VerifyOptions::default(),
+            )
+            .unwrap_err();
+            assert!(
+                matches!(
+                    err,
+                    IntegrityError::Rollback {
+                        offered: 1,
+                        accepted: 2,
+                        ..
+                    }
+                ),
+                "{err:?}"
+            );
+            integrity::verify_object(&v2_path, &v2, &verifier, &store, &VerifyOptions::default())
+                .unwrap();
+
+            // An existing registry is left alone.
+            assert_eq!(
+                integrity::restore_rollback_memory(&store, false, Some(&hsm.config(KEY))).unwrap(),
+                integrity::RollbackMemory::Kept
+            );
+        },
+    );
+}
+
+/// Without an HSM nothing remembers: the library says so, and the old version is
+/// accepted once (what the CLI and the server must say loudly).
+#[test]
+fn a_lost_registry_without_an_hsm_says_rollback_protection_restarts_from_zero() {
+    let tmp = tempfile::tempdir().unwrap();
+    let anchor = SoftwareAnchor::generate(&tmp.path().join("anchor.key")).unwrap();
+    let verifier = Verifier::new(anchor.public_key().clone());
+    let state_dir = tmp.path().join("state");
+    let store = StateStore::open(&state_dir).unwrap();
+    assert!(store.is_new());
+    let v1_path = write_object(tmp.path(), "v1.bin", 3000);
+    let v1 = integrity::seal(&v1_path, "ckpt", 1, &anchor, &store, &opts()).unwrap();
+    let v2_path = write_object(tmp.path(), "v2.bin", 4000);
+    integrity::seal(&v2_path, "ckpt", 2, &anchor, &store, &opts()).unwrap();
+    drop(store);
+    let store = StateStore::open(&state_dir).unwrap();
+    assert!(!store.is_new());
+    assert_eq!(
+        integrity::restore_rollback_memory(&store, store.is_new(), None).unwrap(),
+        integrity::RollbackMemory::Kept
+    );
+    drop(store);
+    fs::remove_dir_all(&state_dir).unwrap();
+    let store = StateStore::open(&state_dir).unwrap();
+    let memory = integrity::restore_rollback_memory(&store, store.is_new(), None).unwrap();
+    assert!(memory.restarted_from_zero());
+    integrity::verify_object(&v1_path, &v1, &verifier, &store, &VerifyOptions::default()).unwrap();
+}
+
+/// `seal --version 18446744073709551615` panicked in debug builds and burnt the id in
+/// release ones: the last version is refused, and the next version never overflows.
+#[test]
+fn bug_the_last_version_is_refused_and_the_next_version_never_overflows() {
+    let tmp = tempfile::tempdir().unwrap();
+    let anchor = SoftwareAnchor::generate(&tmp.path().join("anchor.key")).unwrap();
+    let store = StateStore::open(&tmp.path().join("state")).unwrap();
+    let path = write_object(tmp.path(), "o.bin", 2000);
+    let err = integrity::seal(&path, "o", u64::MAX, &anchor, &store, &opts()).unwrap_err();
+    assert!(matches!(err, IntegrityError::LastVersion { .. }), "{err:?}");
+    assert!(err.to_string().contains("last version"), "{err}");
+    assert_eq!(integrity::next_version(&store, "o").unwrap(), Some(1));
+    integrity::seal(&path, "o", u64::MAX - 1, &anchor, &store, &opts()).unwrap();
+    assert_eq!(integrity::next_version(&store, "o").unwrap(), None);
 }

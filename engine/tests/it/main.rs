@@ -17,6 +17,8 @@ mod plugins;
 mod read_guard;
 pub mod reload;
 mod scenarios;
+mod sealed;
+mod trust;
 
 use std::path::{Path, PathBuf};
 

@@ -2,11 +2,11 @@
 //! previous set serves, and decisions in flight never fail or see a mixed set.
 
 use std::path::Path;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use probity::{Effect, Engine, Request};
+use probity::{Effect, Engine, ReloadOutcome, Request, Settle, Sleeper};
 use serde_json::json;
 
 use crate::{policy_copy, write_atomic};
@@ -155,4 +155,349 @@ fn decisions_under_reload_never_fail_nor_see_a_mixed_set() {
 fn watching_embedded_defaults_is_an_error() {
     let engine = Engine::from_embedded_defaults().unwrap();
     assert!(engine.watch().is_err());
+}
+
+// ------------------------------------------------------------ settling and events
+
+/// A write scheduled on a [`Script`].
+type Action = Box<dyn FnOnce() + Send>;
+
+/// A sleeper that moves a virtual clock and, as it passes their times, runs the writes
+/// scheduled on it: time passes only when the watcher waits, and a test says exactly
+/// what lands when.
+#[derive(Default)]
+struct Script {
+    now_ms: Mutex<u64>,
+    due: Mutex<Vec<(u64, Action)>>,
+    /// What each sleep saw of the live set: whether `security.blocked-node` was in it.
+    blocklist_live: Mutex<Vec<bool>>,
+    engine: Mutex<Option<Engine>>,
+}
+
+impl Script {
+    fn at(&self, ms: u64, action: impl FnOnce() + Send + 'static) {
+        self.due.lock().unwrap().push((ms, Box::new(action)));
+    }
+}
+
+impl Sleeper for Script {
+    fn sleep(&self, d: Duration) {
+        if let Some(engine) = self.engine.lock().unwrap().as_ref() {
+            self.blocklist_live
+                .lock()
+                .unwrap()
+                .push(has_blocklist(engine));
+        }
+        let now = {
+            let mut now = self.now_ms.lock().unwrap();
+            *now += u64::try_from(d.as_millis()).unwrap();
+            *now
+        };
+        let mut due = self.due.lock().unwrap();
+        due.sort_by_key(|(t, _)| *t);
+        while due.first().is_some_and(|(t, _)| *t <= now) {
+            let (_, action) = due.remove(0);
+            action();
+        }
+    }
+}
+
+fn has_blocklist(engine: &Engine) -> bool {
+    engine
+        .policy_ids()
+        .iter()
+        .any(|(id, _)| id == "security.blocked-node")
+}
+
+fn schedule_blocked() -> Request {
+    Request::from_json_value(&json!({"principal": "Workload::\"train-1\"",
+        "action": "schedule", "resource": "Node::\"gpu-blocked\""}))
+    .unwrap()
+}
+
+/// The blocklist file rewritten in place in two halves: its first half (the comment
+/// header) is a valid file with no policy in it, so a set read between the halves is
+/// valid and lacks `security.blocked-node`.
+struct Halves {
+    path: std::path::PathBuf,
+    first: String,
+    whole: String,
+}
+
+fn halves(dir: &Path) -> Halves {
+    let path = dir.join("security/blocklist.cedar");
+    let original = std::fs::read_to_string(&path).unwrap();
+    // The new version differs from the old (so that it loads) by a comment line.
+    let whole = format!("// reviewed\n{original}");
+    let cut = whole.find("@id").unwrap();
+    Halves {
+        path,
+        first: whole[..cut].to_owned(),
+        whole,
+    }
+}
+
+/// An in-place write: truncate, then write (what `>` and `cp` over a file do).
+fn write_in_place(path: &Path, text: &str) {
+    std::fs::write(path, text).unwrap();
+}
+
+fn settle_with(script: &Arc<Script>) -> Settle {
+    Settle::new(Duration::from_millis(50)).with_sleeper(Arc::clone(script) as Arc<dyn Sleeper>)
+}
+
+/// Issue: an in-place write whose first half was a valid set was loaded after the
+/// debounce, and the blocked node was allowed for a while. The first half is written,
+/// the watcher starts settling, and the second half lands 30 ms (less than the 50 ms
+/// debounce) into the round: the first half never goes live.
+#[test]
+fn bug_a_file_written_in_two_halves_with_a_short_pause_never_loads_its_first_half() {
+    let dir = policy_copy();
+    let engine = Engine::builder(dir.path()).build().unwrap();
+    crate::load_cluster(&engine);
+    let events = engine.reload_events();
+    let h = halves(dir.path());
+    let script = Arc::new(Script::default());
+    *script.engine.lock().unwrap() = Some(engine.clone());
+    write_in_place(&h.path, &h.first);
+    let (path, whole) = (h.path.clone(), h.whole.clone());
+    script.at(30, move || write_in_place(&path, &whole));
+
+    engine.reload_when_settled(&settle_with(&script)).unwrap();
+
+    let event = events.try_recv().unwrap();
+    assert_eq!(event.outcome, ReloadOutcome::Loaded);
+    assert_eq!(event.rounds, 2, "the first round saw the file change");
+    assert!(events.try_recv().is_err(), "one reload only");
+    assert!(
+        script
+            .blocklist_live
+            .lock()
+            .unwrap()
+            .iter()
+            .all(|live| *live)
+    );
+    assert!(has_blocklist(&engine));
+    let d = engine.decide(&schedule_blocked());
+    assert_eq!(d.reasons[0].policy, "security.blocked-node");
+}
+
+/// A pause longer than the debounce: the old watcher (reload once no event came for
+/// the debounce) loaded the first half. Now the watcher starts settling when the
+/// debounce has passed (50 ms after the first half), the second half lands at 80 ms,
+/// inside the settling round: the set loads only once it is whole and stable.
+#[test]
+fn a_pause_longer_than_the_debounce_loads_only_once_the_file_is_stable() {
+    let dir = policy_copy();
+    let engine = Engine::builder(dir.path()).build().unwrap();
+    crate::load_cluster(&engine);
+    let events = engine.reload_events();
+    let h = halves(dir.path());
+    let script = Arc::new(Script::default());
+    *script.engine.lock().unwrap() = Some(engine.clone());
+    write_in_place(&h.path, &h.first);
+    // Virtual time 0 is the end of the 50 ms quiet period after the first half.
+    let (path, whole) = (h.path.clone(), h.whole.clone());
+    script.at(80 - 50, move || write_in_place(&path, &whole));
+
+    engine.reload_when_settled(&settle_with(&script)).unwrap();
+
+    let event = events.try_recv().unwrap();
+    assert_eq!(event.outcome, ReloadOutcome::Loaded);
+    assert_eq!(event.rounds, 2);
+    assert!(
+        script
+            .blocklist_live
+            .lock()
+            .unwrap()
+            .iter()
+            .all(|live| *live)
+    );
+    assert!(!engine.decide(&schedule_blocked()).is_allowed());
+}
+
+/// What settling cannot protect against (see the `watch` module docs): a writer that
+/// pauses longer than a whole settling round. The first half is stable for a round, it
+/// is a valid set, and it goes live until the second half settles. Sealed mode is what
+/// refuses it: the first half does not match the seal.
+#[test]
+fn a_pause_longer_than_a_settling_round_loads_the_first_half_unless_the_set_is_sealed() {
+    for sealed in [false, true] {
+        let dir = policy_copy();
+        let keys = tempfile::tempdir().unwrap();
+        let anchor = probity::integrity::SoftwareAnchor::generate(&keys.path().join("k")).unwrap();
+        let h = halves(dir.path());
+        let mut builder = Engine::builder(dir.path());
+        if sealed {
+            // The operator seals the new version, deploys the seal, then writes the
+            // policy file in place, slowly.
+            std::fs::write(&h.path, &h.whole).unwrap();
+            probity::policy_seal::seal_policy_dir(dir.path(), "prod", 1, &anchor).unwrap();
+            builder = builder.sealed(probity::integrity::Verifier::new(
+                probity::integrity::Anchor::public_key(&anchor).clone(),
+            ));
+        }
+        let engine = builder.build().unwrap();
+        crate::load_cluster(&engine);
+        let events = engine.reload_events();
+        let script = Arc::new(Script::default());
+        write_in_place(&h.path, &h.first);
+        engine
+            .reload_when_settled(&settle_with(&script))
+            .unwrap_or_default();
+        let first = events.try_recv().unwrap();
+        assert_eq!(first.rounds, 1);
+        if sealed {
+            assert_eq!(first.outcome, ReloadOutcome::Rejected);
+            assert!(has_blocklist(&engine));
+            assert!(!engine.decide(&schedule_blocked()).is_allowed());
+        } else {
+            // The limitation, pinned: the blocked node is allowed until the rest lands.
+            assert_eq!(first.outcome, ReloadOutcome::Loaded);
+            assert!(!has_blocklist(&engine));
+            assert!(engine.decide(&schedule_blocked()).is_allowed());
+        }
+        write_in_place(&h.path, &h.whole);
+        engine.reload_when_settled(&settle_with(&script)).unwrap();
+        assert!(has_blocklist(&engine));
+        assert!(!engine.decide(&schedule_blocked()).is_allowed());
+    }
+}
+
+/// Sizes and times can miss a change (a same-size rewrite within one tick of a coarse
+/// clock, simulated here by putting the time back): the bytes read before compiling
+/// are read again after the round, and a difference starts the round over.
+#[test]
+fn a_same_size_rewrite_with_the_same_time_is_caught_by_the_digest() {
+    let dir = policy_copy();
+    let engine = Engine::builder(dir.path()).build().unwrap();
+    let events = engine.reload_events();
+    let config = dir.path().join("probity.toml");
+    let text = std::fs::read_to_string(&config).unwrap();
+    assert!(text.contains("[22, 2379, 2380]"));
+    write_in_place(
+        &config,
+        &text.replace("[22, 2379, 2380]", "[22, 2379, 2381]"),
+    );
+    let script = Arc::new(Script::default());
+    let (path, next) = (
+        config.clone(),
+        text.replace("[22, 2379, 2380]", "[22, 2379, 2382]"),
+    );
+    script.at(10, move || {
+        let modified = std::fs::metadata(&path).unwrap().modified().unwrap();
+        write_in_place(&path, &next);
+        std::fs::File::options()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_modified(modified)
+            .unwrap();
+    });
+    engine.reload_when_settled(&settle_with(&script)).unwrap();
+    let event = events.try_recv().unwrap();
+    assert_eq!(event.rounds, 2, "the digest saw the rewrite");
+    assert!(engine.decide(&listen(2382)).is_allowed());
+    assert!(!engine.decide(&listen(2381)).is_allowed());
+}
+
+#[test]
+fn files_that_never_settle_are_a_rejected_reload_and_the_previous_set_serves() {
+    let dir = policy_copy();
+    let engine = Engine::builder(dir.path()).build().unwrap();
+    let events = engine.reload_events();
+    let digest = engine.status().digest;
+    let path = dir.path().join("security/network.cedar");
+    let original = std::fs::read_to_string(&path).unwrap();
+    let script = Arc::new(Script::default());
+    for i in 1..=3u64 {
+        let (path, text) = (
+            path.clone(),
+            format!("// {}\n{original}", "x".repeat(i as usize)),
+        );
+        script.at(i * 50, move || write_in_place(&path, &text));
+    }
+    let settle = settle_with(&script).with_max_rounds(3);
+    let e = engine.reload_when_settled(&settle).unwrap_err();
+    assert!(
+        matches!(*e, probity::LoadError::Unsettled { rounds: 3, .. }),
+        "{e}"
+    );
+    assert!(e.to_string().contains("network.cedar"), "{e}");
+    assert_eq!(engine.status().digest, digest);
+    assert!(engine.status().last_error.is_some());
+    let event = events.try_recv().unwrap();
+    assert_eq!(event.outcome, ReloadOutcome::Rejected);
+    assert_eq!(event.rounds, 3);
+}
+
+#[test]
+fn every_reload_and_every_rejected_reload_is_reported_to_subscribers() {
+    let dir = policy_copy();
+    let engine = Engine::builder(dir.path()).build().unwrap();
+    let events = engine.reload_events();
+    let dropped = engine.reload_events();
+    drop(dropped);
+    let first = engine.status().digest;
+
+    engine.reload().unwrap();
+    let e = events.try_recv().unwrap();
+    assert_eq!(e.outcome, ReloadOutcome::Unchanged);
+    assert_eq!(
+        (e.digest_before.as_str(), e.digest_after.as_str()),
+        (first.as_str(), first.as_str())
+    );
+    assert_eq!(e.rounds, 1);
+    assert!(e.error.is_none());
+
+    let config = dir.path().join("probity.toml");
+    let text = std::fs::read_to_string(&config).unwrap();
+    write_atomic(
+        &config,
+        &text.replace("[22, 2379, 2380]", "[22, 2379, 2380, 9100]"),
+    );
+    engine.reload().unwrap();
+    let e = events.try_recv().unwrap();
+    assert_eq!(e.outcome, ReloadOutcome::Loaded);
+    assert_eq!(e.digest_before, first);
+    assert_ne!(e.digest_after, first);
+    let second = e.digest_after.clone();
+
+    write_atomic(
+        &dir.path().join("security/network.cedar"),
+        "permit (principal, action, resource) when { };\n",
+    );
+    engine.reload().unwrap_err();
+    let e = events.try_recv().unwrap();
+    assert_eq!(e.outcome, ReloadOutcome::Rejected);
+    assert_eq!(
+        (e.digest_before.as_str(), e.digest_after.as_str()),
+        (second.as_str(), second.as_str())
+    );
+    let error = e.error.unwrap();
+    assert!(
+        error.detail().contains("security/network.cedar:1:"),
+        "{}",
+        error.detail()
+    );
+    assert!(e.seq > 2);
+    assert!(events.try_recv().is_err());
+}
+
+/// The watcher, end to end, reports what it did.
+#[test]
+fn the_watcher_reports_its_reloads() {
+    let dir = policy_copy();
+    let engine = Engine::builder(dir.path()).build().unwrap();
+    let events = engine.reload_events();
+    let _watcher = engine.watch().unwrap();
+    let config = dir.path().join("probity.toml");
+    let text = std::fs::read_to_string(&config).unwrap();
+    write_atomic(
+        &config,
+        &text.replace("[22, 2379, 2380]", "[22, 2379, 2380, 9100]"),
+    );
+    let event = events.recv_timeout(Duration::from_secs(20)).unwrap();
+    assert_eq!(event.outcome, ReloadOutcome::Loaded);
+    assert!(engine.decide(&listen(9100)).is_allowed());
 }

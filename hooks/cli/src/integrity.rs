@@ -1,18 +1,21 @@
-//! `probity seal`, `probity verify` and `probity nodes`: the integrity commands.
+//! `probity seal`, `probity verify`, `probity nodes`, `probity audit` and
+//! `probity policy seal`: the integrity commands.
 
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::{Context, Result, bail};
+use clap::builder::BoolishValueParser;
 use clap::{Args, Subcommand};
 use probity::integrity::{
-    self, Anchor, HashOptions, Pin, Pkcs11Anchor, Pkcs11Config, PublicKey, SoftwareAnchor,
+    self, Anchor, HashOptions, Pin, Pkcs11Anchor, Pkcs11Config, RollbackMemory, SoftwareAnchor,
     Verifier, VerifyOptions, hex,
 };
+use probity::policy_seal::{self, PolicySeal};
 use probity::state::StateStore;
 
-use crate::{PolicyArgs, exit, load};
+use crate::{PolicyArgs, exit, load, out};
 
 /// Largest signed manifest read (a manifest of a 4 TiB object in 4 MiB chunks is ~32 MiB).
 const MAX_MANIFEST_BYTES: u64 = 64 * 1024 * 1024;
@@ -25,23 +28,38 @@ pub struct StateArgs {
     state_dir: PathBuf,
 }
 
-/// Which anchor signs manifests. Without `--hsm-module`, the software anchor
-/// (`STATE_DIR/anchor.key`, not an HSM).
+/// Which HSM token, and how to log in to it.
 #[derive(Args)]
-pub struct AnchorArgs {
+pub struct HsmArgs {
     /// PKCS#11 module of the HSM, e.g. /usr/lib/softhsm/libsofthsm2.so.
     #[arg(long, env = "PROBITY_HSM_MODULE")]
     hsm_module: Option<PathBuf>,
     /// Label of the HSM token.
     #[arg(long, env = "PROBITY_HSM_TOKEN")]
     hsm_token: Option<String>,
+    /// File holding the user PIN (first line), readable by its owner only. Else the PIN is
+    /// read from PROBITY_HSM_PIN. The PIN is never taken from the command line.
+    #[arg(long, env = "PROBITY_HSM_PIN_FILE")]
+    hsm_pin_file: Option<PathBuf>,
+    /// Use a PIN file that group or others can read, with a warning (refused otherwise).
+    #[arg(long, env = "PROBITY_HSM_ALLOW_READABLE_PIN_FILE", value_parser = BoolishValueParser::new())]
+    allow_readable_pin_file: bool,
+}
+
+/// Which anchor signs manifests. Without `--hsm-module`, the software anchor
+/// (`STATE_DIR/anchor.key`, not an HSM).
+#[derive(Args)]
+pub struct AnchorArgs {
+    #[command(flatten)]
+    hsm: HsmArgs,
     /// Label of the signing key in the token (generated there if missing).
     #[arg(long, default_value = "probity-manifest-signing")]
     hsm_key: String,
-    /// File holding the user PIN (first line). Else the PIN is read from PROBITY_HSM_PIN.
-    /// The PIN is never taken from the command line.
-    #[arg(long, env = "PROBITY_HSM_PIN_FILE")]
-    hsm_pin_file: Option<PathBuf>,
+    /// Sign with a token key the HSM does not protect (sensitive, not extractable,
+    /// generated in the token): refused otherwise. Every output then says the signature
+    /// is NOT HSM-protected ("hsm": false, "hsm_key_protected": false).
+    #[arg(long, env = "PROBITY_HSM_ALLOW_UNPROTECTED_KEY", value_parser = BoolishValueParser::new())]
+    allow_unprotected_hsm_key: bool,
 }
 
 /// `probity nodes ...`
@@ -64,6 +82,27 @@ pub enum NodesCommand {
     },
 }
 
+/// `probity policy ...`
+#[derive(Subcommand)]
+pub enum PolicyCommand {
+    /// Seal a policy directory: write DIR/policy.seal, a signed list of every file of the
+    /// set with its SHA-256, for engines in sealed mode (`probity check --sealed`).
+    Seal {
+        /// The policy directory.
+        dir: PathBuf,
+        /// The set's name (letters, digits, '.', '_', '-').
+        #[arg(long)]
+        name: String,
+        /// Its version [default: the version of DIR/policy.seal + 1, or 1].
+        #[arg(long)]
+        version: Option<u64>,
+        #[command(flatten)]
+        state: StateArgs,
+        #[command(flatten)]
+        anchor: AnchorArgs,
+    },
+}
+
 fn open_state(args: &StateArgs) -> Result<Arc<StateStore>> {
     Ok(Arc::new(StateStore::open(&args.state_dir).with_context(
         || {
@@ -75,24 +114,71 @@ fn open_state(args: &StateArgs) -> Result<Arc<StateStore>> {
     )?))
 }
 
-fn anchor(args: &AnchorArgs, state: &StateArgs) -> Result<Box<dyn Anchor>> {
-    match &args.hsm_module {
-        Some(module) => {
-            let Some(token) = &args.hsm_token else {
-                bail!("--hsm-module needs --hsm-token (or PROBITY_HSM_TOKEN)");
-            };
-            let pin = match &args.hsm_pin_file {
-                Some(path) => Pin::from_file(path)?,
-                None => Pin::from_env("PROBITY_HSM_PIN")?,
-            };
-            let config = Pkcs11Config {
-                module: module.clone(),
-                token_label: token.clone(),
-                key_label: args.hsm_key.clone(),
-                pin,
-            };
-            Ok(Box::new(Pkcs11Anchor::open_or_generate(&config)?))
+/// Opens the state for sealing or verifying: a registry created by this open gets its
+/// rollback memory back from the HSM token when one is configured, and says loudly
+/// that rollback protection restarts from zero when none is.
+fn open_registry(args: &StateArgs, hsm: &HsmArgs) -> Result<Arc<StateStore>> {
+    let state = open_state(args)?;
+    let config = if state.is_new() {
+        hsm_config(hsm, "probity-manifest-signing", false)?
+    } else {
+        None
+    };
+    let memory =
+        integrity::restore_rollback_memory(state.as_ref(), state.is_new(), config.as_ref())
+            .context("cannot restore the registry's rollback memory")?;
+    match memory {
+        RollbackMemory::Kept => {}
+        RollbackMemory::Rebuilt { objects } => err_line!(
+            "probity: new registry {}: rebuilt the highest sealed version of {objects} object(s) from the HSM token",
+            state.path().display()
+        ),
+        RollbackMemory::RestartedFromZero => err_line!(
+            "error: rollback protection restarts from zero: the registry {} is new and no HSM is configured to rebuild it from, so any signed version of any object will be accepted once",
+            state.path().display()
+        ),
+    }
+    Ok(state)
+}
+
+/// The PKCS#11 configuration, when `--hsm-module` is given.
+fn hsm_config(
+    args: &HsmArgs,
+    key_label: &str,
+    allow_unprotected_key: bool,
+) -> Result<Option<Pkcs11Config>> {
+    let Some(module) = &args.hsm_module else {
+        return Ok(None);
+    };
+    let Some(token) = &args.hsm_token else {
+        bail!("--hsm-module needs --hsm-token (or PROBITY_HSM_TOKEN)");
+    };
+    let pin = match &args.hsm_pin_file {
+        Some(path) if args.allow_readable_pin_file => {
+            let (pin, readable) = Pin::from_file_lenient(path)?;
+            match readable {
+                Some(probity::trust::TrustError::Readable {
+                    path, mode, who, ..
+                }) => err_line!(
+                    "warning: PIN file {}: mode {mode:04o} lets {who} read it (chmod 600 it); used because of --allow-readable-pin-file",
+                    path.display()
+                ),
+                Some(other) => err_line!("warning: {other}"),
+                None => {}
+            }
+            pin
         }
+        Some(path) => Pin::from_file(path)?,
+        None => Pin::from_env("PROBITY_HSM_PIN")?,
+    };
+    let mut config = Pkcs11Config::new(module, token, key_label, pin);
+    config.allow_unprotected_key = allow_unprotected_key;
+    Ok(Some(config))
+}
+
+fn anchor(args: &AnchorArgs, state: &StateArgs) -> Result<Box<dyn Anchor>> {
+    match hsm_config(&args.hsm, &args.hsm_key, args.allow_unprotected_hsm_key)? {
+        Some(config) => Ok(Box::new(Pkcs11Anchor::open_or_generate(&config)?)),
         None => Ok(Box::new(SoftwareAnchor::load_or_generate(
             &state.state_dir.join("anchor.key"),
         )?)),
@@ -103,11 +189,15 @@ fn trusted_key_path(state: &StateArgs) -> PathBuf {
     state.state_dir.join("trusted.pub")
 }
 
-fn read_public_key(path: &Path) -> Result<PublicKey> {
-    let text = std::fs::read_to_string(path)
-        .with_context(|| format!("cannot read the public key {}", path.display()))?;
-    PublicKey::from_hex(&text)
-        .with_context(|| format!("{} is not a hex-encoded SEC1 public key", path.display()))
+/// Pins the signing key on first use (mode 0644 whatever the umask), so that `verify`
+/// on this host needs no flag.
+fn pin_on_first_use(state: &StateArgs, anchor: &dyn Anchor) -> Result<()> {
+    let pinned = trusted_key_path(state);
+    if !pinned.exists() {
+        integrity::pin_public_key(&pinned, anchor.public_key())
+            .with_context(|| format!("cannot write {}", pinned.display()))?;
+    }
+    Ok(())
 }
 
 /// A progress bar on a terminal, nothing otherwise.
@@ -131,22 +221,35 @@ fn manifest_path(file: &Path, manifest: Option<&Path>) -> PathBuf {
         .unwrap_or_else(|| integrity::default_manifest_path(file))
 }
 
+/// What `probity seal` seals.
+pub struct SealArgs<'a> {
+    pub file: &'a Path,
+    pub id: &'a str,
+    pub version: Option<u64>,
+    pub manifest: Option<&'a Path>,
+    pub chunk_size: u32,
+}
+
 /// `probity seal FILE --id ID`
-pub fn seal(
-    file: &Path,
-    id: &str,
-    version: Option<u64>,
-    manifest: Option<&Path>,
-    chunk_size: u32,
-    state_args: &StateArgs,
-    anchor_args: &AnchorArgs,
-) -> Result<u8> {
-    let state = open_state(state_args)?;
+pub fn seal(args: &SealArgs<'_>, state_args: &StateArgs, anchor_args: &AnchorArgs) -> Result<u8> {
+    let (file, id) = (args.file, args.id);
+    if args.version == Some(u64::MAX) {
+        bail!(
+            "--version {}: the last version is refused, since nothing could be sealed after it",
+            u64::MAX
+        );
+    }
+    let state = open_registry(state_args, &anchor_args.hsm)?;
     let anchor = anchor(anchor_args, state_args)?;
     let description = anchor.describe();
-    let version = match version {
+    let version = match args.version {
         Some(v) => v,
-        None => state.registry_entry(id)?.map_or(1, |e| e.version + 1),
+        None => match integrity::next_version(state.as_ref(), id)? {
+            Some(v) => v,
+            None => bail!(
+                "{id:?} has reached the last version the registry can hold; seal it under a new id"
+            ),
+        },
     };
     let bar = progress_bar(file);
     let tick = |done: u64| {
@@ -158,7 +261,7 @@ pub fn seal(
         b.set_message(format!("sealing {id}"));
     }
     let options = HashOptions {
-        chunk_size,
+        chunk_size: args.chunk_size,
         progress: Some(&tick),
         ..HashOptions::default()
     };
@@ -166,34 +269,27 @@ pub fn seal(
     if let Some(b) = &bar {
         b.finish_and_clear();
     }
-    let out = manifest_path(file, manifest);
-    std::fs::write(&out, signed.encode())
-        .with_context(|| format!("cannot write the manifest {}", out.display()))?;
-    // Pin the signing key on first use, so that `verify` on this host needs no flag.
-    let pinned = trusted_key_path(state_args);
-    if !pinned.exists() {
-        std::fs::write(&pinned, anchor.public_key().to_hex())
-            .with_context(|| format!("cannot write {}", pinned.display()))?;
-    }
+    let out_path = manifest_path(file, args.manifest);
+    std::fs::write(&out_path, signed.encode())
+        .with_context(|| format!("cannot write the manifest {}", out_path.display()))?;
+    pin_on_first_use(state_args, anchor.as_ref())?;
     let m = signed.manifest();
-    println!(
-        "{}",
-        serde_json::to_string_pretty(&serde_json::json!({
-            "object_id": m.object_id(),
-            "version": m.version(),
-            "size": m.size(),
-            "chunk_size": m.chunk_size(),
-            "chunks": m.chunk_count(),
-            "root": hex(m.root()),
-            "digest": hex(signed.digest()),
-            "manifest": out.display().to_string(),
-            "anchor": description.summary,
-            "hsm": description.is_hsm(),
-            "key_id": hex(&signed.key_id().0),
-        }))?
-    );
+    out::line(serde_json::to_string_pretty(&serde_json::json!({
+        "object_id": m.object_id(),
+        "version": m.version(),
+        "size": m.size(),
+        "chunk_size": m.chunk_size(),
+        "chunks": m.chunk_count(),
+        "root": hex(m.root()),
+        "digest": hex(signed.digest()),
+        "manifest": out_path.display().to_string(),
+        "anchor": description.summary,
+        "hsm": description.is_hsm(),
+        "hsm_key_protected": description.key_protected,
+        "key_id": hex(&signed.key_id().0),
+    }))?)?;
     if !description.is_hsm() {
-        eprintln!("warning: signed with the {}", description.summary);
+        err_line!("warning: signed with the {}", description.summary);
     }
     Ok(exit::ALLOW)
 }
@@ -209,13 +305,18 @@ pub struct VerifyArgs<'a> {
 }
 
 /// `probity verify FILE --id ID [--node N]`
-pub fn verify(args: &VerifyArgs<'_>, state_args: &StateArgs, policies: &PolicyArgs) -> Result<u8> {
-    let state = open_state(state_args)?;
+pub fn verify(
+    args: &VerifyArgs<'_>,
+    state_args: &StateArgs,
+    hsm: &HsmArgs,
+    policies: &PolicyArgs,
+) -> Result<u8> {
     let key_path = args
         .public_key
         .map(Path::to_path_buf)
         .unwrap_or_else(|| trusted_key_path(state_args));
-    let verifier = Verifier::new(read_public_key(&key_path)?);
+    let verifier = Verifier::new(integrity::load_pinned_key(&key_path)?);
+    let state = open_registry(state_args, hsm)?;
     let manifest_file = manifest_path(args.file, args.manifest);
     let bytes = crate::read_limited(&manifest_file, MAX_MANIFEST_BYTES)?;
     let bar = progress_bar(args.file);
@@ -245,19 +346,15 @@ pub fn verify(args: &VerifyArgs<'_>, state_args: &StateArgs, policies: &PolicyAr
     let Some(node) = args.node else {
         return match outcome {
             Ok(report) => {
-                println!(
-                    "{}",
+                out::line(
                     serde_json::json!({"verified": true, "object_id": report.object_id,
                         "version": report.version, "chunks": report.chunks,
-                        "root": hex(&report.root)})
-                );
+                        "root": hex(&report.root)}),
+                )?;
                 Ok(exit::ALLOW)
             }
             Err(e) => {
-                println!(
-                    "{}",
-                    serde_json::json!({"verified": false, "failure": e.to_string()})
-                );
+                out::line(serde_json::json!({"verified": false, "failure": e.to_string()}))?;
                 Ok(exit::INTEGRITY_FAILURE)
             }
         };
@@ -273,7 +370,7 @@ pub fn verify(args: &VerifyArgs<'_>, state_args: &StateArgs, policies: &PolicyAr
         Err(e) => Err(e as &dyn std::error::Error),
     };
     let decision = engine.decide_read(node, args.id, verification);
-    println!("{}", serde_json::to_string_pretty(&decision)?);
+    out::line(serde_json::to_string_pretty(&decision)?)?;
     Ok(if decision.is_allowed() {
         exit::ALLOW
     } else {
@@ -289,7 +386,7 @@ pub fn nodes(command: &NodesCommand, state_args: &StateArgs) -> Result<u8> {
         NodesCommand::Block { node, reason } => state.block_node(node, reason)?,
         NodesCommand::Unblock { node } => {
             if !state.unblock_node(node)? {
-                eprintln!("{node} was not blocked");
+                err_line!("{node} was not blocked");
             }
         }
     }
@@ -304,7 +401,7 @@ pub fn nodes(command: &NodesCommand, state_args: &StateArgs) -> Result<u8> {
             v
         })
         .collect();
-    println!("{}", serde_json::to_string_pretty(&list)?);
+    out::line(serde_json::to_string_pretty(&list)?)?;
     Ok(exit::ALLOW)
 }
 
@@ -312,7 +409,90 @@ pub fn nodes(command: &NodesCommand, state_args: &StateArgs) -> Result<u8> {
 pub fn audit(from: u64, limit: usize, state_args: &StateArgs) -> Result<u8> {
     let state = open_state(state_args)?;
     for record in state.decisions(from, limit)? {
-        println!("{}", record.to_json());
+        out::line(record.to_json())?;
     }
     Ok(exit::ALLOW)
+}
+
+/// `probity policy ...`
+pub fn policy(command: &PolicyCommand) -> Result<u8> {
+    match command {
+        PolicyCommand::Seal {
+            dir,
+            name,
+            version,
+            state,
+            anchor,
+        } => policy_seal(dir, name, *version, state, anchor),
+    }
+}
+
+/// `probity policy seal DIR --name NAME [--version N]`
+fn policy_seal(
+    dir: &Path,
+    name: &str,
+    version: Option<u64>,
+    state_args: &StateArgs,
+    anchor_args: &AnchorArgs,
+) -> Result<u8> {
+    if version == Some(u64::MAX) {
+        bail!(
+            "--version {}: the last version is refused, since nothing could be sealed after it",
+            u64::MAX
+        );
+    }
+    // Only a set that loads is worth sealing.
+    crate::build(dir, &crate::SchemaConfig::default()).map_err(crate::report)?;
+    let seal_file = policy_seal::seal_path(dir);
+    let version = match version {
+        Some(v) => v,
+        None if !seal_file.exists() => 1,
+        None => {
+            let bytes = std::fs::read(&seal_file)
+                .with_context(|| format!("cannot read {}", seal_file.display()))?;
+            let previous = PolicySeal::decode(&bytes).with_context(|| {
+                format!(
+                    "cannot read the version of {} to pick the next one: pass --version",
+                    seal_file.display()
+                )
+            })?;
+            match previous.version().checked_add(1).filter(|v| *v < u64::MAX) {
+                Some(v) => v,
+                None => bail!(
+                    "{} holds the last version but one; nothing can be sealed after it",
+                    seal_file.display()
+                ),
+            }
+        }
+    };
+    probity::trust::create_private_dir(&state_args.state_dir).with_context(|| {
+        format!(
+            "cannot use the state directory {}",
+            state_args.state_dir.display()
+        )
+    })?;
+    let anchor = anchor(anchor_args, state_args)?;
+    let description = anchor.describe();
+    let seal = policy_seal::seal_policy_dir(dir, name, version, anchor.as_ref())?;
+    pin_on_first_use(state_args, anchor.as_ref())?;
+    out::line(serde_json::to_string_pretty(&serde_json::json!({
+        "name": seal.name(),
+        "version": seal.version(),
+        "files": seal.files().iter().map(|f| f.path.as_str()).collect::<Vec<_>>(),
+        "digest": hex(&seal.digest()),
+        "seal": seal_file.display().to_string(),
+        "anchor": description.summary,
+        "hsm": description.is_hsm(),
+        "hsm_key_protected": description.key_protected,
+        "key_id": hex(&seal.key_id().0),
+    }))?)?;
+    if !description.is_hsm() {
+        err_line!("warning: signed with the {}", description.summary);
+    }
+    Ok(exit::ALLOW)
+}
+
+/// The verifier of `probity check --sealed`.
+pub fn sealed_verifier(public_key: &Path) -> Result<Verifier> {
+    Ok(Verifier::new(integrity::load_pinned_key(public_key)?))
 }

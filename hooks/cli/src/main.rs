@@ -4,8 +4,40 @@
 //! 0 allow / success, 1 deny, 2 usage error, 3 invalid policy set,
 //! 4 failed policy tests, 5 integrity failure (verify), 8 unreadable or malformed input,
 //! 9 the server could not start or failed (bad server configuration, listener, TLS material).
+//! A closed standard output (`probity audit | head -3`) ends any command quietly with 0.
+
+/// Writes a line to standard error, ignoring a closed stream (never panics, unlike
+/// `eprintln!`).
+macro_rules! err_line {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
 
 mod integrity;
+
+/// Standard output, where a closed pipe is an error (`println!` would panic) that
+/// `main` turns into a quiet exit 0.
+mod out {
+    use std::io::Write as _;
+
+    /// Writes `text` and a newline.
+    pub fn line(text: impl std::fmt::Display) -> std::io::Result<()> {
+        let mut stdout = std::io::stdout().lock();
+        writeln!(stdout, "{text}")?;
+        stdout.flush()
+    }
+
+    /// Whether `e` is a write to a closed pipe.
+    pub fn is_closed_pipe(e: &anyhow::Error) -> bool {
+        e.chain().any(|cause| {
+            cause
+                .downcast_ref::<std::io::Error>()
+                .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+        })
+    }
+}
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -51,6 +83,19 @@ enum Command {
         dir: PathBuf,
         #[command(flatten)]
         files: SchemaConfig,
+        /// Also verify DIR/policy.seal, as an engine in sealed mode does: signed by the
+        /// --public-key, every file listed with its digest, no other policy file.
+        #[arg(long, requires = "public_key")]
+        sealed: bool,
+        /// With --sealed: the file holding the pinned public key (the hex form of an
+        /// uncompressed P-256 point, as STATE_DIR/trusted.pub).
+        #[arg(long, requires = "sealed")]
+        public_key: Option<PathBuf>,
+    },
+    /// Policy sets: seal one for engines in sealed mode.
+    Policy {
+        #[command(subcommand)]
+        command: integrity::PolicyCommand,
     },
     /// Decide one request and print the decision as JSON.
     Eval {
@@ -109,7 +154,10 @@ enum Command {
         /// The node that reads the object.
         #[arg(long)]
         node: Option<String>,
-        /// The pinned public key (hex, SEC1) [default: STATE_DIR/trusted.pub].
+        /// The file holding the pinned public key: the hex form of an uncompressed
+        /// P-256 point (SEC1), as `seal` writes it [default: STATE_DIR/trusted.pub]. It
+        /// is refused if others can write it or it belongs to another user than this one
+        /// or root.
         #[arg(long)]
         public_key: Option<PathBuf>,
         /// Cluster facts to load first (Cedar entity JSON).
@@ -117,6 +165,8 @@ enum Command {
         entities: Option<PathBuf>,
         #[command(flatten)]
         state: integrity::StateArgs,
+        #[command(flatten)]
+        hsm: integrity::HsmArgs,
         #[command(flatten)]
         policies: PolicyArgs,
     },
@@ -189,7 +239,7 @@ struct ServeArgs {
     log_format: Option<String>,
 }
 
-#[derive(Args)]
+#[derive(Args, Default)]
 struct SchemaConfig {
     /// Schema file [default: DIR/probity.cedarschema].
     #[arg(long)]
@@ -237,7 +287,11 @@ fn main() -> ExitCode {
             if let Some(Exit(code)) = e.downcast_ref::<Exit>() {
                 return ExitCode::from(*code);
             }
-            eprintln!("error: {e:#}");
+            // Whoever read our output stopped reading: that is their choice, not a failure.
+            if out::is_closed_pipe(&e) {
+                return ExitCode::from(exit::ALLOW);
+            }
+            err_line!("error: {e:#}");
             ExitCode::from(exit::BAD_INPUT)
         }
     }
@@ -246,7 +300,13 @@ fn main() -> ExitCode {
 fn run(cli: Cli) -> Result<u8> {
     match cli.command {
         Command::Serve(args) => serve(args),
-        Command::Check { dir, files } => check(&dir, &files),
+        Command::Check {
+            dir,
+            files,
+            sealed: _,
+            public_key,
+        } => check(&dir, &files, public_key.as_deref()),
+        Command::Policy { command } => integrity::policy(&command),
         Command::Eval {
             request,
             entities,
@@ -271,11 +331,13 @@ fn run(cli: Cli) -> Result<u8> {
             state,
             anchor,
         } => integrity::seal(
-            &file,
-            &id,
-            version,
-            manifest.as_deref(),
-            chunk_size,
+            &integrity::SealArgs {
+                file: &file,
+                id: &id,
+                version,
+                manifest: manifest.as_deref(),
+                chunk_size,
+            },
             &state,
             &anchor,
         ),
@@ -287,6 +349,7 @@ fn run(cli: Cli) -> Result<u8> {
             public_key,
             entities,
             state,
+            hsm,
             policies,
         } => integrity::verify(
             &integrity::VerifyArgs {
@@ -298,6 +361,7 @@ fn run(cli: Cli) -> Result<u8> {
                 entities: entities.as_deref(),
             },
             &state,
+            &hsm,
             &policies,
         ),
         Command::Nodes { command, state } => integrity::nodes(&command, &state),
@@ -311,7 +375,7 @@ fn serve(args: ServeArgs) -> Result<u8> {
         Some(path) => match Config::from_file(path) {
             Ok(c) => c,
             Err(e) => {
-                eprintln!("error: {e}");
+                err_line!("error: {e}");
                 return Ok(exit::SERVE_FAILED);
             }
         },
@@ -353,14 +417,14 @@ fn serve(args: ServeArgs) -> Result<u8> {
     match runtime.block_on(probity_server::serve(config)) {
         Ok(()) => Ok(exit::ALLOW),
         Err(e) => {
-            eprintln!("error: {:#}", anyhow::Error::new(e));
+            err_line!("error: {:#}", anyhow::Error::new(e));
             Ok(exit::SERVE_FAILED)
         }
     }
 }
 
 fn build(dir: &Path, files: &SchemaConfig) -> Result<Engine, LoadError> {
-    build_with_clock(dir, files, None)
+    build_with(dir, files, None, None)
 }
 
 fn build_with_clock(
@@ -368,7 +432,19 @@ fn build_with_clock(
     files: &SchemaConfig,
     clock: Option<std::sync::Arc<dyn probity::Clock>>,
 ) -> Result<Engine, LoadError> {
+    build_with(dir, files, clock, None)
+}
+
+fn build_with(
+    dir: &Path,
+    files: &SchemaConfig,
+    clock: Option<std::sync::Arc<dyn probity::Clock>>,
+    sealed: Option<probity::integrity::Verifier>,
+) -> Result<Engine, LoadError> {
     let mut b = Engine::builder(dir);
+    if let Some(verifier) = sealed {
+        b = b.sealed(verifier);
+    }
     if let Some(c) = clock {
         b = b.clock(c);
     }
@@ -385,7 +461,7 @@ fn build_with_clock(
 }
 
 fn report(e: LoadError) -> anyhow::Error {
-    eprintln!("{:?}", miette::Report::new(e));
+    err_line!("{:?}", miette::Report::new(e));
     Exit(exit::INVALID_POLICIES).into()
 }
 
@@ -403,11 +479,11 @@ fn load_with_clock(
     });
     match dir {
         Some(dir) => {
-            eprintln!("probity: policies from {}", dir.display());
+            err_line!("probity: policies from {}", dir.display());
             build_with_clock(&dir, &args.files, clock).map_err(report)
         }
         None => {
-            eprintln!("probity: embedded default policies");
+            err_line!("probity: embedded default policies");
             let mut b = Engine::defaults();
             if let Some(c) = clock {
                 b = b.clock(c);
@@ -417,24 +493,31 @@ fn load_with_clock(
     }
 }
 
-fn check(dir: &Path, files: &SchemaConfig) -> Result<u8> {
-    let engine = build(dir, files).map_err(report)?;
+fn check(dir: &Path, files: &SchemaConfig, sealed: Option<&Path>) -> Result<u8> {
+    let verifier = sealed.map(integrity::sealed_verifier).transpose()?;
+    let engine = build_with(dir, files, None, verifier).map_err(report)?;
     let status = engine.status();
     if status.policies == 0 {
-        eprintln!(
+        err_line!(
             "error: no policies (*.cedar) under {}: the engine would deny every request",
             dir.display()
         );
         return Ok(exit::INVALID_POLICIES);
     }
-    println!(
+    out::line(format_args!(
         "ok: {} policies in {} files, digest {}",
         status.policies,
         status.files.len(),
         status.digest
-    );
+    ))?;
+    if let Some(seal) = &status.seal {
+        out::line(format_args!(
+            "sealed: {} version {}, seal digest {}, signed by key {}",
+            seal.name, seal.version, seal.digest, seal.key_id
+        ))?;
+    }
     for p in &status.plugins {
-        println!(
+        out::line(format_args!(
             "plugin {} {} for {} ({}, {} ms, {} MiB)",
             p.name,
             p.version,
@@ -442,12 +525,12 @@ fn check(dir: &Path, files: &SchemaConfig) -> Result<u8> {
             p.path,
             p.timeout_ms,
             p.memory_mib
-        );
+        ))?;
         if !p.trapping_imports.is_empty() {
-            println!(
+            out::line(format_args!(
                 "  WASI imports linked as traps: {}",
                 p.trapping_imports.join(", ")
-            );
+            ))?;
         }
     }
     Ok(exit::ALLOW)
@@ -513,7 +596,7 @@ fn eval(
         request = request.as_fact_reporter();
     }
     let decision = engine.decide(&request);
-    println!("{}", serde_json::to_string_pretty(&decision)?);
+    out::line(serde_json::to_string_pretty(&decision)?)?;
     Ok(if decision.is_allowed() {
         exit::ALLOW
     } else {
@@ -544,7 +627,7 @@ fn test(path: &Path, policies: &PolicyArgs) -> Result<u8> {
         match probity::scenario::run_file(&engine, &file) {
             Ok(results) => {
                 for r in results {
-                    println!("{r}");
+                    out::line(&r)?;
                     if r.passed() {
                         passed += 1;
                     } else {
@@ -553,12 +636,12 @@ fn test(path: &Path, policies: &PolicyArgs) -> Result<u8> {
                 }
             }
             Err(e) => {
-                println!("FAILED  {}: {e:#}", file.display());
+                out::line(format_args!("FAILED  {}: {e:#}", file.display()))?;
                 failed += 1;
             }
         }
     }
-    println!("{passed} passed, {failed} failed");
+    out::line(format_args!("{passed} passed, {failed} failed"))?;
     Ok(if failed == 0 {
         exit::ALLOW
     } else {

@@ -629,3 +629,461 @@ fn eval_refuses_request_entities_that_override_stored_facts_and_takes_the_clock_
         text(&out.stdout)
     );
 }
+
+// ------------------------------------------------------------------ hardening
+
+/// A throwaway SoftHSM2 token (scripts/softhsm-token.sh): its environment.
+fn softhsm_env(dir: &Path, label: &str) -> Vec<(String, String)> {
+    let out = Command::new("sh")
+        .arg(root().join("scripts/softhsm-token.sh"))
+        .arg(dir)
+        .arg(label)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let vars: Vec<(String, String)> = text(&out.stdout)
+        .lines()
+        .filter_map(|l| l.strip_prefix("export "))
+        .filter_map(|l| l.split_once('='))
+        .map(|(k, v)| (k.to_owned(), v.trim_matches('\'').to_owned()))
+        .collect();
+    assert_eq!(vars.len(), 4, "{vars:?}");
+    vars
+}
+
+fn env_of(vars: &[(String, String)]) -> Vec<(&str, &std::ffi::OsStr)> {
+    vars.iter()
+        .map(|(k, v)| (k.as_str(), std::ffi::OsStr::new(v.as_str())))
+        .collect()
+}
+
+/// miette's rendering with its line wrapping and gutters undone, for `contains`.
+fn unwrapped(rendered: &str) -> String {
+    rendered
+        .replace(['│', '×'], " ")
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+fn mode(path: &Path) -> u32 {
+    use std::os::unix::fs::MetadataExt as _;
+    std::fs::metadata(path).unwrap().mode() & 0o7777
+}
+
+fn set_mode(path: &Path, mode: u32) {
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
+}
+
+/// `seal --version 18446744073709551615` panicked in a debug build and burnt the id in a
+/// release one.
+#[test]
+fn bug_seal_refuses_the_last_version_and_the_id_stays_usable() {
+    let tmp = tempfile::tempdir().unwrap();
+    let state = tmp.path().join("state");
+    let env = [("PROBITY_STATE_DIR", state.as_os_str())];
+    let file = tmp.path().join("obj");
+    std::fs::write(&file, b"weights").unwrap();
+    let f = file.to_str().unwrap();
+    let out = probity_env(
+        &["seal", f, "--id", "o", "--version", "18446744073709551615"],
+        &env,
+    );
+    assert_eq!(out.status.code(), Some(8), "{}", text(&out.stderr));
+    let err = text(&out.stderr);
+    assert!(err.contains("last version"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    let out = probity_env(&["seal", f, "--id", "o"], &env);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let sealed: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(sealed["version"], 1);
+    // One below the last is allowed; then the next default has nowhere to go.
+    let out = probity_env(
+        &["seal", f, "--id", "o", "--version", "18446744073709551614"],
+        &env,
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let out = probity_env(&["seal", f, "--id", "o"], &env);
+    assert_eq!(out.status.code(), Some(8));
+    assert!(
+        text(&out.stderr).contains("last version the registry can hold"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
+#[test]
+fn bug_public_key_help_says_it_takes_a_file() {
+    let out = probity(&["verify", "--help"]);
+    let help = text(&out.stdout);
+    assert!(
+        help.contains("The file holding the pinned public key"),
+        "{help}"
+    );
+    assert!(!help.contains("(hex, SEC1)"), "{help}");
+}
+
+/// `probity audit | head -3` panicked on EPIPE. The reader here takes one line and
+/// closes the pipe while the writer still has far more than a pipe buffer to write.
+#[test]
+fn bug_a_closed_pipe_ends_audit_quietly_with_status_0() {
+    use std::io::BufRead as _;
+    let tmp = tempfile::tempdir().unwrap();
+    let state = tmp.path().join("state");
+    {
+        let store = probity::state::StateStore::open(&state).unwrap();
+        let mut records: Vec<probity::state::DecisionRecord> = (0..3000)
+            .map(|i| probity::state::DecisionRecord {
+                seq: 0,
+                time_unix_ms: 1_700_000_000_000 + i,
+                principal: format!("Workload::\"train-{i}\""),
+                action: "Action::\"schedule\"".into(),
+                resource: "Node::\"gpu-blocked\"".into(),
+                policy_digest: "0".repeat(64),
+                decision: probity::Decision::error("a blocked node takes part in this request"),
+            })
+            .collect();
+        probity::state::StateBackend::record_decisions(&store, &mut records).unwrap();
+    }
+    let mut child = Command::new(env!("CARGO_BIN_EXE_probity"))
+        .args(["audit", "--limit", "3000"])
+        .env("PROBITY_STATE_DIR", &state)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let mut reader = std::io::BufReader::new(stdout);
+    let mut first = String::new();
+    reader.read_line(&mut first).unwrap();
+    assert!(first.contains("\"seq\":0"), "{first}");
+    drop(reader);
+    let out = child.wait_with_output().unwrap();
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    assert!(!err.contains("error"), "{err}");
+}
+
+/// Issue: under `umask 000` the state directory was 0777 and `trusted.pub` and
+/// `state.redb` 0666.
+#[test]
+fn bug_seal_under_umask_000_creates_private_state() {
+    let tmp = tempfile::tempdir().unwrap();
+    let state = tmp.path().join("state");
+    let file = tmp.path().join("obj");
+    std::fs::write(&file, b"weights").unwrap();
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg("umask 000; exec \"$0\" seal \"$1\" --id o")
+        .arg(env!("CARGO_BIN_EXE_probity"))
+        .arg(&file)
+        .env("PROBITY_STATE_DIR", &state)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_eq!(mode(&state), 0o700);
+    assert_eq!(mode(&state.join("state.redb")), 0o600);
+    assert_eq!(mode(&state.join("anchor.key")), 0o600);
+    assert_eq!(mode(&state.join("trusted.pub")), 0o644);
+}
+
+/// Issue: another user replaced `trusted.pub`, and root then verified a forged object.
+#[test]
+fn bug_verify_refuses_a_pinned_key_others_can_write_or_own() {
+    let tmp = tempfile::tempdir().unwrap();
+    let state = tmp.path().join("state");
+    let env = [("PROBITY_STATE_DIR", state.as_os_str())];
+    let file = tmp.path().join("obj");
+    std::fs::write(&file, b"weights").unwrap();
+    let f = file.to_str().unwrap();
+    assert_eq!(
+        probity_env(&["seal", f, "--id", "o"], &env).status.code(),
+        Some(0)
+    );
+    let key = state.join("trusted.pub");
+    set_mode(&key, 0o666);
+    let out = probity_env(&["verify", f, "--id", "o"], &env);
+    assert_eq!(out.status.code(), Some(8));
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("refusing to trust public key") && err.contains("0666"),
+        "{err}"
+    );
+    set_mode(&key, 0o644);
+    std::os::unix::fs::chown(&key, Some(65534), None).unwrap();
+    let out = probity_env(&["verify", f, "--id", "o"], &env);
+    assert_eq!(out.status.code(), Some(8));
+    assert!(
+        text(&out.stderr).contains("uid 65534"),
+        "{}",
+        text(&out.stderr)
+    );
+    std::os::unix::fs::chown(&key, Some(0), None).unwrap();
+    assert_eq!(
+        probity_env(&["verify", f, "--id", "o"], &env).status.code(),
+        Some(0)
+    );
+}
+
+#[test]
+fn policy_seal_then_check_sealed_and_what_it_refuses() {
+    let dir = copy_policies();
+    let d = dir.path().to_str().unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let state = tmp.path().join("state");
+    let env = [("PROBITY_STATE_DIR", state.as_os_str())];
+    let out = probity_env(&["policy", "seal", d, "--name", "prod"], &env);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let sealed: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(sealed["version"], 1);
+    assert_eq!(sealed["hsm"], false);
+    assert_eq!(sealed["hsm_key_protected"], false);
+    assert!(
+        sealed["files"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|f| f == "security/blocklist.cedar")
+    );
+    assert_eq!(mode(&dir.path().join("policy.seal")), 0o644);
+    // The next seal takes the next version.
+    let out = probity_env(&["policy", "seal", d, "--name", "prod"], &env);
+    let sealed: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(sealed["version"], 2);
+
+    let key = state.join("trusted.pub");
+    let k = key.to_str().unwrap();
+    let out = probity(&["check", "--sealed", "--public-key", k, d]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("sealed: prod version 2"),
+        "{}",
+        text(&out.stdout)
+    );
+    // Unsealed check ignores the seal.
+    assert_eq!(probity(&["check", d]).status.code(), Some(0));
+
+    // --sealed needs the key.
+    assert_eq!(probity(&["check", "--sealed", d]).status.code(), Some(2));
+
+    // A file changed after sealing.
+    let network = dir.path().join("security/network.cedar");
+    let original = std::fs::read_to_string(&network).unwrap();
+    std::fs::write(&network, format!("// edited\n{original}")).unwrap();
+    let out = probity(&["check", "--sealed", "--public-key", k, d]);
+    assert_eq!(out.status.code(), Some(3));
+    let err = unwrapped(&text(&out.stderr));
+    assert!(
+        err.contains("security/network.cedar was changed after sealing"),
+        "{err}"
+    );
+    std::fs::write(&network, &original).unwrap();
+    // An added file.
+    std::fs::write(dir.path().join("placement/more.cedar"), "").unwrap();
+    let out = probity(&["check", "--sealed", "--public-key", k, d]);
+    assert_eq!(out.status.code(), Some(3));
+    assert!(
+        unwrapped(&text(&out.stderr))
+            .contains("placement/more.cedar is part of the policy set but not sealed"),
+        "{}",
+        text(&out.stderr)
+    );
+    std::fs::remove_file(dir.path().join("placement/more.cedar")).unwrap();
+    // Another key.
+    let other_state = tmp.path().join("other");
+    let other_env = [("PROBITY_STATE_DIR", other_state.as_os_str())];
+    let other = copy_policies();
+    let o = other.path().to_str().unwrap();
+    assert_eq!(
+        probity_env(&["policy", "seal", o, "--name", "prod"], &other_env)
+            .status
+            .code(),
+        Some(0)
+    );
+    let out = probity(&["check", "--sealed", "--public-key", k, o]);
+    assert_eq!(out.status.code(), Some(3));
+    assert!(
+        unwrapped(&text(&out.stderr)).contains("not the pinned key"),
+        "{}",
+        text(&out.stderr)
+    );
+    // The last version is refused.
+    let out = probity_env(
+        &[
+            "policy",
+            "seal",
+            d,
+            "--name",
+            "prod",
+            "--version",
+            "18446744073709551615",
+        ],
+        &env,
+    );
+    assert_eq!(out.status.code(), Some(8));
+    assert!(
+        text(&out.stderr).contains("last version"),
+        "{}",
+        text(&out.stderr)
+    );
+    // A broken set is not sealed.
+    std::fs::write(&network, "permit (principal, action, resource) when { };\n").unwrap();
+    let out = probity_env(&["policy", "seal", d, "--name", "prod"], &env);
+    assert_eq!(out.status.code(), Some(3));
+}
+
+/// Issue: after the state directory was deleted, `verify` silently created an empty
+/// registry and accepted version 1 again. With an HSM the token's digests rebuild it;
+/// without, the CLI says loudly that rollback protection restarts from zero.
+#[test]
+fn bug_a_deleted_state_dir_does_not_reopen_the_rollback_with_an_hsm_and_says_so_without() {
+    for with_hsm in [true, false] {
+        let tmp = tempfile::tempdir().unwrap();
+        let vars = if with_hsm {
+            softhsm_env(&tmp.path().join("hsm"), "probity-cli-rollback")
+        } else {
+            Vec::new()
+        };
+        let state = tmp.path().join("state");
+        let mut env = env_of(&vars);
+        env.push(("PROBITY_STATE_DIR", state.as_os_str()));
+        let file = tmp.path().join("ckpt");
+        let f = file.to_str().unwrap();
+        std::fs::write(&file, b"version one").unwrap();
+        let out = probity_env(&["seal", f, "--id", "ckpt"], &env);
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+        let v1_manifest = tmp.path().join("ckpt.v1.manifest");
+        std::fs::copy(tmp.path().join("ckpt.manifest"), &v1_manifest).unwrap();
+        std::fs::write(&file, b"version two").unwrap();
+        let out = probity_env(&["seal", f, "--id", "ckpt"], &env);
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+        let key = tmp.path().join("pinned.pub");
+        std::fs::copy(state.join("trusted.pub"), &key).unwrap();
+
+        std::fs::remove_dir_all(&state).unwrap();
+        std::fs::write(&file, b"version one").unwrap();
+        let out = probity_env(
+            &[
+                "verify",
+                f,
+                "--id",
+                "ckpt",
+                "--manifest",
+                v1_manifest.to_str().unwrap(),
+                "--public-key",
+                key.to_str().unwrap(),
+            ],
+            &env,
+        );
+        let err = text(&out.stderr);
+        if with_hsm {
+            assert_eq!(out.status.code(), Some(5), "{err}");
+            let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+            assert!(
+                v["failure"]
+                    .as_str()
+                    .unwrap()
+                    .contains("refusing rollback of \"ckpt\" to version 1"),
+                "{v}"
+            );
+            assert!(err.contains("rebuilt"), "{err}");
+            assert!(!err.contains("restarts from zero"), "{err}");
+        } else {
+            assert_eq!(out.status.code(), Some(0), "{err}");
+            assert!(
+                err.lines()
+                    .any(|l| l.starts_with("error: rollback protection restarts from zero")),
+                "{err}"
+            );
+        }
+    }
+}
+
+/// Issue: an imported, extractable key pair under Probity's label was used and `seal`
+/// printed `"hsm": true`.
+#[test]
+fn bug_seal_refuses_an_extractable_key_under_our_label_unless_allowed() {
+    let tmp = tempfile::tempdir().unwrap();
+    let vars = softhsm_env(&tmp.path().join("hsm"), "probity-cli-unprotected");
+    let get = |k: &str| vars.iter().find(|(n, _)| n == k).unwrap().1.clone();
+    let pin = std::fs::read_to_string(get("PROBITY_HSM_PIN_FILE")).unwrap();
+    let keygen = Command::new("pkcs11-tool")
+        .args(["--module", &get("PROBITY_HSM_MODULE")])
+        .args(["--token-label", &get("PROBITY_HSM_TOKEN")])
+        .args(["--login", "--pin", pin.trim()])
+        .args(["--keypairgen", "--key-type", "EC:prime256v1"])
+        .args([
+            "--label",
+            "probity-manifest-signing",
+            "--usage-sign",
+            "--extractable",
+        ])
+        .env("SOFTHSM2_CONF", get("SOFTHSM2_CONF"))
+        .output()
+        .unwrap();
+    assert!(keygen.status.success(), "{}", text(&keygen.stderr));
+    let state = tmp.path().join("state");
+    let mut env = env_of(&vars);
+    env.push(("PROBITY_STATE_DIR", state.as_os_str()));
+    let file = tmp.path().join("obj");
+    std::fs::write(&file, b"weights").unwrap();
+    let f = file.to_str().unwrap();
+    let out = probity_env(&["seal", f, "--id", "o"], &env);
+    assert_eq!(out.status.code(), Some(8));
+    let err = text(&out.stderr);
+    assert!(err.contains("CKA_EXTRACTABLE is true"), "{err}");
+    assert!(!tmp.path().join("obj.manifest").exists());
+
+    let allow = std::ffi::OsString::from("1");
+    env.push(("PROBITY_HSM_ALLOW_UNPROTECTED_KEY", allow.as_os_str()));
+    let out = probity_env(&["seal", f, "--id", "o"], &env);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let sealed: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(sealed["hsm"], false);
+    assert_eq!(sealed["hsm_key_protected"], false);
+    assert!(
+        sealed["anchor"]
+            .as_str()
+            .unwrap()
+            .contains("NOT HSM-protected"),
+        "{sealed}"
+    );
+    assert!(text(&out.stderr).contains("NOT HSM-protected"));
+}
+
+#[test]
+fn a_pin_file_others_can_read_is_refused_unless_allowed() {
+    let tmp = tempfile::tempdir().unwrap();
+    let vars = softhsm_env(&tmp.path().join("hsm"), "probity-cli-pin");
+    let pin_file = PathBuf::from(
+        &vars
+            .iter()
+            .find(|(k, _)| k == "PROBITY_HSM_PIN_FILE")
+            .unwrap()
+            .1,
+    );
+    set_mode(&pin_file, 0o644);
+    let state = tmp.path().join("state");
+    let mut env = env_of(&vars);
+    env.push(("PROBITY_STATE_DIR", state.as_os_str()));
+    let file = tmp.path().join("obj");
+    std::fs::write(&file, b"weights").unwrap();
+    let f = file.to_str().unwrap();
+    let out = probity_env(&["seal", f, "--id", "o"], &env);
+    assert_eq!(out.status.code(), Some(8));
+    let err = text(&out.stderr);
+    assert!(err.contains("lets group and others read it"), "{err}");
+    let out = probity_env(&["seal", f, "--id", "o", "--allow-readable-pin-file"], &env);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("warning: PIN file")
+            && text(&out.stderr).contains("lets group and others read it"),
+        "{}",
+        text(&out.stderr)
+    );
+    let sealed: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(sealed["hsm"], true);
+    assert_eq!(sealed["hsm_key_protected"], true);
+}
