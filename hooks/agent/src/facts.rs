@@ -109,7 +109,8 @@ pub fn gpus_from_smi(config: &Config, rows: &[GpuQuery]) -> Vec<GpuFact> {
 }
 
 /// GPUs from the DCGM exporter. Memory is `FB_USED + FB_FREE` (the frame buffer the
-/// driver hands out, without its reserve).
+/// driver hands out, without its reserve); for a GPU in MIG mode, a value the GPU does
+/// not report itself is the sum over its GPU instances.
 pub fn gpus_from_dcgm(config: &Config, report: &DcgmReport) -> Vec<GpuFact> {
     let mut out = Vec::new();
     for g in &report.gpus {
@@ -127,7 +128,21 @@ pub fn gpus_from_dcgm(config: &Config, report: &DcgmReport) -> Vec<GpuFact> {
         if let Some(a) = g.power_w.absence() {
             missing.push(format!("DCGM_FI_DEV_POWER_USAGE: {}", absent_text(a)));
         }
-        let memory = match (g.fb_used_mib.value(), g.fb_free_mib.value()) {
+        // A GPU in MIG mode may report its frame buffer per GPU instance only.
+        let sum = |values: Vec<Option<f64>>| -> Option<f64> {
+            if values.is_empty() || values.iter().any(Option::is_none) {
+                None
+            } else {
+                Some(values.into_iter().flatten().sum())
+            }
+        };
+        let used = g.fb_used_mib.value().or_else(|| {
+            sum(g.mig_instances.iter().map(|m| m.fb_used_mib.value()).collect())
+        });
+        let free = g.fb_free_mib.value().or_else(|| {
+            sum(g.mig_instances.iter().map(|m| m.fb_free_mib.value()).collect())
+        });
+        let memory = match (used, free) {
             (Some(u), Some(f)) if u >= 0.0 && f >= 0.0 => Some((u + f).round() as u64),
             _ => {
                 missing.push("DCGM_FI_DEV_FB_USED/FREE: no value".into());
