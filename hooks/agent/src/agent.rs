@@ -189,7 +189,10 @@ impl PowerHistory {
         let n = config.collect.power_window.as_secs() / interval + 2;
         let capacity = usize::try_from(n).unwrap_or(4096).clamp(2, 4096);
         Self {
-            window: probity_collect::source::PowerWindow::new(capacity, config.collect.power_window),
+            window: probity_collect::source::PowerWindow::new(
+                capacity,
+                config.collect.power_window,
+            ),
             readings: VecDeque::with_capacity(capacity),
             capacity,
             max_age: config.collect.power_window,
@@ -400,7 +403,10 @@ impl Agent {
         alerts: AlertSinks,
     ) -> Result<Self, AgentError> {
         let audit = if config.audit.enabled {
-            Some(AuditReader::new(&config.audit, config.state_dir.as_deref())?)
+            Some(AuditReader::new(
+                &config.audit,
+                config.state_dir.as_deref(),
+            )?)
         } else {
             None
         };
@@ -736,7 +742,9 @@ impl Agent {
             events.extend(self.record("finding-cleared", f, at, done));
         }
         let hold = self.config.alerts.elevation_hold.as_secs();
-        let expired = self.findings.expire(Scope::Elevation, at.saturating_sub(hold));
+        let expired = self
+            .findings
+            .expire(Scope::Elevation, at.saturating_sub(hold));
         for f in &expired {
             let done = self.resolve(f, &mut obligations);
             events.extend(self.record("finding-cleared", f, at, done));
@@ -780,9 +788,13 @@ impl Agent {
             (Some(w), "bmc-dcmi", self.bmc.is_fresh())
         } else if let Some(cpu) = self.rapl.value().and_then(|r| r.total_watts.value()) {
             let gpu: f64 = gpus.iter().filter_map(|g| g.power_w).sum();
-            let gpus_ok = gpus.is_empty() || (gpus_fresh && self.smi.is_fresh())
-                || self.dcgm.is_fresh();
-            (Some(cpu + gpu), "rapl+gpus", self.rapl.is_fresh() && gpus_ok)
+            let gpus_ok =
+                gpus.is_empty() || (gpus_fresh && self.smi.is_fresh()) || self.dcgm.is_fresh();
+            (
+                Some(cpu + gpu),
+                "rapl+gpus",
+                self.rapl.is_fresh() && gpus_ok,
+            )
         } else {
             (None, "none", false)
         };
@@ -801,7 +813,10 @@ impl Agent {
 
     /// The reduction of the last good rulesets, computed again only when they changed.
     fn reachability(&mut self) -> Option<Arc<Reachability>> {
-        if self.nft.value().is_none() && self.iptables.value().is_none() && self.ip6tables.value().is_none() {
+        if self.nft.value().is_none()
+            && self.iptables.value().is_none()
+            && self.ip6tables.value().is_none()
+        {
             // Nothing was ever read: the firewall is unknown ("nft" is unreadable); the
             // listening sockets are still decided.
             return None;
@@ -907,14 +922,20 @@ impl Agent {
 
     /// Updates the alerts of a finding whose message or severity changed: an alert whose
     /// labels changed (a new severity) is resolved and raised under its new labels.
-    fn update_alerts(&mut self, before: &Finding, after: &Finding, out: &mut Vec<ObligationReport>) {
+    fn update_alerts(
+        &mut self,
+        before: &Finding,
+        after: &Finding,
+        out: &mut Vec<ObligationReport>,
+    ) {
         if self.alerts.is_empty() {
             return;
         }
         for o in before.obligations.iter().filter(|o| o.kind == "alert") {
             let old = alert_spec(&self.config.node, before, o);
             let still = after.obligations.iter().any(|n| {
-                n.kind == "alert" && alert_spec(&self.config.node, after, n).label_set() == old.label_set()
+                n.kind == "alert"
+                    && alert_spec(&self.config.node, after, n).label_set() == old.label_set()
             });
             if !still {
                 let _ = self.alerts.resolve(&old);
@@ -938,7 +959,13 @@ impl Agent {
     }
 
     /// Records a finding or its clearing with its facts and what was done.
-    fn record(&mut self, kind: &str, f: &Finding, at: u64, done: Vec<Value>) -> Option<EventRecord> {
+    fn record(
+        &mut self,
+        kind: &str,
+        f: &Finding,
+        at: u64,
+        done: Vec<Value>,
+    ) -> Option<EventRecord> {
         let mut detail = serde_json::to_value(f).unwrap_or_default();
         if let Some(o) = detail.as_object_mut() {
             o.insert("carried_out".into(), Value::Array(done));
@@ -953,7 +980,9 @@ impl Agent {
                 Ok(s) => seq = Some(s),
                 Err(e) => {
                     self.event_failures += 1;
-                    detail["record_error"] = json!(e.to_string());
+                    if let Some(o) = detail.as_object_mut() {
+                        o.insert("record_error".into(), json!(e.to_string()));
+                    }
                 }
             }
         }
@@ -1047,7 +1076,9 @@ impl Agent {
                 Outcome::Disabled => ("disabled", None, None),
                 Outcome::Never => ("never", None, None),
                 Outcome::Ok { at } => ("ok", None, Some(*at)),
-                Outcome::Unavailable { reason, at } => ("unavailable", Some(reason.clone()), Some(*at)),
+                Outcome::Unavailable { reason, at } => {
+                    ("unavailable", Some(reason.clone()), Some(*at))
+                }
                 Outcome::Error { error, at } => ("error", Some(error.clone()), Some(*at)),
             };
             sources.insert(

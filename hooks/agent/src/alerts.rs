@@ -188,7 +188,8 @@ pub fn alert_spec(node: &str, finding: &Finding, obligation: &Obligation) -> Ale
     }
     spec.labels.insert("probity_node".into(), node.to_owned());
     spec.labels.insert("action".into(), finding.action.clone());
-    spec.labels.insert("subject".into(), finding.subject.clone());
+    spec.labels
+        .insert("subject".into(), finding.subject.clone());
     spec.annotations
         .insert("since".into(), finding.since.to_string());
     spec

@@ -49,10 +49,13 @@ pub fn role_baseline(engine: &Engine, role: Option<&str>) -> Result<Baseline, Ro
     match role {
         Some(role) => {
             let roles = engine.entities_json(Some("NodeRole"));
-            let Some(entity) = roles.iter().find(|e| e["uid"]["id"] == role) else {
+            let Some(entity) = roles
+                .iter()
+                .find(|e| e.pointer("/uid/id").and_then(Value::as_str) == Some(role))
+            else {
                 let defined: Vec<&str> = roles
                     .iter()
-                    .filter_map(|e| e["uid"]["id"].as_str())
+                    .filter_map(|e| e.pointer("/uid/id").and_then(Value::as_str))
                     .collect();
                 return Err(RoleError::UnknownRole {
                     role: role.to_owned(),
@@ -63,33 +66,34 @@ pub fn role_baseline(engine: &Engine, role: Option<&str>) -> Result<Baseline, Ro
                     },
                 });
             };
-            let attrs = &entity["attrs"];
             from_sets(
                 role,
-                &ports(&attrs["tcpPorts"]),
-                &ports(&attrs["udpPorts"]),
-                &strings(&attrs["restricted"]),
+                &ports(entity.pointer("/attrs/tcpPorts")),
+                &ports(entity.pointer("/attrs/udpPorts")),
+                &strings(entity.pointer("/attrs/restricted")),
             )
         }
         None => {
             let settings = engine.entities_json(Some("Settings"));
-            let Some(s) = settings.iter().find(|e| e["uid"]["id"] == "active") else {
+            let Some(s) = settings
+                .iter()
+                .find(|e| e.pointer("/uid/id").and_then(Value::as_str) == Some("active"))
+            else {
                 return Err(RoleError::NoSettings);
             };
-            let attrs = &s["attrs"];
             from_sets(
                 DEFAULT_ROLE,
-                &ports(&attrs["inboundPortBaseline"]),
-                &ports(&attrs["inboundUdpPortBaseline"]),
+                &ports(s.pointer("/attrs/inboundPortBaseline")),
+                &ports(s.pointer("/attrs/inboundUdpPortBaseline")),
                 &[],
             )
         }
     }
 }
 
-fn ports(v: &Value) -> Vec<u16> {
+fn ports(v: Option<&Value>) -> Vec<u16> {
     let mut out: Vec<u16> = v
-        .as_array()
+        .and_then(Value::as_array)
         .map(|a| {
             a.iter()
                 .filter_map(Value::as_u64)
@@ -102,8 +106,8 @@ fn ports(v: &Value) -> Vec<u16> {
     out
 }
 
-fn strings(v: &Value) -> Vec<String> {
-    v.as_array()
+fn strings(v: Option<&Value>) -> Vec<String> {
+    v.and_then(Value::as_array)
         .map(|a| {
             a.iter()
                 .filter_map(|s| s.as_str().map(str::to_owned))
@@ -211,7 +215,10 @@ mod tests {
         let text = probity_firewall::baseline::render(&b).unwrap();
         let t = text.text();
         assert!(t.contains("tcp dport 30000-32767 accept"), "{t}");
-        assert!(t.contains("ip saddr 10.0.0.0/8 tcp dport 10250 accept"), "{t}");
+        assert!(
+            t.contains("ip saddr 10.0.0.0/8 tcp dport 10250 accept"),
+            "{t}"
+        );
         assert!(!t.contains("\ttcp dport 10250 accept"), "restricted: {t}");
         assert!(t.contains("udp dport 8472 accept"), "{t}");
         let none = role_baseline(&engine, None).unwrap();

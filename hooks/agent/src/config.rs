@@ -798,7 +798,11 @@ impl Config {
                 .into());
         }
         let alerts = Alerts {
-            alertmanager_url: c.url(&raw.alerts.alertmanager_url, "alerts.alertmanager_url", true)?,
+            alertmanager_url: c.url(
+                &raw.alerts.alertmanager_url,
+                "alerts.alertmanager_url",
+                true,
+            )?,
             webhook_url: c.url(&raw.alerts.webhook_url, "alerts.webhook_url", true)?,
             refresh,
             expiry,
@@ -862,7 +866,11 @@ impl Config {
 
 /// Builds the inventory, requiring zone and rack; `missing_at` locates a missing key (the
 /// `file` key when the facts came from a file).
-fn inventory(c: &Check<'_>, r: RawInventory, missing_at: Range<usize>) -> Result<Inventory, Located> {
+fn inventory(
+    c: &Check<'_>,
+    r: RawInventory,
+    missing_at: Range<usize>,
+) -> Result<Inventory, Located> {
     let required = |v: &Option<Spanned<String>>, name: &str| -> Result<String, Located> {
         match v {
             Some(s) if !s.get_ref().trim().is_empty() => Ok(s.get_ref().trim().to_owned()),
@@ -1010,19 +1018,20 @@ mod tests {
     fn missing_inventory_is_an_error_not_a_default() {
         let l = located("[node]\nname = \"n\"\n[inventory]\nrack = \"r\"\n");
         assert!(l.message.contains("inventory.zone is required"), "{l}");
-        let l = located(&format!(
-            "{}gpu_node = true\n",
-            MINIMAL.replace("[inventory]\n", "[inventory]\n")
-        ));
+        let l = located(&format!("{MINIMAL}gpu_node = true\n"));
         assert!(l.message.contains("cuda_image"), "{l}");
         assert_eq!(l.line, 6);
     }
 
     #[test]
     fn urls_and_addresses_are_checked_where_written() {
-        let l = located(&format!("{MINIMAL}[dcgm]\nurl = \"https://x:9400/metrics\"\n"));
+        let l = located(&format!(
+            "{MINIMAL}[dcgm]\nurl = \"https://x:9400/metrics\"\n"
+        ));
         assert_eq!((l.line, l.column), (7, 7), "{l}");
-        let l = located(&format!("{MINIMAL}[firewall]\ncontrol_plane = \"10.0.0.1\"\n"));
+        let l = located(&format!(
+            "{MINIMAL}[firewall]\ncontrol_plane = \"10.0.0.1\"\n"
+        ));
         assert_eq!(l.line, 7);
         let c = parse(&format!(
             "{MINIMAL}[firewall]\ncontrol_plane = \"[fd00::1]:6443\"\n"
@@ -1053,7 +1062,10 @@ mod tests {
         let c = Config::from_file(&dir.path().join("agent.toml")).unwrap();
         assert_eq!(c.inventory.zone, "z9");
         assert_eq!(c.inventory.role.as_deref(), Some("gpu-worker"));
-        assert!(c.nvidia_smi.enabled, "a GPU node reads nvidia-smi by default");
+        assert!(
+            c.nvidia_smi.enabled,
+            "a GPU node reads nvidia-smi by default"
+        );
 
         std::fs::write(dir.path().join("inv.toml"), "zone = \"z9\"\nrack = 7\n").unwrap();
         match Config::from_file(&dir.path().join("agent.toml")) {

@@ -181,18 +181,19 @@ impl AuditReader {
         let audit = AuditConfig::default();
         let pipeline = Pipeline::new(&audit);
         let position_file = state_dir.map(|d| d.join(POSITION_FILE));
-        let saved = match &position_file {
-            Some(path) => match std::fs::read(path) {
-                Ok(bytes) => Some(parse_position(&bytes).map_err(|source| {
-                    AuditSetupError::Position {
-                        path: path.clone(),
-                        source,
-                    }
-                })?),
-                Err(_) => None,
-            },
-            None => None,
-        };
+        let saved =
+            match &position_file {
+                Some(path) => match std::fs::read(path) {
+                    Ok(bytes) => Some(parse_position(&bytes).map_err(|source| {
+                        AuditSetupError::Position {
+                            path: path.clone(),
+                            source,
+                        }
+                    })?),
+                    Err(_) => None,
+                },
+                None => None,
+            };
         let reader = match config.source {
             AuditSource::File => Reader::File(LogFollower::new(FollowConfig {
                 path: config.path.clone(),
@@ -204,13 +205,8 @@ impl AuditReader {
                 ..FollowConfig::default()
             })),
             AuditSource::Stdin => Reader::Stream(
-                AudispSource::spawn(
-                    std::io::stdin(),
-                    "stdin",
-                    pipeline.max_line_bytes(),
-                    4096,
-                )
-                .map_err(AuditSetupError::Stream)?,
+                AudispSource::spawn(std::io::stdin(), "stdin", pipeline.max_line_bytes(), 4096)
+                    .map_err(AuditSetupError::Stream)?,
             ),
         };
         Ok(Self {
@@ -248,12 +244,7 @@ impl AuditReader {
                 Collected::Error { error, .. } => Err(error_chain(&error)),
             },
             Reader::Stream(s) => s
-                .poll(
-                    &mut self.pipeline,
-                    clock,
-                    Duration::ZERO,
-                    MAX_STREAM_LINES,
-                )
+                .poll(&mut self.pipeline, clock, Duration::ZERO, MAX_STREAM_LINES)
                 .map_err(|e| format!("stdin: {e}")),
         };
         let poll = match poll {
@@ -281,16 +272,16 @@ impl AuditReader {
             && let Some(p) = f.position()
         {
             self.status.position = Some(render_position(&p).trim_end().to_owned());
-            if self.saved != Some(p) {
-                if let Some(path) = &self.position_file {
-                    match write_atomic(path, render_position(&p).as_bytes()) {
-                        Ok(()) => self.saved = Some(p),
-                        Err(e) => {
-                            self.status.last = Outcome::Error {
-                                error: format!("saving the position to {}: {e}", path.display()),
-                                at,
-                            };
-                        }
+            if self.saved != Some(p)
+                && let Some(path) = &self.position_file
+            {
+                match write_atomic(path, render_position(&p).as_bytes()) {
+                    Ok(()) => self.saved = Some(p),
+                    Err(e) => {
+                        self.status.last = Outcome::Error {
+                            error: format!("saving the position to {}: {e}", path.display()),
+                            at,
+                        };
                     }
                 }
             }

@@ -137,10 +137,18 @@ pub fn gpus_from_dcgm(config: &Config, report: &DcgmReport) -> Vec<GpuFact> {
             }
         };
         let used = g.fb_used_mib.value().or_else(|| {
-            sum(g.mig_instances.iter().map(|m| m.fb_used_mib.value()).collect())
+            sum(g
+                .mig_instances
+                .iter()
+                .map(|m| m.fb_used_mib.value())
+                .collect())
         });
         let free = g.fb_free_mib.value().or_else(|| {
-            sum(g.mig_instances.iter().map(|m| m.fb_free_mib.value()).collect())
+            sum(g
+                .mig_instances
+                .iter()
+                .map(|m| m.fb_free_mib.value())
+                .collect())
         });
         let memory = match (used, free) {
             (Some(u), Some(f)) if u >= 0.0 && f >= 0.0 => Some((u + f).round() as u64),
@@ -229,7 +237,10 @@ pub struct NodeNumbers {
 
 /// The node's numbers from its GPUs (`gpus` the ones standing for the node,
 /// `temperatures` every temperature read by any source).
-pub fn gpu_numbers(gpus: &[GpuFact], temperatures: &[f64]) -> (String, Option<String>, i64, i64, i64) {
+pub fn gpu_numbers(
+    gpus: &[GpuFact],
+    temperatures: &[f64],
+) -> (String, Option<String>, i64, i64, i64) {
     let driver = gpus
         .iter()
         .find_map(|g| g.driver.clone())
@@ -251,7 +262,9 @@ pub fn gpu_numbers(gpus: &[GpuFact], temperatures: &[f64]) -> (String, Option<St
         .iter()
         .copied()
         .filter(|t| t.is_finite())
-        .fold(None, |acc: Option<f64>, t| Some(acc.map_or(t, |a| a.max(t))))
+        .fold(None, |acc: Option<f64>, t| {
+            Some(acc.map_or(t, |a| a.max(t)))
+        })
         .map_or(0, |t| long(t.ceil()));
     (driver, model, count, memory, hottest)
 }

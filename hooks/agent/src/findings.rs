@@ -245,7 +245,14 @@ mod tests {
     }
 
     fn cycle(book: &mut Findings, d: &Decision, now: u64) -> Change {
-        let f = findings_of(Scope::Telemetry, "comply", "Node::\"n\"", d, &json!({}), now);
+        let f = findings_of(
+            Scope::Telemetry,
+            "comply",
+            "Node::\"n\"",
+            d,
+            &json!({}),
+            now,
+        );
         book.reconcile(Scope::Telemetry, f)
     }
 
@@ -254,7 +261,12 @@ mod tests {
         let mut book = Findings::new();
         let c = cycle(&mut book, &deny(&[("a", "m1"), ("b", "x")]), 10);
         assert_eq!(c.raised.len(), 2);
-        assert!(c.raised[0].obligations.iter().all(|o| o.policy == c.raised[0].policy));
+        assert!(
+            c.raised[0]
+                .obligations
+                .iter()
+                .all(|o| o.policy == c.raised[0].policy)
+        );
         let c = cycle(&mut book, &deny(&[("a", "m1"), ("b", "x")]), 20);
         assert!(c.raised.is_empty() && c.updated.is_empty() && c.cleared.is_empty());
         let c = cycle(&mut book, &deny(&[("a", "m2")]), 30);

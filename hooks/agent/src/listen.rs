@@ -56,15 +56,18 @@ impl PortSets {
     /// Reads the `NodeRole` and `Settings` port sets from the engine's store.
     pub fn from_engine(engine: &Engine) -> Self {
         let mut sets = PortSets::default();
+        let mut add = |protocol, entity: &Value, attr: &str| {
+            if let Some(ports) = entity.get("attrs").and_then(|a| a.get(attr)) {
+                sets.add(protocol, ports);
+            }
+        };
         for role in engine.entities_json(Some("NodeRole")) {
-            let attrs = &role["attrs"];
-            sets.add(Protocol::Tcp, &attrs["tcpPorts"]);
-            sets.add(Protocol::Udp, &attrs["udpPorts"]);
+            add(Protocol::Tcp, &role, "tcpPorts");
+            add(Protocol::Udp, &role, "udpPorts");
         }
         for settings in engine.entities_json(Some("Settings")) {
-            let attrs = &settings["attrs"];
-            sets.add(Protocol::Tcp, &attrs["inboundPortBaseline"]);
-            sets.add(Protocol::Udp, &attrs["inboundUdpPortBaseline"]);
+            add(Protocol::Tcp, &settings, "inboundPortBaseline");
+            add(Protocol::Udp, &settings, "inboundUdpPortBaseline");
         }
         sets
     }
@@ -250,7 +253,12 @@ mod tests {
     #[test]
     fn each_listening_socket_is_its_own_question_and_loopback_is_none() {
         let sockets = [
-            sock(22, Scope::Wildcard { serves_ipv4: ServesIpv4::Yes }),
+            sock(
+                22,
+                Scope::Wildcard {
+                    serves_ipv4: ServesIpv4::Yes,
+                },
+            ),
             sock(8080, Scope::Specific),
             sock(9090, Scope::Loopback),
         ];
@@ -303,7 +311,8 @@ mod tests {
 
     #[test]
     fn the_number_of_questions_is_bounded() {
-        let sockets: Vec<ListeningSocket> = (1000..1100).map(|p| sock(p, Scope::Specific)).collect();
+        let sockets: Vec<ListeningSocket> =
+            (1000..1100).map(|p| sock(p, Scope::Specific)).collect();
         let (subjects, truncated) = subjects(&sockets, None, &PortSets::default(), 10);
         assert_eq!(subjects.len(), 10);
         assert!(truncated);

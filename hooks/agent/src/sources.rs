@@ -526,17 +526,26 @@ mod tests {
         assert_eq!(parse_proc_stat_cpus(b"intr 1\n"), Err(ProcStatError::NoCpu));
         assert!(matches!(
             parse_proc_stat_cpus(b"cpu  1\ncpu0x 1\n"),
-            Err(ProcStatError::BadCpuLine { line: 2, column: 5, .. })
+            Err(ProcStatError::BadCpuLine {
+                line: 2,
+                column: 5,
+                ..
+            })
         ));
     }
 
     #[test]
     fn a_source_without_a_reading_is_unreadable_with_its_reason() {
         let mut s: SourceState<u8> = SourceState::new("ipmi", true);
-        assert_eq!(s.unreadable(t(0), Duration::from_secs(60)).as_deref(), Some("no reading yet"));
+        assert_eq!(
+            s.unreadable(t(0), Duration::from_secs(60)).as_deref(),
+            Some("no reading yet")
+        );
         s.record(
             Some(Collected::Unavailable {
-                reason: Unavailable::Missing { path: "/dev/ipmi0".into() },
+                reason: Unavailable::Missing {
+                    path: "/dev/ipmi0".into(),
+                },
                 checked_at: t(0),
             }),
             t(0),

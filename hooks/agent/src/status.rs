@@ -156,10 +156,12 @@ impl Status {
     /// Reads `agent-status.json` from a state directory.
     pub fn read(state_dir: &Path) -> Result<Self, StatusError> {
         let path = state_dir.join(STATUS_FILE);
-        let bytes = probity_collect::source::read_regular_file(&path, MAX_STATUS_BYTES)
-            .map_err(|e| StatusError::Read {
-                path: path.clone(),
-                source: std::io::Error::other(crate::sources::error_chain(&e)),
+        let bytes =
+            probity_collect::source::read_regular_file(&path, MAX_STATUS_BYTES).map_err(|e| {
+                StatusError::Read {
+                    path: path.clone(),
+                    source: std::io::Error::other(crate::sources::error_chain(&e)),
+                }
             })?;
         Self::parse(&path, &bytes)
     }
@@ -349,7 +351,10 @@ mod tests {
     #[test]
     fn metrics_are_valid_exposition_lines() {
         let m = sample().metrics;
-        assert!(m.contains("probity_agent_cycles_total{node=\"n\\\"1\"} 3\n"), "{m}");
+        assert!(
+            m.contains("probity_agent_cycles_total{node=\"n\\\"1\"} 3\n"),
+            "{m}"
+        );
         assert!(m.contains(
             "probity_agent_source_up{node=\"n\\\"1\",source=\"ipmi\",state=\"unavailable\"} 0\n"
         ));

@@ -304,7 +304,10 @@ pub fn baseline(command: BaselineCommand) -> Result<u8> {
     }
 }
 
-fn role_of(target: &BaselineTarget, config: &Config) -> Result<probity_firewall::baseline::Baseline> {
+fn role_of(
+    target: &BaselineTarget,
+    config: &Config,
+) -> Result<probity_firewall::baseline::Baseline> {
     let engine = engine(config, false)?;
     let role = target.role.clone().or(config.inventory.role.clone());
     role_baseline(&engine, role.as_deref()).map_err(|e| {
@@ -350,9 +353,15 @@ fn check(target: &BaselineTarget, as_json: bool) -> Result<u8> {
             compliance.uncertainties.len()
         );
         if !clean {
-            println!("{:<8} {:<6} {:<6} {:<13} FROM", "WHAT", "FAMILY", "PROTO", "PORTS");
+            println!(
+                "{:<8} {:<6} {:<6} {:<13} FROM",
+                "WHAT", "FAMILY", "PROTO", "PORTS"
+            );
         }
-        for (what, list) in [("beyond", &compliance.excess), ("missing", &compliance.missing)] {
+        for (what, list) in [
+            ("beyond", &compliance.excess),
+            ("missing", &compliance.missing),
+        ] {
             for f in list {
                 println!(
                     "{what:<8} {:<6} {:<6} {:<13} {}",
@@ -442,7 +451,9 @@ fn apply(
             if as_json {
                 println!(
                     "{}",
-                    serde_json::to_string_pretty(&json!({"refused": true, "lockouts": lockouts, "report": report}))?
+                    serde_json::to_string_pretty(
+                        &json!({"refused": true, "lockouts": lockouts, "report": report})
+                    )?
                 );
             }
             for l in &lockouts {
@@ -451,10 +462,7 @@ fn apply(
             return Ok(exit::REFUSED);
         }
         Err(e) => {
-            eprintln!(
-                "error: {}",
-                probity_agent::sources::error_chain(&e)
-            );
+            eprintln!("error: {}", probity_agent::sources::error_chain(&e));
             return Ok(exit::BAD_INPUT);
         }
     };
@@ -489,7 +497,14 @@ fn apply(
             println!("  - {r}");
         }
         for l in &report.lockouts {
-            println!("  lock-out{}: {l}", if report.lockout_overridden { " (overridden)" } else { "" });
+            println!(
+                "  lock-out{}: {l}",
+                if report.lockout_overridden {
+                    " (overridden)"
+                } else {
+                    ""
+                }
+            );
         }
         for n in &report.narrowed {
             println!("  narrowed: {n}");

@@ -39,7 +39,11 @@ fn power_spike_heat_driver_drift_and_an_extra_port_alert_and_then_clear() {
 
     // The fixture's node: driver 570.133.20 (pinned: 590.48.01) and GPU 5 at 71 C (H100
     // target: 70); port 8080 listens and the firewall lets it in.
-    node.set_listeners(&[([0, 0, 0, 0], 22), ([0, 0, 0, 0], 8080), ([127, 0, 0, 1], 9400)]);
+    node.set_listeners(&[
+        ([0, 0, 0, 0], 22),
+        ([0, 0, 0, 0], 8080),
+        ([127, 0, 0, 1], 9400),
+    ]);
     node.set_nft_open(&[22, 8080]);
     let r = agent.cycle();
     assert!(r.errors.is_empty(), "{:?}", r.errors);
@@ -69,17 +73,26 @@ fn power_spike_heat_driver_drift_and_an_extra_port_alert_and_then_clear() {
         .filter(|d| d.action == "listen")
         .map(|d| d.subject.as_str())
         .collect();
-    assert!(listen.contains(&"tcp/22") && listen.contains(&"tcp/8080"), "{listen:?}");
+    assert!(
+        listen.contains(&"tcp/22") && listen.contains(&"tcp/8080"),
+        "{listen:?}"
+    );
     assert!(!listen.iter().any(|s| s.contains("9400")), "{listen:?}");
-    assert!(r.obligations.iter().all(|o| o.outcome == "alerted"), "{:?}", r.obligations);
+    assert!(
+        r.obligations.iter().all(|o| o.outcome == "alerted"),
+        "{:?}",
+        r.obligations
+    );
     let want = [
         "placement.driver-drift",
         "security.inbound-port-beyond-baseline tcp/8080",
         "thermal.gpu-over-temperature",
     ];
-    eventually("three alerts in Alertmanager", Duration::from_secs(20), || {
-        (am.active_names() == want).then_some(())
-    });
+    eventually(
+        "three alerts in Alertmanager",
+        Duration::from_secs(20),
+        || (am.active_names() == want).then_some(()),
+    );
     let over = am
         .alerts()
         .into_iter()
@@ -96,7 +109,11 @@ fn power_spike_heat_driver_drift_and_an_extra_port_alert_and_then_clear() {
     for _ in 0..3 {
         clock.advance(15);
         let r = agent.cycle();
-        assert!(r.raised.is_empty() && r.cleared.is_empty(), "{:?}", r.raised);
+        assert!(
+            r.raised.is_empty() && r.cleared.is_empty(),
+            "{:?}",
+            r.raised
+        );
     }
     // 4000 W is 33% over the 3000 W mean: a spike.
     clock.advance(15);
@@ -140,7 +157,10 @@ fn power_spike_heat_driver_drift_and_an_extra_port_alert_and_then_clear() {
         ])
     );
     assert_eq!(
-        r.obligations.iter().filter(|o| o.outcome == "resolved").count(),
+        r.obligations
+            .iter()
+            .filter(|o| o.outcome == "resolved")
+            .count(),
         4
     );
     eventually("every alert resolved", Duration::from_secs(20), || {
@@ -154,7 +174,13 @@ fn power_spike_heat_driver_drift_and_an_extra_port_alert_and_then_clear() {
         .map(|e| (e.kind.as_str(), e.object_id.as_str()))
         .collect();
     assert_eq!(kinds.iter().filter(|(k, _)| *k == "finding").count(), 4);
-    assert_eq!(kinds.iter().filter(|(k, _)| *k == "finding-cleared").count(), 4);
+    assert_eq!(
+        kinds
+            .iter()
+            .filter(|(k, _)| *k == "finding-cleared")
+            .count(),
+        4
+    );
     let heat = events
         .iter()
         .find(|e| e.kind == "finding" && e.object_id.ends_with("thermal.gpu-over-temperature"))
@@ -187,7 +213,12 @@ fn missing_and_failing_sources_are_unreadable_never_zero() {
     let mut agent = agent(config, engine.clone());
     let r = agent.cycle();
     let unreadable: Vec<&String> = r.facts.unreadable.keys().collect();
-    assert_eq!(unreadable, ["ipmi", "nvidia-smi"], "{:?}", r.facts.unreadable);
+    assert_eq!(
+        unreadable,
+        ["ipmi", "nvidia-smi"],
+        "{:?}",
+        r.facts.unreadable
+    );
     assert!(r.facts.unreadable["nvidia-smi"].contains("is not installed"));
     assert!(r.facts.unreadable["ipmi"].contains("has no device"));
     assert_eq!(
@@ -198,20 +229,31 @@ fn missing_and_failing_sources_are_unreadable_never_zero() {
     assert_eq!(r.facts.gpus[0].source, "dcgm");
     assert_eq!(r.facts.power.from, "rapl+gpus");
     let raised = policies(&r.raised);
-    assert!(raised.contains("thermal.telemetry-unreadable"), "{raised:?}");
+    assert!(
+        raised.contains("thermal.telemetry-unreadable"),
+        "{raised:?}"
+    );
     let f = r
         .raised
         .iter()
         .find(|f| f.policy == "thermal.telemetry-unreadable")
         .unwrap();
-    assert!(f.message.contains("ipmi") && f.message.contains("nvidia-smi"), "{}", f.message);
-    eventually("the unreadable alert at the webhook", Duration::from_secs(20), || {
-        webhook
-            .posted()
-            .iter()
-            .any(|a| a["labels"]["alertname"] == "thermal.telemetry-unreadable")
-            .then_some(())
-    });
+    assert!(
+        f.message.contains("ipmi") && f.message.contains("nvidia-smi"),
+        "{}",
+        f.message
+    );
+    eventually(
+        "the unreadable alert at the webhook",
+        Duration::from_secs(20),
+        || {
+            webhook
+                .posted()
+                .iter()
+                .any(|a| a["labels"]["alertname"] == "thermal.telemetry-unreadable")
+                .then_some(())
+        },
+    );
 
     // nvidia-smi comes back; then prints garbage: its reading stays until it is stale.
     node.tool_prints("nvidia-smi");
@@ -219,18 +261,25 @@ fn missing_and_failing_sources_are_unreadable_never_zero() {
     clock.advance(15);
     let r = agent.cycle();
     assert!(r.facts.unreadable.is_empty(), "{:?}", r.facts.unreadable);
-    assert_eq!(policies(&r.cleared).contains("thermal.telemetry-unreadable"), true);
+    assert!(policies(&r.cleared).contains("thermal.telemetry-unreadable"));
     node.write(
         "data/smi.csv",
         &fixture("nvidia-smi", "own-bad-non-numeric.query-gpu.csv"),
     );
     clock.advance(15);
     let r = agent.cycle();
-    assert!(r.facts.unreadable.is_empty(), "fresh for 60 s: {:?}", r.facts.unreadable);
+    assert!(
+        r.facts.unreadable.is_empty(),
+        "fresh for 60 s: {:?}",
+        r.facts.unreadable
+    );
     let smi = &r.facts.sources["nvidia-smi"];
     match &smi.last {
         probity_agent::sources::Outcome::Error { error, .. } => {
-            assert!(error.contains("line 3, column 2 (temperature.gpu)"), "{error}");
+            assert!(
+                error.contains("line 3, column 2 (temperature.gpu)"),
+                "{error}"
+            );
         }
         other => panic!("{other:?}"),
     }
@@ -273,7 +322,11 @@ fn without_a_bmc_or_rapl_the_power_is_unknown_not_zero() {
     let mut agent = agent(config, engine);
     let r = agent.cycle();
     assert_eq!(r.facts.power.draw_w, None);
-    assert!(r.facts.unreadable.contains_key("power"), "{:?}", r.facts.unreadable);
+    assert!(
+        r.facts.unreadable.contains_key("power"),
+        "{:?}",
+        r.facts.unreadable
+    );
     assert!(policies(&r.raised).contains("thermal.telemetry-unreadable"));
 }
 

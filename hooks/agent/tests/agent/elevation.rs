@@ -7,7 +7,11 @@ use crate::support::{FakeNode, HttpStub, NODE, agent, engine, eventually, fixtur
 
 const LOG: &str = "debian12-auditd3.0.9-sshd-sudo-su-enriched.log";
 
-fn audit_config(node: &FakeNode, webhook: &HttpStub, log: &std::path::Path) -> probity_agent::Config {
+fn audit_config(
+    node: &FakeNode,
+    webhook: &HttpStub,
+    log: &std::path::Path,
+) -> probity_agent::Config {
     node.config(
         &format!("webhook_url = \"{}/hook\"", webhook.url),
         &format!(
@@ -35,7 +39,11 @@ fn an_unauthorized_elevation_after_a_remote_login_is_denied_and_alerted() {
     assert_eq!(report.failed_elevations, 1);
     for d in &report.decisions {
         assert_eq!(d.action, "elevate");
-        assert!(d.subject.starts_with("User::\"alice\" at 1796075"), "{}", d.subject);
+        assert!(
+            d.subject.starts_with("User::\"alice\" at 1796075"),
+            "{}",
+            d.subject
+        );
         assert!(!d.decision.is_allowed());
         assert_eq!(
             d.decision.reasons[0].policy,
@@ -48,12 +56,19 @@ fn an_unauthorized_elevation_after_a_remote_login_is_denied_and_alerted() {
     assert_eq!(f.facts["lastRemoteLoginAt"], 1796075113);
     assert_eq!(f.facts["now"], 1796075114);
     assert_eq!(f.facts["command"], "ls <redacted> <redacted>");
-    let posted = eventually("three alerts at the webhook", Duration::from_secs(20), || {
-        let p = webhook.posted();
-        (p.len() >= 3).then_some(p)
-    });
+    let posted = eventually(
+        "three alerts at the webhook",
+        Duration::from_secs(20),
+        || {
+            let p = webhook.posted();
+            (p.len() >= 3).then_some(p)
+        },
+    );
     for a in &posted[..3] {
-        assert_eq!(a["labels"]["alertname"], "security.elevation-after-remote-login");
+        assert_eq!(
+            a["labels"]["alertname"],
+            "security.elevation-after-remote-login"
+        );
         assert_eq!(a["labels"]["node"], "User::\"alice\"");
         assert_eq!(a["labels"]["probity_node"], NODE);
         assert_eq!(a["labels"]["severity"], "critical");

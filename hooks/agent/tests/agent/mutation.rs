@@ -23,13 +23,31 @@ impl XorShift {
     }
 
     fn below(&mut self, n: usize) -> usize {
-        if n == 0 { 0 } else { (self.next() % n as u64) as usize }
+        if n == 0 {
+            0
+        } else {
+            (self.next() % n as u64) as usize
+        }
     }
 }
 
 const INTERESTING: &[&[u8]] = &[
-    b"\"", b"[", b"]", b"=", b"\n", b"\xff", b"-1", b"99999999999999999999", b"0", b"#",
-    b"{", b"}", b"\\", b"\x00", b"[[x]]", b"\"\"\"",
+    b"\"",
+    b"[",
+    b"]",
+    b"=",
+    b"\n",
+    b"\xff",
+    b"-1",
+    b"99999999999999999999",
+    b"0",
+    b"#",
+    b"{",
+    b"}",
+    b"\\",
+    b"\x00",
+    b"[[x]]",
+    b"\"\"\"",
 ];
 
 fn mutate(rng: &mut XorShift, input: &[u8]) -> Vec<u8> {
@@ -72,8 +90,8 @@ fn mutate(rng: &mut XorShift, input: &[u8]) -> Vec<u8> {
 
 #[test]
 fn configurations_parse_or_fail_located() {
-    let base = std::fs::read(Path::new(env!("CARGO_MANIFEST_DIR")).join("probity-agent.toml"))
-        .unwrap();
+    let base =
+        std::fs::read(Path::new(env!("CARGO_MANIFEST_DIR")).join("probity-agent.toml")).unwrap();
     let mut rng = XorShift(0x5eed_a9e7);
     let (mut ok, mut located) = (0, 0);
     for _ in 0..3000 {

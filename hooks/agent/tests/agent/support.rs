@@ -125,7 +125,11 @@ impl Alertmanager {
     pub fn start(dir: &Path) -> Alertmanager {
         let port = free_port();
         let config = dir.join("alertmanager.yml");
-        std::fs::write(&config, "route:\n  receiver: none\nreceivers:\n  - name: none\n").unwrap();
+        std::fs::write(
+            &config,
+            "route:\n  receiver: none\nreceivers:\n  - name: none\n",
+        )
+        .unwrap();
         let storage = dir.join("alertmanager-data");
         std::fs::create_dir_all(&storage).unwrap();
         let log = dir.join("alertmanager.log");
@@ -298,13 +302,20 @@ impl FakeNode {
         );
         let dcgm = HttpStub::start(fixture("dcgm", "own-8gpu-mig-mixed-labels.prom"));
         let node = FakeNode { dir, dcgm };
-        node.write("data/smi.csv", &fixture("nvidia-smi", "own-8gpu-h100.query-gpu.csv"));
+        node.write(
+            "data/smi.csv",
+            &fixture("nvidia-smi", "own-8gpu-h100.query-gpu.csv"),
+        );
         node.set_dcmi_watts(3000);
         node.write(
             "proc/stat",
             b"cpu  10 0 10 100 0 0 0 0 0 0\ncpu0 5 0 5 50 0 0 0 0 0 0\ncpu1 5 0 5 50 0 0 0 0 0 0\nintr 1\n",
         );
-        node.set_listeners(&[([0, 0, 0, 0], 22), ([0, 0, 0, 0], 10250), ([127, 0, 0, 1], 9400)]);
+        node.set_listeners(&[
+            ([0, 0, 0, 0], 22),
+            ([0, 0, 0, 0], 10250),
+            ([127, 0, 0, 1], 9400),
+        ]);
         node.set_nft_open(&[22]);
         for tool in ["nvidia-smi", "ipmitool", "nft"] {
             node.tool_prints(tool);
@@ -360,23 +371,31 @@ impl FakeNode {
     /// An `nft -j list ruleset` with an input chain that drops all but established
     /// traffic, the given TCP ports from anywhere, kubelet from 10.0.0.0/8 and VXLAN.
     pub fn set_nft_open(&self, tcp: &[u16]) {
-        let rule = |handle: u32, expr: Value| {
-            json!({"rule": {"family": "inet", "table": "filter", "chain": "input", "handle": handle, "expr": expr}})
-        };
-        let dport = |proto: &str, right: Value| {
-            json!({"match": {"op": "==", "left": {"payload": {"protocol": proto, "field": "dport"}}, "right": right}})
-        };
+        let rule = |handle: u32, expr: Value| json!({"rule": {"family": "inet", "table": "filter", "chain": "input", "handle": handle, "expr": expr}});
+        let dport = |proto: &str, right: Value| json!({"match": {"op": "==", "left": {"payload": {"protocol": proto, "field": "dport"}}, "right": right}});
         let mut items = vec![
             json!({"metainfo": {"version": "1.0.6", "release_name": "Lester Gooch #5", "json_schema_version": 1}}),
             json!({"table": {"family": "inet", "name": "filter", "handle": 1}}),
             json!({"chain": {"family": "inet", "table": "filter", "name": "input", "handle": 1, "type": "filter", "hook": "input", "prio": 0, "policy": "drop"}}),
-            rule(2, json!([{"match": {"op": "in", "left": {"ct": {"key": "state"}}, "right": ["established", "related"]}}, {"accept": null}])),
-            rule(3, json!([{"match": {"op": "==", "left": {"meta": {"key": "iif"}}, "right": "lo"}}, {"accept": null}])),
-            rule(4, json!([{"match": {"op": "==", "left": {"payload": {"protocol": "ip", "field": "saddr"}}, "right": {"prefix": {"addr": "10.0.0.0", "len": 8}}}}, dport("tcp", json!(10250)), {"accept": null}])),
+            rule(
+                2,
+                json!([{"match": {"op": "in", "left": {"ct": {"key": "state"}}, "right": ["established", "related"]}}, {"accept": null}]),
+            ),
+            rule(
+                3,
+                json!([{"match": {"op": "==", "left": {"meta": {"key": "iif"}}, "right": "lo"}}, {"accept": null}]),
+            ),
+            rule(
+                4,
+                json!([{"match": {"op": "==", "left": {"payload": {"protocol": "ip", "field": "saddr"}}, "right": {"prefix": {"addr": "10.0.0.0", "len": 8}}}}, dport("tcp", json!(10250)), {"accept": null}]),
+            ),
             rule(5, json!([dport("udp", json!(8472)), {"accept": null}])),
         ];
         if !tcp.is_empty() {
-            items.push(rule(6, json!([dport("tcp", json!({"set": tcp})), {"accept": null}])));
+            items.push(rule(
+                6,
+                json!([dport("tcp", json!({"set": tcp})), {"accept": null}]),
+            ));
         }
         let doc = json!({"nftables": items});
         self.write("data/nft.out", doc.to_string().as_bytes());

@@ -102,7 +102,10 @@ fn a_bad_agent_configuration_is_a_located_error() {
         .unwrap()
         + 1;
     assert!(
-        err.contains(&format!("{}:{line}:20: collect.interval_seconds must be between 1 and", node.config())),
+        err.contains(&format!(
+            "{}:{line}:20: collect.interval_seconds must be between 1 and",
+            node.config()
+        )),
         "{err}"
     );
     let out = probity(&["baseline", "render", "--config", "/nonexistent/agent.toml"]);
@@ -142,10 +145,23 @@ fn the_status_of_a_running_agent_and_its_graceful_stop() {
     assert!(shown.starts_with("node cpu-01: "), "{shown}");
     assert!(shown.contains("ipmi       ok"), "{shown}");
     assert_eq!(out.status.code(), Some(6), "findings are active");
-    let out = probity(&["agent", "status", "--state-dir", state.path().to_str().unwrap(), "--metrics"]);
+    let out = probity(&[
+        "agent",
+        "status",
+        "--state-dir",
+        state.path().to_str().unwrap(),
+        "--metrics",
+    ]);
     let metrics = text(&out.stdout);
-    assert!(metrics.contains("probity_agent_source_up{node=\"cpu-01\",source=\"ipmi\",state=\"ok\"} 1"), "{metrics}");
-    assert!(std::fs::read_to_string(state.path().join("agent.prom")).unwrap().contains("probity_agent_cycles_total"));
+    assert!(
+        metrics.contains("probity_agent_source_up{node=\"cpu-01\",source=\"ipmi\",state=\"ok\"} 1"),
+        "{metrics}"
+    );
+    assert!(
+        std::fs::read_to_string(state.path().join("agent.prom"))
+            .unwrap()
+            .contains("probity_agent_cycles_total")
+    );
 
     let term = Command::new("kill")
         .args(["-TERM", &child.id().to_string()])
@@ -207,7 +223,10 @@ fn baseline_check_apply_in_a_network_namespace_keeps_sshd() {
     let report: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(report["clean"], false);
     let covers_8080 = |f: &Value| {
-        let ports = f["ports"].as_str().map(str::to_owned).unwrap_or(f["ports"].to_string());
+        let ports = f["ports"]
+            .as_str()
+            .map(str::to_owned)
+            .unwrap_or(f["ports"].to_string());
         let (a, b) = ports.split_once('-').unwrap_or((&ports, &ports));
         let (a, b): (u16, u16) = (a.parse().unwrap(), b.parse().unwrap());
         f["protocol"] == "tcp" && (a..=b).contains(&8080)
@@ -218,7 +237,11 @@ fn baseline_check_apply_in_a_network_namespace_keeps_sshd() {
         report["excess"]
     );
     let table = ns.probity(&["baseline", "check", "--config", enforce]);
-    assert!(text(&table.stdout).starts_with("role test-node: "), "{}", text(&table.stdout));
+    assert!(
+        text(&table.stdout).starts_with("role test-node: "),
+        "{}",
+        text(&table.stdout)
+    );
     assert!(text(&table.stdout).contains("beyond"));
 
     // The script of the role.
@@ -228,20 +251,49 @@ fn baseline_check_apply_in_a_network_namespace_keeps_sshd() {
     assert!(script.contains("tcp dport 2222 accept"), "{script}");
 
     // --enforce under mode = "check" is a dry run: nothing is loaded.
-    let out = ns.probity(&["baseline", "apply", "--config", check_only.to_str().unwrap(), "--enforce"]);
+    let out = ns.probity(&[
+        "baseline",
+        "apply",
+        "--config",
+        check_only.to_str().unwrap(),
+        "--enforce",
+    ]);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     assert!(text(&out.stderr).contains("--enforce has no effect"));
-    assert!(text(&out.stdout).contains("dry run: would apply"), "{}", text(&out.stdout));
+    assert!(
+        text(&out.stdout).contains("dry run: would apply"),
+        "{}",
+        text(&out.stdout)
+    );
     assert!(!text(&ns.exec(&["/usr/sbin/nft", "list", "ruleset"])).contains("probity"));
 
     // A role without sshd's real port (2222, not 22) is refused, and nothing changes.
-    let out = ns.probity(&["baseline", "apply", "--config", enforce, "--role", "no-ssh", "--enforce"]);
+    let out = ns.probity(&[
+        "baseline",
+        "apply",
+        "--config",
+        enforce,
+        "--role",
+        "no-ssh",
+        "--enforce",
+    ]);
     assert_eq!(out.status.code(), Some(7), "{}", text(&out.stderr));
-    assert!(text(&out.stderr).contains("sshd port 2222"), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("sshd port 2222"),
+        "{}",
+        text(&out.stderr)
+    );
     assert!(ns.ssh_banner(std::net::IpAddr::V4(ns.ns_v4), 2222));
 
     // Enforced: applied, check is clean, sshd still answers over both families.
-    let out = ns.probity(&["baseline", "apply", "--config", enforce, "--enforce", "--json"]);
+    let out = ns.probity(&[
+        "baseline",
+        "apply",
+        "--config",
+        enforce,
+        "--enforce",
+        "--json",
+    ]);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     let applied: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(applied["report"]["outcome"], "applied");
@@ -253,7 +305,14 @@ fn baseline_check_apply_in_a_network_namespace_keeps_sshd() {
     assert!(ns.ssh_banner(std::net::IpAddr::V6(ns.ns_v6), 2222));
 
     // Applying again changes nothing.
-    let out = ns.probity(&["baseline", "apply", "--config", enforce, "--enforce", "--json"]);
+    let out = ns.probity(&[
+        "baseline",
+        "apply",
+        "--config",
+        enforce,
+        "--enforce",
+        "--json",
+    ]);
     assert_eq!(out.status.code(), Some(0));
     let again: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(again["report"]["outcome"], "unchanged");

@@ -87,7 +87,15 @@ impl Netns {
             _keys: None,
         };
         run(Command::new(IP).args([
-            "link", "add", &ns.host_if, "type", "veth", "peer", "name", &ns.ns_if, "netns",
+            "link",
+            "add",
+            &ns.host_if,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            &ns.ns_if,
+            "netns",
             &ns.name,
         ]));
         run(Command::new(IP).args(["addr", "add", &format!("{host_v4}/30"), "dev", &ns.host_if]));
@@ -211,6 +219,8 @@ impl Drop for Netns {
             let _ = c.wait();
         }
         let _ = Command::new(IP).args(["netns", "del", &self.name]).output();
-        let _ = Command::new(IP).args(["link", "del", &self.host_if]).output();
+        let _ = Command::new(IP)
+            .args(["link", "del", &self.host_if])
+            .output();
     }
 }
