@@ -43,7 +43,7 @@
 //!     std::path::Path::new("."),
 //! );
 //! let err = config.unwrap_err().to_string();
-//! assert!(err.starts_with("agent.toml:6:20: collect.interval_seconds must be between 1 and"), "{err}");
+//! assert!(err.starts_with("agent.toml:7:20: collect.interval_seconds must be between 1 and"), "{err}");
 //! ```
 
 pub mod agent;
