@@ -584,7 +584,9 @@ impl Agent {
             .or_else(|| self.cpu.value().copied())
             .map_or(0, i64::from);
 
+        mark("facts", &mut phases);
         let reach = self.reachability();
+        mark("reduce", &mut phases);
         let sets = self.port_sets();
         let sockets: &[ListeningSocket] = self.sockets.value().map_or(&[], Vec::as_slice);
         let (subjects, truncated) = listen::subjects(
@@ -602,7 +604,7 @@ impl Agent {
                 ),
             );
         }
-        mark("facts", &mut phases);
+        mark("listen", &mut phases);
 
         let numbers = NodeNumbers {
             driver_version,

@@ -602,6 +602,16 @@ impl Config {
         let raw: Raw = parse_toml(file, text)?;
         let c = Check { file, text };
 
+        let node = match &raw.node.name {
+            Some(n) => c.id(n, "node.name")?,
+            None => default_node_name().ok_or_else(|| {
+                c.err(
+                    0..0,
+                    "node.name is not set, NODE_NAME is not set, and the host name is not a valid node name",
+                )
+            })?,
+        };
+
         let inventory = match &raw.inventory.file {
             Some(f) => {
                 let i = &raw.inventory;
@@ -621,7 +631,10 @@ impl Config {
                         )
                         .into());
                 }
-                let path = base.join(f.get_ref());
+                // `{node}` in the path stands for the node's name: one inventory file
+                // per node in one directory (a ConfigMap with a key per node).
+                let named = f.get_ref().to_string_lossy().replace("{node}", &node);
+                let path = base.join(named);
                 let ftext = read_file(&path)?;
                 let fname = path.display().to_string();
                 let r: RawInventoryFile = parse_toml(&fname, &ftext)?;
@@ -644,16 +657,6 @@ impl Config {
                 )?
             }
             None => inventory(&c, raw.inventory, 0..0)?,
-        };
-
-        let node = match &raw.node.name {
-            Some(n) => c.id(n, "node.name")?,
-            None => default_node_name().ok_or_else(|| {
-                c.err(
-                    0..0,
-                    "node.name is not set, NODE_NAME is not set, and the host name is not a valid node name",
-                )
-            })?,
         };
 
         let interval = c.seconds(
@@ -1053,11 +1056,11 @@ mod tests {
     fn an_inventory_file_replaces_the_inline_keys_and_its_errors_name_it() {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(
-            dir.path().join("inv.toml"),
+            dir.path().join("inv-n.toml"),
             "zone = \"z9\"\nrack = \"r9\"\nrole = \"gpu-worker\"\ngpu_node = true\ncuda_image = \"img\"\n",
         )
         .unwrap();
-        let text = "[node]\nname = \"n\"\n[inventory]\nfile = \"inv.toml\"\n";
+        let text = "[node]\nname = \"n\"\n[inventory]\nfile = \"inv-{node}.toml\"\n";
         std::fs::write(dir.path().join("agent.toml"), text).unwrap();
         let c = Config::from_file(&dir.path().join("agent.toml")).unwrap();
         assert_eq!(c.inventory.zone, "z9");
@@ -1067,15 +1070,15 @@ mod tests {
             "a GPU node reads nvidia-smi by default"
         );
 
-        std::fs::write(dir.path().join("inv.toml"), "zone = \"z9\"\nrack = 7\n").unwrap();
+        std::fs::write(dir.path().join("inv-n.toml"), "zone = \"z9\"\nrack = 7\n").unwrap();
         match Config::from_file(&dir.path().join("agent.toml")) {
             Err(ConfigError::Invalid(l)) => {
-                assert!(l.file.ends_with("inv.toml"), "{l}");
+                assert!(l.file.ends_with("inv-n.toml"), "{l}");
                 assert_eq!(l.line, 2, "{l}");
             }
             other => panic!("{other:?}"),
         }
-        let both = "[node]\nname = \"n\"\n[inventory]\nfile = \"inv.toml\"\nzone = \"z\"\n";
+        let both = "[node]\nname = \"n\"\n[inventory]\nfile = \"inv-{node}.toml\"\nzone = \"z\"\n";
         let l = located(both);
         assert_eq!(l.line, 5, "{l}");
     }
