@@ -570,7 +570,13 @@ impl Agent {
         let (driver_version, gpu_model, gpu_count, gpu_memory_mib, hottest) =
             facts::gpu_numbers(&gpus, &temperatures);
 
-        let power = self.node_power(&gpus, smi_gpus.is_some(), now);
+        // The GPUs stand for the node from nvidia-smi when it has a reading, else DCGM.
+        let gpus_fresh = if smi_gpus.is_some() {
+            self.smi.is_fresh()
+        } else {
+            self.dcgm.is_fresh()
+        };
+        let power = self.node_power(&gpus, gpus_fresh, now);
         if power.draw_w.is_none() {
             unreadable.insert(
                 "power".into(),
@@ -783,15 +789,14 @@ impl Agent {
     }
 
     /// The node's power this cycle (see [`crate::facts`]), pushed into the window when
-    /// it was read now.
+    /// it was read now (`gpus_fresh`: the GPUs' source answered this cycle).
     fn node_power(&mut self, gpus: &[GpuFact], gpus_fresh: bool, now: SystemTime) -> PowerFact {
         let dcmi = self.bmc.value().and_then(|p| p.instantaneous_w.value());
         let (draw, from, fresh) = if let Some(w) = dcmi {
             (Some(w), "bmc-dcmi", self.bmc.is_fresh())
         } else if let Some(cpu) = self.rapl.value().and_then(|r| r.total_watts.value()) {
             let gpu: f64 = gpus.iter().filter_map(|g| g.power_w).sum();
-            let gpus_ok =
-                gpus.is_empty() || (gpus_fresh && self.smi.is_fresh()) || self.dcgm.is_fresh();
+            let gpus_ok = gpus.is_empty() || gpus_fresh;
             (
                 Some(cpu + gpu),
                 "rapl+gpus",
@@ -1091,6 +1096,8 @@ impl Agent {
                     checked_at,
                     last_ok_at: s.last_ok_at,
                     unreadable: s.unreadable,
+                    stale: s.unreadable && s.last_ok_at.is_some(),
+                    why_unreadable: s.why_unreadable,
                 },
             );
         };

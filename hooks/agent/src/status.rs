@@ -39,6 +39,12 @@ pub struct SourceLine {
     pub last_ok_at: Option<u64>,
     /// Whether it is in the node's `unreadable` set (no reading, or a stale one).
     pub unreadable: bool,
+    /// Whether its last good reading is older than `stale_after_seconds`.
+    #[serde(default)]
+    pub stale: bool,
+    /// Why it is unreadable, when it is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub why_unreadable: Option<String>,
 }
 
 /// An active finding, as written.
@@ -307,6 +313,8 @@ mod tests {
                 checked_at: Some(5),
                 last_ok_at: None,
                 unreadable: true,
+                stale: false,
+                why_unreadable: Some("unavailable: no BMC".into()),
             },
         );
         let mut s = Status {

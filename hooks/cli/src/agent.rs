@@ -265,11 +265,18 @@ fn status(path: &Path, state_dir: Option<PathBuf>, json: bool, metrics: bool) ->
         );
         println!("sources:");
         for (name, s) in &status.sources {
+            let flag = match (s.unreadable, s.stale) {
+                (true, true) => "STALE ",
+                (true, false) => "UNREADABLE ",
+                _ => "",
+            };
             println!(
-                "  {name:<10} {:<11} {}{}",
+                "  {name:<10} {:<11} {flag}{}",
                 s.state,
-                if s.unreadable { "UNREADABLE " } else { "" },
-                s.reason.as_deref().unwrap_or("")
+                s.why_unreadable
+                    .as_deref()
+                    .or(s.reason.as_deref())
+                    .unwrap_or("")
             );
         }
         println!("findings: {}", status.findings.len());
