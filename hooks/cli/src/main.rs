@@ -2,7 +2,10 @@
 //!
 //! Exit codes (also in README.md):
 //! 0 allow / success, 1 deny, 2 usage error, 3 invalid policy set,
-//! 4 failed policy tests, 5 integrity failure (verify), 8 unreadable or malformed input,
+//! 4 failed policy tests, 5 integrity failure (verify), 6 violation (`baseline check`:
+//! reachable beyond the baseline or missing from it; `agent --once`: a finding is active),
+//! 7 refused (`baseline apply` would lock out SSH or the control plane),
+//! 8 unreadable or malformed input,
 //! 9 the server could not start or failed (bad server configuration, listener, TLS material).
 //! A closed standard output (`probity audit | head -3`) ends any command quietly with 0.
 
@@ -15,6 +18,7 @@ macro_rules! err_line {
     }};
 }
 
+mod agent;
 mod integrity;
 
 /// Standard output, where a closed pipe is an error (`println!` would panic) that
@@ -53,6 +57,8 @@ mod exit {
     pub const INVALID_POLICIES: u8 = 3;
     pub const TESTS_FAILED: u8 = 4;
     pub const INTEGRITY_FAILURE: u8 = 5;
+    pub const VIOLATION: u8 = 6;
+    pub const REFUSED: u8 = 7;
     pub const BAD_INPUT: u8 = 8;
     pub const SERVE_FAILED: u8 = 9;
 }
@@ -76,6 +82,14 @@ enum Command {
     /// Serve the sidecar API and the Kubernetes admission webhook (see
     /// hooks/server/probity-server.toml for every option and its default).
     Serve(ServeArgs),
+    /// Run the node agent: collect this node's facts, decide comply, listen and elevate,
+    /// carry out the obligations (see hooks/agent/probity-agent.toml).
+    Agent(agent::AgentArgs),
+    /// Check, render or apply the node role's firewall baseline.
+    Baseline {
+        #[command(subcommand)]
+        command: agent::BaselineCommand,
+    },
     /// Parse and validate a policy directory (policies, schema, thresholds).
     Check {
         /// The policy directory.
@@ -300,6 +314,8 @@ fn main() -> ExitCode {
 fn run(cli: Cli) -> Result<u8> {
     match cli.command {
         Command::Serve(args) => serve(args),
+        Command::Agent(args) => agent::agent(args),
+        Command::Baseline { command } => agent::baseline(command),
         Command::Check {
             dir,
             files,

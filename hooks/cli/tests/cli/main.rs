@@ -7,6 +7,8 @@
     clippy::indexing_slicing
 )]
 
+mod agent;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 

@@ -211,3 +211,109 @@ fn the_webhook_ca_comes_from_the_certificate_the_deployment_serves_with() {
         }
     }
 }
+
+/// The node agent runs beside `probity serve` in the sidecar pod, with the host's view
+/// it needs and no more: the host's network namespace (its firewall and sockets), the
+/// host's /proc, powercap tree and audit log read-only, the GPUs through the NVIDIA
+/// runtime, and CAP_NET_ADMIN as its only capability; the server gets none of these.
+#[test]
+fn the_agent_sees_the_host_read_only_with_net_admin_alone() {
+    let docs = documents();
+    let (_, ds) = docs.iter().find(|(_, d)| d["kind"] == "DaemonSet").unwrap();
+    let spec = &ds["spec"]["template"]["spec"];
+    assert_eq!(spec["hostNetwork"], true, "the firewall is the host's");
+    assert_ne!(spec["hostPID"], true, "the host's /proc is mounted instead");
+    assert_eq!(spec["runtimeClassName"], "nvidia");
+    let containers = spec["containers"].as_array().unwrap();
+    let by_command = |cmd: &str| {
+        containers
+            .iter()
+            .find(|c| c["args"][0] == cmd)
+            .unwrap_or_else(|| panic!("no container runs `probity {cmd}`"))
+    };
+    let serve = by_command("serve");
+    let agent = by_command("agent");
+    let env = |c: &Value, name: &str| {
+        c["env"]
+            .as_array()
+            .and_then(|e| e.iter().find(|v| v["name"] == name))
+            .map(|v| v["value"].clone())
+    };
+    assert_eq!(
+        env(agent, "NVIDIA_VISIBLE_DEVICES"),
+        Some(Value::from("all"))
+    );
+    assert!(
+        env(agent, "NODE_NAME").is_some(),
+        "the agent names its node from the downward API"
+    );
+    // The server asks the NVIDIA runtime for no device.
+    assert!(matches!(
+        env(serve, "NVIDIA_VISIBLE_DEVICES")
+            .as_ref()
+            .and_then(Value::as_str),
+        Some("void" | "none") | None
+    ));
+    for (c, adds) in [
+        (agent, serde_json::json!(["NET_ADMIN"])),
+        (serve, Value::Null),
+    ] {
+        let sc = &c["securityContext"];
+        assert_ne!(sc["privileged"], true, "{}", c["name"]);
+        assert_eq!(sc["allowPrivilegeEscalation"], false, "{}", c["name"]);
+        assert_eq!(sc["readOnlyRootFilesystem"], true, "{}", c["name"]);
+        assert_eq!(
+            sc["capabilities"]["drop"],
+            serde_json::json!(["ALL"]),
+            "{}",
+            c["name"]
+        );
+        assert_eq!(sc["capabilities"]["add"], adds, "{}", c["name"]);
+    }
+    // Each host path the agent reads is mounted read-only; only its state is writable.
+    let volumes = spec["volumes"].as_array().unwrap();
+    let host_path_of = |mount: &Value| {
+        volumes
+            .iter()
+            .find(|v| v["name"] == mount["name"])
+            .and_then(|v| v["hostPath"]["path"].as_str())
+            .map(str::to_owned)
+    };
+    let mounts = agent["volumeMounts"].as_array().unwrap();
+    let mut read_only = Vec::new();
+    for m in mounts {
+        if let Some(path) = host_path_of(m) {
+            if m["readOnly"] == true {
+                read_only.push(path);
+            } else {
+                assert_eq!(path, "/var/lib/probity/agent", "{m} is writable");
+            }
+        }
+    }
+    for want in ["/proc", "/sys/class/powercap", "/var/log/audit"] {
+        assert!(
+            read_only.iter().any(|p| p == want),
+            "{want} is not mounted read-only into the agent: {read_only:?}"
+        );
+    }
+    // The server mounts no host path but its socket directory.
+    for m in serve["volumeMounts"].as_array().unwrap() {
+        if let Some(path) = host_path_of(m) {
+            assert_eq!(path, "/run/probity", "{m}");
+        }
+    }
+    // The agent's configuration is in a mounted volume.
+    let args: Vec<&str> = agent["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap())
+        .collect();
+    let config = args[args.iter().position(|a| *a == "--config").unwrap() + 1];
+    assert!(
+        mounts
+            .iter()
+            .any(|m| config.starts_with(m["mountPath"].as_str().unwrap())),
+        "{config} is in no volume"
+    );
+}
