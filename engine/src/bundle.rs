@@ -16,13 +16,13 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 use smol_str::SmolStr;
 
-use crate::settings::SettingsSchema;
+use crate::conventions::Conventions;
 use crate::decision::Severity;
 use crate::diagnostic::SourceDiagnostic;
 use crate::error::LoadError;
-use crate::conventions::Conventions;
 use crate::facts::FactOrigins;
 use crate::plugin::PluginSet;
+use crate::settings::SettingsSchema;
 use crate::source::{SourceFile, Sources};
 use crate::store::{Converter, Stored};
 
@@ -512,7 +512,10 @@ fn read_meta(
             if !conventions.knows_obligation(&kind) {
                 return Err(format!(
                     "@obligation(\"{kind}\") is not a known kind ({})",
-                    conventions.obligation_kinds().collect::<Vec<_>>().join(", ")
+                    conventions
+                        .obligation_kinds()
+                        .collect::<Vec<_>>()
+                        .join(", ")
                 ));
             }
             let target = annotation("target").map(|t| parse_target(&t)).transpose()?;
@@ -535,9 +538,14 @@ fn read_meta(
         Some(_) if forbid => {
             return Err("@score is for permit policies: a forbid's deny has no rank".into());
         }
-        Some(text) => text.trim().parse::<i64>().ok().filter(|n| n.unsigned_abs() <= 1_000_000).ok_or_else(|| {
-            format!("@score(\"{text}\") is not a whole number between -1000000 and 1000000")
-        })?,
+        Some(text) => text
+            .trim()
+            .parse::<i64>()
+            .ok()
+            .filter(|n| n.unsigned_abs() <= 1_000_000)
+            .ok_or_else(|| {
+                format!("@score(\"{text}\") is not a whole number between -1000000 and 1000000")
+            })?,
     };
     Ok(PolicyMeta {
         id,

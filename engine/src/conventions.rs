@@ -130,7 +130,9 @@ impl Conventions {
                 if let Some(first) = &declared {
                     problems.push(problem(
                         "@conventions",
-                        format!("entity {qualified}: @conventions is declared twice (first on {first})"),
+                        format!(
+                            "entity {qualified}: @conventions is declared twice (first on {first})"
+                        ),
                     ));
                     continue;
                 }
@@ -254,12 +256,14 @@ mod tests {
     #[test]
     fn the_default_schema_declares_the_defaults() {
         let c = read(include_str!("../../policies/probity.cedarschema")).unwrap();
-        let mut defaults = Conventions::default();
-        defaults.verified_read = Some(VerifiedRead {
-            action: "read".into(),
-            reader: "Node".into(),
-            object: "Checkpoint".into(),
-        });
+        let defaults = Conventions {
+            verified_read: Some(VerifiedRead {
+                action: "read".into(),
+                reader: "Node".into(),
+                object: "Checkpoint".into(),
+            }),
+            ..Conventions::default()
+        };
         assert_eq!(c, defaults);
     }
 

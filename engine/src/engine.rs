@@ -642,13 +642,9 @@ impl Engine {
 
     fn decide_in(&self, snapshot: &Snapshot, request: &Request) -> Decision {
         match self.prepare(snapshot, request) {
-            Ok(prepared) => self.decide_prepared(
-                snapshot,
-                request,
-                &prepared,
-                &request.resource,
-                None,
-            ),
+            Ok(prepared) => {
+                self.decide_prepared(snapshot, request, &prepared, &request.resource, None)
+            }
             Err(denied) => denied,
         }
     }
@@ -775,7 +771,8 @@ impl Engine {
         // Cedar reports the determining policies as a set; the most severe first, then
         // by id, so that the same question always gets the same answer.
         let mut determining = determining;
-        determining.sort_by(|(a, _), (b, _)| b.severity.cmp(&a.severity).then_with(|| a.id.cmp(&b.id)));
+        determining
+            .sort_by(|(a, _), (b, _)| b.severity.cmp(&a.severity).then_with(|| a.id.cmp(&b.id)));
         let facts = Facts {
             principal: &request.principal.0,
             resource: &resource_uid.0,
@@ -1131,6 +1128,44 @@ impl Engine {
                 None => Vec::new(),
             },
         }
+    }
+
+    /// The stored entities of type `type_name`, in id order, each with the id of the
+    /// entity its attribute `attr` refers to (`None` when it has no such reference):
+    /// how a host groups resources (nodes by zone) without materializing them.
+    pub fn entities_by_reference(
+        &self,
+        type_name: &str,
+        attr: &str,
+    ) -> Vec<(EntityUid, Option<String>)> {
+        let current = self.shared.current.load();
+        let (Some(ty), Some(name)) = (store::entity_type(type_name), store::AttrId::of(attr))
+        else {
+            return Vec::new();
+        };
+        current
+            .store
+            .of_type(&ty)
+            .map(|(uid, stored)| {
+                let target = stored
+                    .attrs
+                    .iter()
+                    .find(|(id, _)| *id == name)
+                    .and_then(|(_, v)| match &v.value {
+                        cedar_policy_core::ast::ValueKind::Lit(
+                            cedar_policy_core::ast::Literal::EntityUID(u),
+                        ) => Some(<str as ToOwned>::to_owned(u.eid().as_ref())),
+                        _ => None,
+                    });
+                (EntityUid(cedar_policy::EntityUid::from(uid)), target)
+            })
+            .collect()
+    }
+
+    /// Whether the store holds `uid` (without materializing it).
+    pub fn contains_entity(&self, uid: &EntityUid) -> bool {
+        let uid: &EntityUID = uid.0.as_ref();
+        self.shared.current.load().store.contains(uid)
     }
 
     /// Number of entities in the store.

@@ -17,7 +17,7 @@
 //! (which can look beyond the slice) are never cached.
 
 use std::collections::HashMap;
-use std::hash::{BuildHasher, Hash, Hasher};
+use std::hash::{BuildHasher, Hash};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -148,13 +148,15 @@ impl DecisionCache {
     }
 
     fn shard(&self, key: &Key) -> Option<&Mutex<HashMap<Key, Entry>>> {
-        let mut h = self.hasher.build_hasher();
-        key.resource.hash(&mut h);
-        self.shards.get((h.finish() as usize) % SHARDS)
+        let h = self.hasher.hash_one(&key.resource);
+        self.shards.get((h as usize) % SHARDS)
     }
 
     fn get(&self, key: &Key, snapshot: &Snapshot) -> Option<Decision> {
-        let shard = self.shard(key)?.lock().unwrap_or_else(PoisonError::into_inner);
+        let shard = self
+            .shard(key)?
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         let entry = shard.get(key)?;
         entry
             .deps
@@ -264,7 +266,11 @@ fn fingerprint(request: &Request) -> String {
         out.push_str(&serde_json::Value::Object(c.clone()).to_string());
     }
     out.push('\n');
-    out.push_str(if request.reporter { "reporter" } else { "caller" });
+    out.push_str(if request.reporter {
+        "reporter"
+    } else {
+        "caller"
+    });
     for e in &request.entities {
         out.push('\n');
         out.push_str(&e.to_string());

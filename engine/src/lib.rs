@@ -66,11 +66,10 @@ mod store;
 pub mod trust;
 mod watch;
 
+pub use clock::{Clock, ManualClock, SystemClock};
 pub use conventions::{
     CONVENTIONS_ANNOTATION, Conventions, DEFAULT_OBLIGATION_KINDS, VerifiedRead,
 };
-pub use clock::{Clock, ManualClock, SystemClock};
-pub use settings::{SettingInfo, Settings, SettingsSchema};
 pub use decision::{Decision, DecisionError, Effect, Obligation, Reason, Severity};
 pub use decision_log::Settled;
 pub use diagnostic::SourceDiagnostic;
@@ -83,6 +82,7 @@ pub use plugin::{
     PluginInfo, compile_uncached as __compile_plugin_uncached,
 };
 pub use request::{EntityUid, MAX_REQUEST_BYTES, Request};
+pub use settings::{SettingInfo, Settings, SettingsSchema};
 pub use slice::MAX_SLICE_ENTITIES;
 pub use source::MAX_SOURCE_BYTES;
 pub use watch::{

@@ -479,7 +479,10 @@ fn outcome(
             return Err(format!(
                 "obligation kind {:?} is not one of {}",
                 ob.kind.chars().take(64).collect::<String>(),
-                conventions.obligation_kinds().collect::<Vec<_>>().join(", ")
+                conventions
+                    .obligation_kinds()
+                    .collect::<Vec<_>>()
+                    .join(", ")
             ));
         }
         if let Some(t) = &ob.target

@@ -248,7 +248,9 @@ impl SettingsSchema {
                         if required {
                             problem(
                                 Some(attr),
-                                format!("{at}: a required attribute of a configuration type needs @toml(\"key\") to say where probity.toml sets it"),
+                                format!(
+                                    "{at}: a required attribute of a configuration type needs @toml(\"key\") to say where probity.toml sets it"
+                                ),
                             );
                         }
                         continue;
@@ -256,7 +258,10 @@ impl SettingsSchema {
                     let needle = format!("@toml(\"{path}\")");
                     let segments: Vec<String> = path.split('.').map(str::to_owned).collect();
                     if segments.iter().any(|s| s.trim().is_empty()) {
-                        problem(Some(&needle), format!("{at}: @toml(\"{path}\") has an empty key"));
+                        problem(
+                            Some(&needle),
+                            format!("{at}: @toml(\"{path}\") has an empty key"),
+                        );
                         continue;
                     }
                     let ids = segments.iter().filter(|s| *s == ID_SEGMENT).count();
@@ -268,16 +273,24 @@ impl SettingsSchema {
                         (1, Some(i)) => {
                             let prefix = segments.get(..i).unwrap_or_default().to_vec();
                             if prefix.is_empty() {
-                                problem(Some(&needle), format!("{at}: @toml(\"{path}\") needs a table before {ID_SEGMENT}"));
+                                problem(
+                                    Some(&needle),
+                                    format!(
+                                        "{at}: @toml(\"{path}\") needs a table before {ID_SEGMENT}"
+                                    ),
+                                );
                                 continue;
                             }
                             match &keyed {
                                 Some(p) if *p != prefix => {
-                                    problem(Some(&needle), format!(
-                                        "{at}: @toml(\"{path}\") puts the ids under {}, another attribute under {}",
-                                        prefix.join("."),
-                                        p.join(".")
-                                    ));
+                                    problem(
+                                        Some(&needle),
+                                        format!(
+                                            "{at}: @toml(\"{path}\") puts the ids under {}, another attribute under {}",
+                                            prefix.join("."),
+                                            p.join(".")
+                                        ),
+                                    );
                                     continue;
                                 }
                                 _ => keyed = Some(prefix),
@@ -285,29 +298,36 @@ impl SettingsSchema {
                             segments.get(i + 1..).unwrap_or_default().to_vec()
                         }
                         _ => {
-                            problem(Some(&needle), format!("{at}: @toml(\"{path}\") holds {ID_SEGMENT} more than once"));
+                            problem(
+                                Some(&needle),
+                                format!(
+                                    "{at}: @toml(\"{path}\") holds {ID_SEGMENT} more than once"
+                                ),
+                            );
                             continue;
                         }
                     };
                     let ty = match resolver.resolve(attr_decl) {
                         Some(t) => t,
                         None => {
-                            problem(Some(&needle), format!(
-                                "{at}: its type cannot be set from probity.toml (Long, String, Bool, an entity, or a Set of them)"
-                            ));
+                            problem(
+                                Some(&needle),
+                                format!(
+                                    "{at}: its type cannot be set from probity.toml (Long, String, Bool, an entity, or a Set of them)"
+                                ),
+                            );
                             continue;
                         }
                     };
-                    let number = |key: &str| -> Result<Option<i64>, String> {
-                        match annotation(attr_decl, key) {
-                            None => Ok(None),
-                            Some(v) => v
-                                .trim()
-                                .parse::<i64>()
-                                .map(Some)
-                                .map_err(|_| format!("{at}: @{key}(\"{v}\") is not an integer")),
-                        }
-                    };
+                    let number =
+                        |key: &str| -> Result<Option<i64>, String> {
+                            match annotation(attr_decl, key) {
+                                None => Ok(None),
+                                Some(v) => v.trim().parse::<i64>().map(Some).map_err(|_| {
+                                    format!("{at}: @{key}(\"{v}\") is not an integer")
+                                }),
+                            }
+                        };
                     let (min, max, scale) = match (number("min"), number("max"), number("scale")) {
                         (Ok(a), Ok(b), Ok(c)) => (a, b, c),
                         (a, b, c) => {
@@ -320,7 +340,10 @@ impl SettingsSchema {
                     let long_inside = matches!(&ty, AttrType::Long)
                         || matches!(&ty, AttrType::Set(e) if **e == AttrType::Long);
                     if (min.is_some() || max.is_some() || scale.is_some()) && !long_inside {
-                        problem(Some(attr), format!("{at}: @min, @max and @scale apply to a Long or a Set<Long>"));
+                        problem(
+                            Some(attr),
+                            format!("{at}: @min, @max and @scale apply to a Long or a Set<Long>"),
+                        );
                         continue;
                     }
                     if let (Some(lo), Some(hi)) = (min, max)
@@ -338,17 +361,27 @@ impl SettingsSchema {
                         Some(name) => match Conversion::parse(name) {
                             Some(c) if c.fits(&ty) => Some(c),
                             Some(_) => {
-                                problem(Some(&format!("@convert(\"{name}\")")), format!(
-                                    "{at}: @convert(\"{name}\") makes a {}, not a {}",
-                                    if name == "ports" { "Set<Long>" } else { "Set<String>" },
-                                    ty.describe()
-                                ));
+                                problem(
+                                    Some(&format!("@convert(\"{name}\")")),
+                                    format!(
+                                        "{at}: @convert(\"{name}\") makes a {}, not a {}",
+                                        if name == "ports" {
+                                            "Set<Long>"
+                                        } else {
+                                            "Set<String>"
+                                        },
+                                        ty.describe()
+                                    ),
+                                );
                                 continue;
                             }
                             None => {
-                                problem(Some(&format!("@convert(\"{name}\")")), format!(
-                                    "{at}: @convert(\"{name}\") is not a conversion (ports, port_sources)"
-                                ));
+                                problem(
+                                    Some(&format!("@convert(\"{name}\")")),
+                                    format!(
+                                        "{at}: @convert(\"{name}\") is not a conversion (ports, port_sources)"
+                                    ),
+                                );
                                 continue;
                             }
                         },
@@ -372,13 +405,20 @@ impl SettingsSchema {
                             .map_err(|e| e.message().to_owned())
                             .and_then(|v| {
                                 setting
-                                    .convert_value("@default", &v, &SourceFile::inline("@default", &literal))
+                                    .convert_value(
+                                        "@default",
+                                        &v,
+                                        &SourceFile::inline("@default", &literal),
+                                    )
                                     .map_err(|d| d.message)
                             });
                         match converted {
                             Ok(v) => setting.default = Some((text.to_owned(), v)),
                             Err(e) => {
-                                problem(Some(&format!("@default(\"{text}\")")), format!("{at}: @default(\"{text}\"): {e}"));
+                                problem(
+                                    Some(&format!("@default(\"{text}\")")),
+                                    format!("{at}: @default(\"{text}\"): {e}"),
+                                );
                                 continue;
                             }
                         }
@@ -398,23 +438,34 @@ impl SettingsSchema {
                 }
                 let id = match (keyed, fixed_paths, annotation(decl, "id")) {
                     (Some(_), true, _) => {
-                        problem(Some(name), format!("entity {entity_type}: some attributes use {ID_SEGMENT} and some do not"));
+                        problem(
+                            Some(name),
+                            format!(
+                                "entity {entity_type}: some attributes use {ID_SEGMENT} and some do not"
+                            ),
+                        );
                         continue;
                     }
                     (Some(prefix), false, _) => {
                         if attrs.iter().any(|a| a.path.is_empty()) && attrs.len() > 1 {
-                            problem(Some(name), format!(
-                                "entity {entity_type}: an attribute read from the id's own value must be the type's only setting"
-                            ));
+                            problem(
+                                Some(name),
+                                format!(
+                                    "entity {entity_type}: an attribute read from the id's own value must be the type's only setting"
+                                ),
+                            );
                             continue;
                         }
                         EntityIds::Keyed(prefix)
                     }
                     (None, _, Some(id)) if !id.trim().is_empty() => EntityIds::Fixed(id.to_owned()),
                     (None, _, _) => {
-                        problem(Some(name), format!(
-                            "entity {entity_type}: a configuration type needs @id(\"...\") (its one entity's id) or {ID_SEGMENT} in its @toml keys"
-                        ));
+                        problem(
+                            Some(name),
+                            format!(
+                                "entity {entity_type}: a configuration type needs @id(\"...\") (its one entity's id) or {ID_SEGMENT} in its @toml keys"
+                            ),
+                        );
                         continue;
                     }
                 };
@@ -485,7 +536,10 @@ impl SettingsSchema {
                     };
                     let key = prefix.join(".");
                     let DeValue::Table(entries) = table.get_ref() else {
-                        return Err(source.at(table.span(), format!("{key}: expected a table of {} ids", t.name)));
+                        return Err(source.at(
+                            table.span(),
+                            format!("{key}: expected a table of {} ids", t.name),
+                        ));
                     };
                     for (id, value) in entries.iter() {
                         let id_text: &str = id.get_ref();
@@ -494,8 +548,11 @@ impl SettingsSchema {
                         })?;
                         let mut at: Vec<String> = prefix.clone();
                         at.push(id_text.to_owned());
-                        if t.attrs.iter().all(|a| !a.path.is_empty()) && !matches!(value.get_ref(), DeValue::Table(_)) {
-                            return Err(source.at(value.span(), format!("{}: expected a table", at.join("."))));
+                        if t.attrs.iter().all(|a| !a.path.is_empty())
+                            && !matches!(value.get_ref(), DeValue::Table(_))
+                        {
+                            return Err(source
+                                .at(value.span(), format!("{}: expected a table", at.join("."))));
                         }
                         let attrs = t.read_attrs(value, &at, &source, &mut claimed)?;
                         entities.push(entity_json(&t.name, id_text, attrs));
@@ -539,7 +596,10 @@ impl ConfigType {
                         let span = parent.map_or(0..0, |p| p.span().start..p.span().start);
                         return Err(source.at(
                             span,
-                            format!("missing setting {key} (the schema's {}.{})", self.name, a.attr),
+                            format!(
+                                "missing setting {key} (the schema's {}.{})",
+                                self.name, a.attr
+                            ),
                         ));
                     }
                     None => {}
@@ -566,7 +626,13 @@ impl ConfigType {
                 .attrs
                 .iter()
                 .find(|b| &b.attr == other)
-                .map(|b| at.iter().chain(b.path.iter()).cloned().collect::<Vec<_>>().join("."))
+                .map(|b| {
+                    at.iter()
+                        .chain(b.path.iter())
+                        .cloned()
+                        .collect::<Vec<_>>()
+                        .join(".")
+                })
                 .unwrap_or_else(|| other.clone());
             return Err(source.at(
                 spans.get(a.attr.as_str()).cloned().unwrap_or(0..0),
@@ -601,7 +667,11 @@ impl SettingAttr {
         let wrong = || {
             source.at(
                 v.span(),
-                format!("{key}: expected {}, found {}", ty.expected(), kind_of(v.get_ref())),
+                format!(
+                    "{key}: expected {}, found {}",
+                    ty.expected(),
+                    kind_of(v.get_ref())
+                ),
             )
         };
         match (ty, v.get_ref()) {
@@ -611,7 +681,10 @@ impl SettingAttr {
                 let scaled = match self.scale {
                     None => n,
                     Some(s) => n.checked_mul(s).ok_or_else(|| {
-                        source.at(v.span(), format!("{key}: {n} times {s} does not fit a Long"))
+                        source.at(
+                            v.span(),
+                            format!("{key}: {n} times {s} does not fit a Long"),
+                        )
                     })?,
                 };
                 Ok(json!(scaled))
@@ -657,7 +730,11 @@ impl SettingAttr {
             (None, Some(hi)) => format!("at most {hi}"),
             (None, None) => String::new(),
         };
-        let why = self.why.as_deref().map(|w| format!(" ({w})")).unwrap_or_default();
+        let why = self
+            .why
+            .as_deref()
+            .map(|w| format!(" ({w})"))
+            .unwrap_or_default();
         Err(source.at(span, format!("{key} must be {range}, found {n}{why}")))
     }
 }
@@ -675,11 +752,18 @@ fn non_empty(
 }
 
 /// A port (`22`) or an inclusive range (`"30000-32767"`), each expanded.
-fn ports(key: &str, v: &Spanned<DeValue<'_>>, source: &SourceFile) -> Result<Json, Box<SourceDiagnostic>> {
+fn ports(
+    key: &str,
+    v: &Spanned<DeValue<'_>>,
+    source: &SourceFile,
+) -> Result<Json, Box<SourceDiagnostic>> {
     let DeValue::Array(items) = v.get_ref() else {
         return Err(source.at(
             v.span(),
-            format!("{key}: expected an array of ports and \"FROM-TO\" ranges, found {}", kind_of(v.get_ref())),
+            format!(
+                "{key}: expected an array of ports and \"FROM-TO\" ranges, found {}",
+                kind_of(v.get_ref())
+            ),
         ));
     };
     let mut out: Vec<u16> = Vec::new();
@@ -687,19 +771,35 @@ fn ports(key: &str, v: &Spanned<DeValue<'_>>, source: &SourceFile) -> Result<Jso
         let bad = || {
             source.at(
                 item.span(),
-                format!("{key}: expected a port (1-65535) or a range \"FROM-TO\", found {}", shown(item.get_ref())),
+                format!(
+                    "{key}: expected a port (1-65535) or a range \"FROM-TO\", found {}",
+                    shown(item.get_ref())
+                ),
             )
         };
         let port = |n: i64| u16::try_from(n).ok().filter(|p| *p > 0);
         let (a, b) = match item.get_ref() {
             DeValue::Integer(i) => {
-                let p = i64::from_str_radix(i.as_str(), i.radix()).ok().and_then(port).ok_or_else(bad)?;
+                let p = i64::from_str_radix(i.as_str(), i.radix())
+                    .ok()
+                    .and_then(port)
+                    .ok_or_else(bad)?;
                 (p, p)
             }
             DeValue::String(s) => {
                 let (a, b) = s.split_once('-').ok_or_else(bad)?;
-                let a = a.trim().parse::<i64>().ok().and_then(port).ok_or_else(bad)?;
-                let b = b.trim().parse::<i64>().ok().and_then(port).ok_or_else(bad)?;
+                let a = a
+                    .trim()
+                    .parse::<i64>()
+                    .ok()
+                    .and_then(port)
+                    .ok_or_else(bad)?;
+                let b = b
+                    .trim()
+                    .parse::<i64>()
+                    .ok()
+                    .and_then(port)
+                    .ok_or_else(bad)?;
                 if a > b {
                     return Err(bad());
                 }
@@ -715,11 +815,18 @@ fn ports(key: &str, v: &Spanned<DeValue<'_>>, source: &SourceFile) -> Result<Jso
 }
 
 /// `"tcp/10250" = ["10.0.0.0/8"]` into `"tcp/10250 10.0.0.0/8"`.
-fn port_sources(key: &str, v: &Spanned<DeValue<'_>>, source: &SourceFile) -> Result<Json, Box<SourceDiagnostic>> {
+fn port_sources(
+    key: &str,
+    v: &Spanned<DeValue<'_>>,
+    source: &SourceFile,
+) -> Result<Json, Box<SourceDiagnostic>> {
     let DeValue::Table(entries) = v.get_ref() else {
         return Err(source.at(
             v.span(),
-            format!("{key}: expected a table of \"tcp/PORT\" = [prefixes], found {}", kind_of(v.get_ref())),
+            format!(
+                "{key}: expected a table of \"tcp/PORT\" = [prefixes], found {}",
+                kind_of(v.get_ref())
+            ),
         ));
     };
     let mut out = Vec::new();
@@ -789,7 +896,10 @@ fn check_id(id: &str) -> Result<(), &'static str> {
     Ok(())
 }
 
-fn lookup<'a, 'i>(base: &'a Spanned<DeValue<'i>>, path: &[String]) -> Option<&'a Spanned<DeValue<'i>>> {
+fn lookup<'a, 'i>(
+    base: &'a Spanned<DeValue<'i>>,
+    path: &[String],
+) -> Option<&'a Spanned<DeValue<'i>>> {
     let mut at = base;
     for segment in path {
         let DeValue::Table(t) = at.get_ref() else {

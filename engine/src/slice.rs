@@ -142,10 +142,15 @@ impl SliceSource<'_> {
             } else if let Some(s) = stored {
                 let ancestors = self.store.ancestors(&s.parents, self.extra);
                 if let Some(deps) = deps.as_deref_mut() {
-                    deps.extend(ancestors.iter().filter(|a| !self.extra.contains_key(*a)).map(|a| Dependency {
-                        uid: a.clone(),
-                        version: self.store.get(a).cloned(),
-                    }));
+                    deps.extend(
+                        ancestors
+                            .iter()
+                            .filter(|a| !self.extra.contains_key(*a))
+                            .map(|a| Dependency {
+                                uid: a.clone(),
+                                version: self.store.get(a).cloned(),
+                            }),
+                    );
                 }
                 out.push(Arc::new(materialize(
                     &uid,

@@ -30,7 +30,11 @@ impl SourceFile {
     }
 
     /// A problem at byte range `span` of this file.
-    pub fn at(&self, span: std::ops::Range<usize>, message: String) -> Box<crate::diagnostic::SourceDiagnostic> {
+    pub fn at(
+        &self,
+        span: std::ops::Range<usize>,
+        message: String,
+    ) -> Box<crate::diagnostic::SourceDiagnostic> {
         Box::new(crate::diagnostic::SourceDiagnostic::new(
             &self.name,
             &self.text,

@@ -14,7 +14,10 @@ fn parse(text: &str) -> Result<Settings, Box<SourceDiagnostic>> {
 }
 
 fn line_of(text: &str, starts: &str) -> usize {
-    text.lines().position(|l| l.trim_start().starts_with(starts)).unwrap() + 1
+    text.lines()
+        .position(|l| l.trim_start().starts_with(starts))
+        .unwrap()
+        + 1
 }
 
 #[test]
@@ -72,7 +75,8 @@ fn an_unknown_key_and_bad_syntax_are_located() {
     let err = parse(&DEFAULT.replace("[roles.gpu-worker]\n", "[roles.gpu-worker]\ntccp = [1]\n"))
         .unwrap_err();
     assert!(
-        err.message.starts_with("unknown setting roles.gpu-worker.tccp"),
+        err.message
+            .starts_with("unknown setting roles.gpu-worker.tccp"),
         "{err}"
     );
     let err = parse("[security\n").unwrap_err();
@@ -131,11 +135,17 @@ fn a_missing_setting_without_a_default_is_named() {
 #[test]
 fn thresholds_that_disable_their_rule_are_refused_where_they_stand() {
     for (from, to) in [
-        ("elevation_window_minutes = 5", "elevation_window_minutes = 0"),
+        (
+            "elevation_window_minutes = 5",
+            "elevation_window_minutes = 0",
+        ),
         ("key_max_age_days = 90", "key_max_age_days = 0"),
         ("power_spike_pct = 25", "power_spike_pct = 0"),
         ("zone_power_ceiling_pct = 95", "zone_power_ceiling_pct = 0"),
-        ("zone_power_ceiling_pct = 95", "zone_power_ceiling_pct = 101"),
+        (
+            "zone_power_ceiling_pct = 95",
+            "zone_power_ceiling_pct = 101",
+        ),
         ("burst_occupancy_pct = 90", "burst_occupancy_pct = 101"),
         ("inference_cpus_per_gpu = 8", "inference_cpus_per_gpu = 0"),
         ("gpu_memory_max_pct = 90", "gpu_memory_max_pct = 0"),
@@ -230,22 +240,34 @@ fn a_threshold_added_to_the_schema_is_read_with_no_code() {
     );
     let settings = schema_of(&schema).unwrap();
     let text = DEFAULT.replace("[thermal]", "zone_max_gpus = 64\n\n[thermal]");
-    let s = settings.read("probity.toml", &Arc::from(text.as_str())).unwrap();
-    assert_eq!(s.attr("Settings", "active", "zoneMaxGpus"), Some(&json!(64)));
-    let err = settings.read("probity.toml", &Arc::from(DEFAULT)).unwrap_err();
+    let s = settings
+        .read("probity.toml", &Arc::from(text.as_str()))
+        .unwrap();
+    assert_eq!(
+        s.attr("Settings", "active", "zoneMaxGpus"),
+        Some(&json!(64))
+    );
+    let err = settings
+        .read("probity.toml", &Arc::from(DEFAULT))
+        .unwrap_err();
     assert!(
-        err.message.starts_with("missing setting placement.zone_max_gpus"),
+        err.message
+            .starts_with("missing setting placement.zone_max_gpus"),
         "{err}"
     );
     let listed = settings.settings();
-    let info = listed.iter().find(|i| i.key == "placement.zone_max_gpus").unwrap();
+    let info = listed
+        .iter()
+        .find(|i| i.key == "placement.zone_max_gpus")
+        .unwrap();
     assert_eq!(info.attribute, "Settings.zoneMaxGpus");
-    assert_eq!((info.min, info.max, info.required), (Some(1), Some(100_000), true));
-    assert!(
-        listed
-            .iter()
-            .any(|i| i.key == "thermal.gpu_temp_target_c.{id}" && i.attribute == "GpuModel.tempTargetC")
+    assert_eq!(
+        (info.min, info.max, info.required),
+        (Some(1), Some(100_000), true)
     );
+    assert!(listed.iter().any(
+        |i| i.key == "thermal.gpu_temp_target_c.{id}" && i.attribute == "GpuModel.tempTargetC"
+    ));
 }
 
 #[test]

@@ -398,10 +398,13 @@ fn parsers_and_decide_never_panic_on_mutated_input() {
     }
     assert!(decided > 0);
     let config = std::fs::read(crate::root().join("policies/probity.toml")).unwrap();
-    let schema_text = std::fs::read_to_string(crate::root().join("policies/probity.cedarschema")).unwrap();
-    let settings =
-        probity::SettingsSchema::from_cedarschema("probity.cedarschema", &std::sync::Arc::from(schema_text))
-            .unwrap();
+    let schema_text =
+        std::fs::read_to_string(crate::root().join("policies/probity.cedarschema")).unwrap();
+    let settings = probity::SettingsSchema::from_cedarschema(
+        "probity.cedarschema",
+        &std::sync::Arc::from(schema_text),
+    )
+    .unwrap();
     for bytes in mutations(&config, 3000) {
         let Ok(text) = std::str::from_utf8(&bytes) else {
             continue;

@@ -35,7 +35,9 @@ fn schedule(workload: &str) -> Request {
 }
 
 fn uids(ids: &[String]) -> Vec<EntityUid> {
-    ids.iter().map(|id| EntityUid::new("Node", id).unwrap()).collect()
+    ids.iter()
+        .map(|id| EntityUid::new("Node", id).unwrap())
+        .collect()
 }
 
 #[test]
@@ -43,7 +45,12 @@ fn each_answer_is_the_single_decision_in_order_on_one_thread_or_many() {
     let engine = loaded();
     // 200 nodes: every third one too hot, plus the fixture's own.
     let nodes: Vec<Value> = (0..200)
-        .map(|i| node(&format!("n{i:03}"), json!({"hottestGpuTempC": if i % 3 == 0 { 80 } else { 50 }})))
+        .map(|i| {
+            node(
+                &format!("n{i:03}"),
+                json!({"hottestGpuTempC": if i % 3 == 0 { 80 } else { 50 }}),
+            )
+        })
         .collect();
     engine.upsert_entities(&Value::Array(nodes)).unwrap();
     let mut ids: Vec<String> = (0..200).map(|i| format!("n{i:03}")).collect();
@@ -53,7 +60,9 @@ fn each_answer_is_the_single_decision_in_order_on_one_thread_or_many() {
         let each = engine.decide_each(&request, &uids(few), None);
         assert_eq!(each.len(), few.len());
         for (id, got) in few.iter().zip(&each) {
-            let one = request.clone().with_resource(EntityUid::new("Node", id).unwrap());
+            let one = request
+                .clone()
+                .with_resource(EntityUid::new("Node", id).unwrap());
             assert_eq!(got, &engine.decide_dry_run(&one), "{id}");
         }
     }
@@ -94,13 +103,19 @@ fn a_cached_decision_is_reused_until_a_fact_it_read_changes() {
 
     // The zone every node is in (a fact each decision read) heats up: all again.
     engine
-        .upsert_entities(&json!([{"uid": {"type": "Zone", "id": "zone-a"}, "parents": [],
+        .upsert_entities(
+            &json!([{"uid": {"type": "Zone", "id": "zone-a"}, "parents": [],
             "attrs": {"cluster": {"__entity": {"type": "Cluster", "id": "onprem"}},
-                      "powerDrawW": 39_000, "powerCeilingW": 40_000}}]))
+                      "powerDrawW": 39_000, "powerCeilingW": 40_000}}]),
+        )
         .unwrap();
     let fourth = engine.decide_each(&request, &resources, Some(&cache));
     assert_eq!(cache.misses(), 201);
-    assert!(fourth.iter().all(|d| d.reason_ids().any(|r| r == "thermal.zone-power-ceiling")));
+    assert!(
+        fourth
+            .iter()
+            .all(|d| d.reason_ids().any(|r| r == "thermal.zone-power-ceiling"))
+    );
 
     // A block empties the cache: the blocklist is part of every decision's world.
     engine.block_node("n003", "test").unwrap();
@@ -135,10 +150,16 @@ fn the_request_entities_are_part_of_the_question() {
 #[test]
 fn a_bad_request_is_one_deny_per_resource() {
     let engine = loaded();
-    let bad = schedule("w").with_entities(vec![json!({"uid": {"type": "Settings", "id": "active"}, "attrs": {}, "parents": []})]);
+    let bad = schedule("w").with_entities(vec![
+        json!({"uid": {"type": "Settings", "id": "active"}, "attrs": {}, "parents": []}),
+    ]);
     let out = engine.decide_each(&bad, &uids(&["a".into(), "b".into()]), None);
     assert_eq!(out.len(), 2);
-    assert!(out.iter().all(|d| d.decision == Effect::Deny
-        && d.errors[0].message.contains("Settings entities come from the engine")));
+    assert!(out.iter().all(|d| {
+        d.decision == Effect::Deny
+            && d.errors[0]
+                .message
+                .contains("Settings entities come from the engine")
+    }));
     assert!(engine.decide_each(&bad, &[], None).is_empty());
 }

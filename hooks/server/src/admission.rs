@@ -4,12 +4,12 @@
 //! ReplicationController or CronJob, becomes a request-scoped `Workload` entity and the
 //! Cedar requests `admit` (into its Namespace) and, when `spec.nodeName` binds it,
 //! `schedule` (onto that Node). The validating endpoint denies when any decision denies;
-//! the mutating endpoint answers with a JSONPatch adding a required node affinity that
-//! keeps the pod off blocked nodes and hot zones and pins RL-HF work to its zone.
+//! a `pods/binding` CREATE is checked against the node-level rules. The mutating
+//! endpoint answers with a JSONPatch adding a required node affinity derived from the
+//! policies' `schedule` decisions over every node Probity knows (see
+//! [`crate::placement`]): no placement rule is restated here.
 
 mod quantity;
-
-use std::collections::BTreeSet;
 
 use axum::Json;
 use axum::body::Bytes;
@@ -224,15 +224,42 @@ fn pod_paths(kind: &str) -> Option<(&'static str, &'static str)> {
 }
 
 /// The facts of one pod spec that the policies read.
-struct Workload {
-    /// The Workload entity's id: derived from the review, never a stored id.
-    id: String,
+pub(crate) struct Workload {
+    /// The Workload entity's id: derived from the review (or from the pod's facts, for
+    /// placement), never a stored id.
+    pub(crate) id: String,
     /// `namespace/name`, for messages.
     name: String,
     namespace: String,
-    class: String,
     node_name: Option<String>,
-    entity: Value,
+    /// The request-scoped `Workload` entity.
+    pub(crate) entity: Value,
+}
+
+/// How a translated workload is named.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum WorkloadId {
+    /// `review/<uid>`: one per review, for decisions that are recorded.
+    Review,
+    /// `pod-<hash of its facts>`: the same for every pod that reads the same, so
+    /// placement decisions are reused across pods of one shape.
+    Content,
+}
+
+/// A Pod object (as the scheduler extender receives it) as a request-scoped workload.
+pub(crate) fn pod_workload(state: &AppState, pod: &Value) -> Result<Workload, String> {
+    let spec = pod
+        .get("spec")
+        .filter(|s| s.is_object())
+        .ok_or("the Pod has no spec object")?;
+    workload(
+        state,
+        &Map::new(),
+        pod,
+        spec,
+        "/metadata",
+        WorkloadId::Content,
+    )
 }
 
 fn admit(
@@ -265,6 +292,12 @@ fn admit(
         ));
         return a;
     };
+    if kind == "Binding" {
+        return match mode {
+            Mode::Validate => validate_binding(state, caller, uid, request, object, dry_run),
+            Mode::Mutate => Answer::allow(uid),
+        };
+    }
     let Some((spec_path, meta_path)) = pod_paths(kind) else {
         let message = format!("probity: kind {kind:?} holds no pod spec; not checked");
         return match (mode, state.config().admission.unknown_kinds) {
@@ -279,20 +312,28 @@ fn admit(
     let Some(spec) = object.pointer(spec_path).filter(|s| s.is_object()) else {
         return Answer::deny(uid, 400, format!("{kind} has no pod spec at {spec_path}"));
     };
-    let workload = match workload(state, request, object, spec, meta_path) {
+    let naming = match mode {
+        Mode::Validate => WorkloadId::Review,
+        Mode::Mutate => WorkloadId::Content,
+    };
+    let workload = match workload(state, request, object, spec, meta_path, naming) {
         Ok(w) => w,
         Err(message) => return Answer::deny(uid, 400, message),
     };
     match mode {
-        Mode::Validate => validate_workload(state, caller, uid, &workload, dry_run),
+        Mode::Validate => validate_workload(state, caller, uid, &workload, dry_run, true),
         Mode::Mutate => {
             let mut a = Answer::allow(uid);
             // A bound pod is past scheduling, and a pod's affinity cannot change after create.
             let pod_update = kind == "Pod" && operation == "UPDATE";
             if workload.node_name.is_none() && !pod_update {
-                let (patch, warnings) = placement_patch(state, spec, spec_path, &workload.class);
-                a.patch = Some(patch);
-                a.warnings = warnings;
+                match placement_patch(state, spec, spec_path, &workload) {
+                    Ok((patch, warnings)) => {
+                        a.patch = Some(patch);
+                        a.warnings = warnings;
+                    }
+                    Err(message) => return Answer::deny(uid, 400, message),
+                }
             }
             a
         }
@@ -305,6 +346,7 @@ fn workload(
     object: &Value,
     spec: &Value,
     meta_path: &str,
+    naming: WorkloadId,
 ) -> Result<Workload, String> {
     let cfg = &state.config().admission;
     let meta = object.get("metadata");
@@ -356,19 +398,25 @@ fn workload(
     // The object under review is the webhook's own translation, not a caller's claim:
     // its id comes from the review, so it never collides with a workload the store
     // holds (an UPDATE of a stored workload is judged as the object now reads).
-    let review_uid = text(request.get("uid")).unwrap_or_else(|| "unknown".into());
-    let id = format!("review/{review_uid}");
+    let attrs = json!({
+        "namespace": {"__entity": {"type": "Namespace", "id": namespace}},
+        "namespaceMatches": namespace_matches(&namespace),
+        "class": class,
+        "gpus": total.gpus,
+        "cpuMillis": total.cpu_millis,
+        "gpuMemoryMiB": gpu_memory,
+        "image": image,
+    });
+    let id = match naming {
+        WorkloadId::Review => {
+            let review_uid = text(request.get("uid")).unwrap_or_else(|| "unknown".into());
+            format!("review/{review_uid}")
+        }
+        WorkloadId::Content => content_id(&attrs),
+    };
     let entity = json!({
         "uid": {"type": "Workload", "id": id},
-        "attrs": {
-            "namespace": {"__entity": {"type": "Namespace", "id": namespace}},
-            "namespaceMatches": namespace_matches(&namespace),
-            "class": class,
-            "gpus": total.gpus,
-            "cpuMillis": total.cpu_millis,
-            "gpuMemoryMiB": gpu_memory,
-            "image": image,
-        },
+        "attrs": attrs,
         "parents": [{"type": "Namespace", "id": namespace}],
     });
     let node_name = text(spec.get("nodeName"));
@@ -376,10 +424,18 @@ fn workload(
         id,
         name: format!("{namespace}/{name}"),
         namespace,
-        class,
         node_name,
         entity,
     })
+}
+
+/// `pod-<hash>` of a workload's facts. Only a name: the decision cache keys on the
+/// whole request entity, so two shapes that hashed alike would still be told apart.
+fn content_id(attrs: &Value) -> String {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    attrs.to_string().hash(&mut h);
+    format!("pod-{:016x}", h.finish())
 }
 
 /// A namespace's name and each of its prefixes followed by `*`: what the settings'
@@ -516,12 +572,49 @@ fn gpu_weight(name: &str, cfg: &crate::config::AdmissionConfig) -> Option<u32> {
     })
 }
 
+/// A `pods/binding` CREATE: the scheduler (or anyone allowed to bind) placing a pod on
+/// a node. The Binding names only the pod and the node, and the webhook cannot fetch
+/// the pod, so the pod is judged as an unknown workload of the default class asking
+/// for nothing: the node-level rules (blocked, driver drift, temperature, zone
+/// ceiling) apply; the pod's own facts were judged when it was admitted and filtered.
+fn validate_binding(
+    state: &AppState,
+    caller: &Caller,
+    uid: &str,
+    request: &Map<String, Value>,
+    object: &Value,
+    dry_run: bool,
+) -> Answer {
+    let Some(node) = object
+        .pointer("/target/name")
+        .and_then(Value::as_str)
+        .filter(|n| !n.is_empty())
+    else {
+        return Answer::deny(uid, 400, "Binding has no target.name".into());
+    };
+    let pod = json!({
+        "metadata": object.get("metadata").cloned().unwrap_or_else(|| json!({})),
+        "spec": {"containers": [], "nodeName": node},
+    });
+    let spec = pod.get("spec").cloned().unwrap_or_default();
+    let workload = match workload(state, request, &pod, &spec, "/metadata", WorkloadId::Review) {
+        Ok(w) => w,
+        Err(message) => return Answer::deny(uid, 400, message),
+    };
+    let mut answer = validate_workload(state, caller, uid, &workload, dry_run, false);
+    answer.warnings.push(
+        "probity: a binding is checked with the node-level rules only (the pod itself is not visible here)".into(),
+    );
+    answer
+}
+
 fn validate_workload(
     state: &AppState,
     caller: &Caller,
     uid: &str,
     w: &Workload,
     dry_run: bool,
+    check_admit: bool,
 ) -> Answer {
     let request = |action: &str, resource: EntityUid| -> Result<Request, String> {
         Ok(Request::new(
@@ -579,6 +672,7 @@ fn validate_workload(
     // unrecorded deny.
     let over_budget = |e: ApiError| Answer::deny(uid, 429, format!("probity: {e}"));
     match request("admit", namespace) {
+        Ok(_) if !check_admit => {}
         Ok(r) => match decide(&r) {
             Ok(d) => note(
                 &d,
@@ -633,76 +727,17 @@ fn validate_workload(
     }
 }
 
-fn entity_id(e: &Value) -> Option<&str> {
-    e.pointer("/uid/id").and_then(Value::as_str)
-}
-
-/// The JSONPatch that adds Probity's placement constraints to the pod spec at `base`.
+/// The JSONPatch that adds Probity's placement constraints (from the policies'
+/// `schedule` decisions, see [`crate::placement`]) to the pod spec at `base`.
 fn placement_patch(
     state: &AppState,
     spec: &Value,
     base: &str,
-    class: &str,
-) -> (Vec<Value>, Vec<String>) {
-    let cfg = &state.config().admission;
-    let engine = state.engine();
-    let mut warnings = Vec::new();
-    let mut blocked: BTreeSet<String> = engine.blocked_nodes().into_keys().collect();
-    for n in engine.entities_json(Some("Node")) {
-        if n.pointer("/attrs/blocked").and_then(Value::as_bool) == Some(true)
-            && let Some(id) = entity_id(&n)
-        {
-            blocked.insert(id.to_owned());
-        }
-    }
-    let settings = engine.entities_json(Some("Settings"));
-    let settings_attr = |name: &str| {
-        settings
-            .first()
-            .and_then(|s| s.get("attrs"))
-            .and_then(|a| a.get(name))
-            .cloned()
-    };
-    let ceiling_pct = cfg
-        .zone_power_ceiling_pct
-        .or_else(|| settings_attr("zonePowerCeilingPct").and_then(|v| v.as_i64()))
-        .unwrap_or(95);
-    let rlhf = settings_attr("rlhfClass").and_then(|v| v.as_str().map(str::to_owned));
-    let zones = engine.entities_json(Some("Zone"));
-    let mut dedicated = BTreeSet::new();
-    let mut hot = BTreeSet::new();
-    for z in &zones {
-        let Some(id) = entity_id(z) else { continue };
-        let attr = |k: &str| z.get("attrs").and_then(|a| a.get(k));
-        if attr("dedicatedClass").and_then(Value::as_str) == Some(class) {
-            dedicated.insert(id.to_owned());
-        }
-        let draw = attr("powerDrawW").and_then(Value::as_i64).unwrap_or(0);
-        let cap = attr("powerCeilingW")
-            .and_then(Value::as_i64)
-            .unwrap_or(i64::MAX);
-        if draw.saturating_mul(100) >= cap.saturating_mul(ceiling_pct) {
-            hot.insert(id.to_owned());
-        }
-    }
-    let mut exprs = Vec::new();
-    if !blocked.is_empty() {
-        exprs.push(json!({"key": cfg.hostname_label, "operator": "NotIn", "values": blocked}));
-    }
-    if rlhf.as_deref() == Some(class) {
-        if dedicated.is_empty() {
-            warnings.push(format!(
-                "probity: no zone is dedicated to class {class}; the pod is not pinned"
-            ));
-        } else {
-            exprs.push(json!({"key": cfg.zone_label, "operator": "In", "values": dedicated}));
-        }
-    }
-    if !hot.is_empty() {
-        exprs.push(json!({"key": cfg.zone_label, "operator": "NotIn", "values": hot}));
-    }
+    workload: &Workload,
+) -> Result<(Vec<Value>, Vec<String>), String> {
+    let (exprs, warnings) = crate::placement::affinity_expressions(state, workload)?;
     if exprs.is_empty() {
-        return (Vec::new(), warnings);
+        return Ok((Vec::new(), warnings));
     }
     let existing = spec.get("affinity").filter(|a| a.is_object());
     let mut affinity = existing.cloned().unwrap_or_else(|| json!({}));
@@ -711,10 +746,10 @@ fn placement_patch(
         obj.insert("nodeAffinity".into(), merged);
     }
     let op = if existing.is_some() { "replace" } else { "add" };
-    (
+    Ok((
         vec![json!({"op": op, "path": format!("{base}/affinity"), "value": affinity})],
         warnings,
-    )
+    ))
 }
 
 /// Node affinity whose required terms all also carry `exprs` (terms are ORed, the

@@ -26,6 +26,8 @@ pub struct Config {
     pub auth: AuthConfig,
     /// The Kubernetes admission endpoints.
     pub admission: AdmissionConfig,
+    /// The kube-scheduler extender.
+    pub scheduler: SchedulerConfig,
     /// Durable state and verify before read.
     pub integrity: IntegrityConfig,
     /// Per-caller limits on what callers share.
@@ -266,6 +268,28 @@ pub enum UnknownNodes {
     Warn,
 }
 
+/// What the scheduler extender does with a node the store holds no facts about.
+#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum UnknownSchedulerNodes {
+    /// Filter it out, with a reason in `FailedNodes` (the default: its rules cannot
+    /// be evaluated). Seed node facts, or let agents report them, before relying on
+    /// the extender.
+    #[default]
+    Filter,
+    /// Let it through with score 0: for a cluster whose node agents have not reported
+    /// yet. A blocked node is still filtered out.
+    Allow,
+}
+
+/// The kube-scheduler extender endpoints.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct SchedulerConfig {
+    /// Nodes absent from the store: `"filter"` (the default) or `"allow"`.
+    pub unknown_nodes: UnknownSchedulerNodes,
+}
+
 /// What to do with an AdmissionReview for a kind that holds no pod spec.
 #[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
@@ -304,9 +328,6 @@ pub struct AdmissionConfig {
     pub hostname_label: String,
     /// Node label holding a node's Probity zone id. Default `"topology.probity.io/zone"`.
     pub zone_label: String,
-    /// Zone power threshold in percent of its ceiling; default: the policy set's
-    /// `zone_power_ceiling_pct` (probity.toml).
-    pub zone_power_ceiling_pct: Option<i64>,
 }
 
 impl Default for AdmissionConfig {
@@ -324,7 +345,6 @@ impl Default for AdmissionConfig {
             ]),
             hostname_label: "kubernetes.io/hostname".into(),
             zone_label: "topology.probity.io/zone".into(),
-            zone_power_ceiling_pct: None,
         }
     }
 }
@@ -416,6 +436,15 @@ impl Config {
 
     /// Parses a configuration from TOML text.
     pub fn from_toml(text: &str) -> Result<Self, String> {
+        // A removed option gets a message saying where its job went, not "unknown field".
+        if let Ok(table) = text.parse::<toml::Table>()
+            && table
+                .get("admission")
+                .and_then(|a| a.get("zone_power_ceiling_pct"))
+                .is_some()
+        {
+            return Err("admission.zone_power_ceiling_pct is no longer read: the zone power ceiling is the policy set's own setting (thermal.zone_power_ceiling_pct in the policy directory's probity.toml), which the webhook and the extender follow through the policies".into());
+        }
         toml::from_str(text).map_err(|e| e.to_string().trim_end().to_owned())
     }
 

@@ -19,7 +19,8 @@
 //! | `GET /v1/nodes/blocked` | blocked nodes and why |
 //! | `GET /v1/policy/status` | digest, files, reloads, last reload error |
 //! | `POST /v1/verify` | verify a file before a node reads it; a failure blocks the node (authorized: `manage` on `Api::"verify"`) |
-//! | `POST /v1/admission/validate`, `/v1/admission/mutate` | AdmissionReview v1 |
+//! | `POST /v1/admission/validate`, `/v1/admission/mutate` | AdmissionReview v1 (Pods, pod templates, `pods/binding`) |
+//! | `POST /v1/scheduler/filter`, `/v1/scheduler/prioritize` | kube-scheduler extender: ExtenderArgs in, ExtenderFilterResult / HostPriorityList out |
 //! | `GET /healthz`, `/readyz`, `/metrics` | liveness, readiness, Prometheus |
 //!
 //! Running it: `cargo run -p probity-cli -- serve` serves the embedded default policies
@@ -61,6 +62,7 @@ mod config;
 mod error;
 mod limits;
 mod metrics;
+mod placement;
 mod server;
 
 use std::sync::Arc;
@@ -102,6 +104,8 @@ struct Inner {
     log_usage: std::sync::Mutex<Option<probity::state::LogUsage>>,
     /// The listeners' connection counts, once serving.
     connections: std::sync::OnceLock<Arc<limits::Connections>>,
+    /// Placement decisions reused while their facts hold (extender, mutating webhook).
+    decisions: probity::DecisionCache,
 }
 
 impl AppState {
@@ -134,6 +138,9 @@ impl AppState {
                 io,
                 log_usage: std::sync::Mutex::new(None),
                 connections: std::sync::OnceLock::new(),
+                decisions: probity::DecisionCache::with_capacity(
+                    probity::DEFAULT_DECISION_CACHE_ENTRIES,
+                ),
             }),
         }
     }
@@ -160,6 +167,10 @@ impl AppState {
 
     pub(crate) fn metrics(&self) -> &metrics::Metrics {
         &self.inner.metrics
+    }
+
+    pub(crate) fn decision_cache(&self) -> &probity::DecisionCache {
+        &self.inner.decisions
     }
 
     pub(crate) fn io(&self) -> &limits::IoPool {
@@ -342,6 +353,8 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/verify", post(api::verify))
         .route("/v1/admission/validate", post(admission::validate))
         .route("/v1/admission/mutate", post(admission::mutate))
+        .route("/v1/scheduler/filter", post(placement::filter))
+        .route("/v1/scheduler/prioritize", post(placement::prioritize))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics_text))

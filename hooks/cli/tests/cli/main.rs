@@ -1089,3 +1089,88 @@ fn a_pin_file_others_can_read_is_refused_unless_allowed() {
     assert_eq!(sealed["hsm"], true);
     assert_eq!(sealed["hsm_key_protected"], true);
 }
+
+/// The threshold overlay (testdata/threshold-overlay/README.md) applied to a copy of
+/// the default policies: a new setting, zone fact and rule, and no Rust change.
+#[test]
+fn a_threshold_added_by_schema_toml_and_policy_is_honoured_by_eval_and_check() {
+    let tmp = copy_policies();
+    let overlay = root().join("testdata/threshold-overlay");
+    let read = |f: &str| std::fs::read_to_string(overlay.join(f)).unwrap();
+    let insert_after = |file: &Path, line: &str, add: &str| {
+        let old = std::fs::read_to_string(file).unwrap();
+        let at = old.find(line).unwrap() + line.len();
+        std::fs::write(file, format!("{}\n{add}{}", &old[..at], &old[at..])).unwrap();
+    };
+    let schema = tmp.path().join("probity.cedarschema");
+    insert_after(
+        &schema,
+        "entity Settings = {",
+        &read("settings.cedarschema"),
+    );
+    insert_after(
+        &schema,
+        "entity Zone in [Cluster] = {",
+        &read("zone.cedarschema"),
+    );
+    insert_after(
+        &tmp.path().join("probity.toml"),
+        "[placement]",
+        &read("probity.toml"),
+    );
+    std::fs::write(
+        tmp.path().join("placement/zone-max-gpus.cedar"),
+        read("zone-max-gpus.cedar"),
+    )
+    .unwrap();
+    let dir = tmp.path().to_str().unwrap();
+    let out = probity(&["check", dir]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+
+    // zone-a's jobs hold 61 GPUs: train-1 (4 GPUs) would take it past 64.
+    let mut cluster: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(root().join("testdata/entities/cluster.json")).unwrap(),
+    )
+    .unwrap();
+    for e in cluster.as_array_mut().unwrap() {
+        if e["uid"]["id"] == "zone-a" {
+            e["attrs"]["gpusAllocated"] = serde_json::json!(61);
+        }
+    }
+    let work = tempfile::tempdir().unwrap();
+    let entities = work.path().join("cluster.json");
+    std::fs::write(&entities, cluster.to_string()).unwrap();
+    let req = work.path().join("req.json");
+    std::fs::write(&req, r#"{"principal": "Workload::\"train-1\"", "action": "schedule", "resource": "Node::\"gpu-a1\""}"#).unwrap();
+    let eval = |policies: Option<&str>| {
+        let mut args = vec![
+            "eval",
+            "--request",
+            req.to_str().unwrap(),
+            "--entities",
+            entities.to_str().unwrap(),
+        ];
+        if let Some(p) = policies {
+            args.extend(["--policies", p]);
+        }
+        probity(&args)
+    };
+    let out = eval(Some(dir));
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    let d: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(d["reasons"][0]["policy"], "placement.zone-max-gpus", "{d}");
+
+    // A value out of the declared range is refused where it stands.
+    let toml = tmp.path().join("probity.toml");
+    let t = std::fs::read_to_string(&toml).unwrap();
+    std::fs::write(&toml, t.replace("zone_max_gpus = 64", "zone_max_gpus = 0")).unwrap();
+    let out = probity(&["check", dir]);
+    assert_eq!(out.status.code(), Some(3));
+    let err = text(&out.stderr);
+    assert!(err.contains("probity.toml:16:17"), "{err}");
+    assert!(err.contains("placement.zone_max_gpus must be"), "{err}");
+    assert!(
+        err.contains("found 0 (0 would stop all scheduling)"),
+        "{err}"
+    );
+}

@@ -285,7 +285,7 @@ async fn a_dry_run_decides_alike_and_records_nothing() {
 }
 
 #[tokio::test]
-async fn mutation_keeps_pods_off_blocked_nodes_and_hot_zones_and_pins_rlhf() {
+async fn mutation_keeps_pods_where_the_schedule_decisions_let_them_go() {
     let s = state();
     s.engine().block_node("gpu-a1", "maintenance").unwrap();
     let r = mutate(&s, &review("Pod", "training", gpu_pod("t", 1, "8"))).await;
@@ -296,13 +296,24 @@ async fn mutation_keeps_pods_off_blocked_nodes_and_hot_zones_and_pins_rlhf() {
     assert_eq!(patch[0]["path"], "/spec/affinity");
     let exprs = &patch[0]["value"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
         ["nodeSelectorTerms"][0]["matchExpressions"];
+    // Exactly the nodes the policies refuse (blocked twice over, drifted driver, old
+    // image, over temperature), and the zones no node of which may take the pod
+    // (zone-hot over its power ceiling, zone-rlhf dedicated) left out.
     assert_eq!(
         exprs,
         &json!([
-            {"key": "kubernetes.io/hostname", "operator": "NotIn", "values": ["gpu-a1", "gpu-blocked"]},
-            {"key": "topology.probity.io/zone", "operator": "NotIn", "values": ["zone-hot"]}
+            {"key": "kubernetes.io/hostname", "operator": "NotIn",
+             "values": ["gpu-a1", "gpu-blocked", "gpu-drift", "gpu-oldimage", "gpu-warm"]},
+            {"key": "topology.probity.io/zone", "operator": "In", "values": ["zone-a"]}
         ])
     );
+    // Each node named is one the validating webhook refuses when the pod is bound there.
+    for node in exprs[0]["values"].as_array().unwrap() {
+        let mut pod = gpu_pod("t", 1, "8");
+        pod["spec"]["nodeName"] = node.clone();
+        let v = validate(&s, &review("Pod", "training", pod)).await;
+        assert_eq!(v["allowed"], false, "{node}: {v}");
+    }
     // RL-HF work is pinned to its zone; an existing affinity is kept and replaced whole.
     let mut pod = gpu_pod("rl", 1, "8");
     pod["metadata"]["labels"] = json!({"probity.io/class": "rlhf"});
@@ -313,10 +324,10 @@ async fn mutation_keeps_pods_off_blocked_nodes_and_hot_zones_and_pins_rlhf() {
     let value = &patch[0]["value"];
     assert!(value.get("podAntiAffinity").is_some());
     let exprs = value["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0]["matchExpressions"].as_array().unwrap();
-    assert_eq!(exprs.len(), 4);
+    assert_eq!(exprs.len(), 2);
     assert_eq!(exprs[0]["key"], "gpu");
     assert_eq!(
-        exprs[2],
+        exprs[1],
         json!({"key": "topology.probity.io/zone", "operator": "In", "values": ["zone-rlhf"]})
     );
     // Templates are patched at their own path.

@@ -317,3 +317,58 @@ fn the_agent_sees_the_host_read_only_with_net_admin_alone() {
         "{config} is in no volume"
     );
 }
+
+#[tokio::test]
+async fn the_scheduler_configuration_wires_the_extender_to_routes_that_exist() {
+    let docs = documents();
+    let (_, config) = docs
+        .iter()
+        .find(|(_, d)| d["kind"] == "KubeSchedulerConfiguration")
+        .expect("hooks/deploy has a KubeSchedulerConfiguration");
+    assert_eq!(config["apiVersion"], "kubescheduler.config.k8s.io/v1");
+    let extenders = config["extenders"].as_array().unwrap();
+    assert_eq!(extenders.len(), 1);
+    let e = &extenders[0];
+    let prefix = e["urlPrefix"].as_str().unwrap();
+    assert!(
+        prefix.starts_with("https://probity-webhook.probity-system.svc"),
+        "{prefix}"
+    );
+    assert_eq!(e["nodeCacheCapable"], true, "node names only");
+    assert_eq!(e["ignorable"], false, "the extender fails closed");
+    assert_eq!(e["enableHTTPS"], true);
+    let weight = e["weight"].as_i64().unwrap();
+    assert!((1..=100).contains(&weight), "weight {weight}");
+    let timeout = e["httpTimeout"].as_str().unwrap();
+    let secs: u64 = timeout.trim_end_matches('s').parse().unwrap();
+    assert!((1..=10).contains(&secs), "httpTimeout {timeout}");
+    // Each verb is a route the server answers (a bad body gets the extender's error,
+    // not "no such route").
+    let path = prefix.split_once(".svc:443").unwrap().1;
+    let s = crate::state();
+    for verb in ["filterVerb", "prioritizeVerb"] {
+        let uri = format!("{path}/{}", e[verb].as_str().unwrap());
+        let (status, out) = crate::call(
+            &s,
+            axum::http::Method::POST,
+            &uri,
+            Some(&serde_json::json!({})),
+            None,
+        )
+        .await;
+        assert_eq!(status, axum::http::StatusCode::BAD_REQUEST, "{uri}: {out}");
+        assert!(
+            out["Error"].as_str().unwrap().contains("ExtenderArgs"),
+            "{uri}: {out}"
+        );
+    }
+    // The validating webhook also sees bindings, the extender's backstop.
+    let validating = docs
+        .iter()
+        .find(|(_, d)| d["kind"] == "ValidatingWebhookConfiguration")
+        .unwrap();
+    assert!(
+        validating.1.to_string().contains("pods/binding"),
+        "the validating webhook does not check bindings"
+    );
+}

@@ -14,6 +14,7 @@ mod admission;
 mod api;
 mod deploy;
 mod net;
+mod placement;
 
 use std::path::{Path, PathBuf};
 

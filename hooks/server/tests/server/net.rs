@@ -339,6 +339,57 @@ async fn tls_serves_admission_reviews_on_loopback() {
 }
 
 #[tokio::test]
+async fn the_scheduler_extender_answers_over_tls_on_loopback() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (pki, _) = pki();
+    let mut config = no_socket();
+    config.server.listen = Some("127.0.0.1:0".parse().unwrap());
+    config.server.tls_cert = Some(write(tmp.path(), "tls.crt", &pki.server_cert));
+    config.server.tls_key = Some(write(tmp.path(), "tls.key", &pki.server_key));
+    let running = Running::start(config).await;
+    let mut c = tls_connect(running.addr.unwrap(), &tls_client(&pki.ca_pem, None))
+        .await
+        .unwrap();
+    // As the scheduler's Go encoder sends it with nodeCacheCapable: NodeNames, Nodes null.
+    let pod = serde_json::json!({"metadata": {"name": "t", "namespace": "training"},
+        "spec": {"containers": [{"name": "c", "image": "trainer:1",
+            "resources": {"limits": {"nvidia.com/gpu": "1", "cpu": "8"}}}]}});
+    let args = serde_json::json!({"Pod": pod, "Nodes": null,
+        "NodeNames": ["gpu-a1", "gpu-blocked", "gpu-hot1"]});
+    let (status, body) = send(&mut c, Method::POST, "/v1/scheduler/filter", Some(&args)).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["NodeNames"], serde_json::json!(["gpu-a1"]));
+    assert!(
+        body["FailedNodes"]["gpu-blocked"]
+            .as_str()
+            .unwrap()
+            .contains("blocked")
+    );
+    assert!(
+        body["FailedNodes"]["gpu-hot1"]
+            .as_str()
+            .unwrap()
+            .contains("thermal.zone-power-ceiling"),
+        "{body}"
+    );
+    let (status, body) = send(
+        &mut c,
+        Method::POST,
+        "/v1/scheduler/prioritize",
+        Some(&args),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body.as_array().unwrap().len(), 3);
+    assert_eq!(
+        body[1],
+        serde_json::json!({"Host": "gpu-blocked", "Score": 0})
+    );
+    drop(c);
+    running.stop().await;
+}
+
+#[tokio::test]
 async fn mtls_accepts_known_clients_by_common_name_and_refuses_others() {
     let tmp = tempfile::tempdir().unwrap();
     let (pki, issuer) = pki();

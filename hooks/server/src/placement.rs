@@ -1,0 +1,389 @@
+//! Placement: a pod's `schedule` decided for each candidate node, for the scheduler
+//! extender (`filter`, `prioritize`) and for the mutating webhook's node affinity.
+//!
+//! Nothing here knows a rule. Which node may take a pod, and how much a node is
+//! preferred, are the policies' answers ([`probity::Engine::decide_each`], with the
+//! scores of `@score` permit policies); this module only turns them into the shapes
+//! Kubernetes reads. Decisions are reused while the facts they read stay the same
+//! ([`probity::DecisionCache`]), so a filter over a thousand nodes after one node's facts
+//! changed decides that one node again.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::extract::rejection::BytesRejection;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use probity::{Decision, EntityUid, Request};
+use serde_json::{Map, Value, json};
+
+use crate::AppState;
+use crate::admission::{Workload, pod_workload};
+use crate::api::json_body;
+use crate::config::UnknownSchedulerNodes;
+
+/// Largest score the scheduler takes from an extender (`MaxExtenderPriority`).
+pub(crate) const MAX_EXTENDER_PRIORITY: i64 = 10;
+
+/// What one node's `schedule` came to.
+pub(crate) enum Verdict {
+    /// The policies permit it, with the permits' summed score.
+    Allowed { score: i64 },
+    /// Refused, with why (the reasons of the policies, or why it was not decided).
+    Refused(String),
+}
+
+/// Decides `schedule` of `workload` onto each of `nodes` (names of `Node` entities):
+/// a name the store holds no facts about, and that the blocklist does not name, is
+/// refused as unknown unless `unknown` says to let it through.
+pub(crate) fn judge_nodes(
+    state: &AppState,
+    workload: &Workload,
+    nodes: &[&str],
+    unknown: UnknownSchedulerNodes,
+) -> Result<Vec<Verdict>, String> {
+    let engine = state.engine();
+    let node_type = engine.blocklist_type().unwrap_or_else(|| "Node".to_owned());
+    let blocked = engine.blocked_nodes();
+    let mut verdicts: Vec<Option<Verdict>> = Vec::with_capacity(nodes.len());
+    let mut to_decide = Vec::new();
+    let mut positions = Vec::new();
+    for (i, name) in nodes.iter().enumerate() {
+        let uid = EntityUid::new(&node_type, name)
+            .map_err(|e| format!("node name {name:?} is not a valid {node_type} id: {e}"))?;
+        if !engine.contains_entity(&uid) && !blocked.contains_key(*name) {
+            verdicts.push(Some(match unknown {
+                UnknownSchedulerNodes::Filter => Verdict::Refused(format!(
+                    "probity holds no facts about node {name} (scheduler.unknown_nodes = \"filter\"; seed its facts or wait for its agent)"
+                )),
+                UnknownSchedulerNodes::Allow => Verdict::Allowed { score: 0 },
+            }));
+            continue;
+        }
+        verdicts.push(None);
+        to_decide.push(uid);
+        positions.push(i);
+    }
+    let request = workload.request("schedule", None)?;
+    let decisions = engine.decide_each(&request, &to_decide, Some(state.decision_cache()));
+    for (i, d) in positions.into_iter().zip(decisions) {
+        if let Some(slot) = verdicts.get_mut(i) {
+            *slot = Some(verdict(&d));
+        }
+    }
+    Ok(verdicts
+        .into_iter()
+        .map(|v| v.unwrap_or_else(|| Verdict::Refused("not decided".into())))
+        .collect())
+}
+
+fn verdict(d: &Decision) -> Verdict {
+    if d.is_allowed() {
+        return Verdict::Allowed { score: d.score };
+    }
+    let mut why: Vec<String> = d
+        .reasons
+        .iter()
+        .map(|r| format!("{} ({})", r.message, r.policy))
+        .collect();
+    why.extend(
+        d.errors
+            .iter()
+            .map(|e| format!("evaluation error: {}", e.message)),
+    );
+    if why.is_empty() {
+        why.push("no policy permits it".into());
+    }
+    Verdict::Refused(why.join("; "))
+}
+
+/// The node affinity expressions that keep `workload` where the policies let it go:
+/// zones none of whose nodes may take it are left out (`zone In` the others), and the
+/// refused nodes of the remaining zones are named (`hostname NotIn`), as are blocked
+/// nodes the store does not hold. Warnings say when no node may take it.
+pub(crate) fn affinity_expressions(
+    state: &AppState,
+    workload: &Workload,
+) -> Result<(Vec<Value>, Vec<String>), String> {
+    let cfg = &state.config().admission;
+    let engine = state.engine();
+    let node_type = engine.blocklist_type().unwrap_or_else(|| "Node".to_owned());
+    let nodes = engine.entities_by_reference(&node_type, "zone");
+    let uids: Vec<EntityUid> = nodes.iter().map(|(u, _)| u.clone()).collect();
+    let request = workload.request("schedule", None)?;
+    let decisions = engine.decide_each(&request, &uids, Some(state.decision_cache()));
+    let stored: BTreeSet<String> = nodes.iter().map(|(u, _)| u.id().to_owned()).collect();
+    // zone -> (allowed nodes, refused nodes); nodes without a zone under "".
+    let mut zones: BTreeMap<String, (usize, Vec<String>)> = BTreeMap::new();
+    let mut allowed_total = 0;
+    for ((uid, zone), d) in nodes.iter().zip(&decisions) {
+        let entry = zones.entry(zone.clone().unwrap_or_default()).or_default();
+        if d.is_allowed() {
+            entry.0 += 1;
+            allowed_total += 1;
+        } else {
+            entry.1.push(uid.id().to_owned());
+        }
+    }
+    let mut warnings = Vec::new();
+    let mut exprs = Vec::new();
+    let mut refused_nodes: BTreeSet<String> = engine
+        .blocked_nodes()
+        .into_keys()
+        .filter(|n| !stored.contains(n))
+        .collect();
+    if nodes.is_empty() {
+        if refused_nodes.is_empty() {
+            return Ok((exprs, warnings));
+        }
+    } else if allowed_total == 0 {
+        warnings.push(format!(
+            "probity: none of the {} nodes Probity knows may take this pod; it is not constrained here, and the validating webhook and the scheduler extender refuse each node",
+            nodes.len()
+        ));
+        return Ok((exprs, warnings));
+    }
+    let closed: Vec<&String> = zones
+        .iter()
+        .filter(|(z, (allowed, _))| !z.is_empty() && *allowed == 0)
+        .map(|(z, _)| z)
+        .collect();
+    if !closed.is_empty() {
+        let open: Vec<&String> = zones
+            .iter()
+            .filter(|(z, (allowed, _))| !z.is_empty() && *allowed > 0)
+            .map(|(z, _)| z)
+            .collect();
+        exprs.push(json!({"key": cfg.zone_label, "operator": "In", "values": open}));
+    }
+    for (zone, (allowed, refused)) in &zones {
+        if zone.is_empty() || *allowed > 0 {
+            refused_nodes.extend(refused.iter().cloned());
+        }
+    }
+    if !refused_nodes.is_empty() {
+        exprs.insert(
+            0,
+            json!({"key": cfg.hostname_label, "operator": "NotIn", "values": refused_nodes}),
+        );
+    }
+    Ok((exprs, warnings))
+}
+
+/// The scheduler's question, read: the pod and the node names it sent.
+struct ExtenderArgs {
+    pod: Value,
+    names: Vec<String>,
+    /// The full NodeList, when the scheduler sent objects rather than names.
+    node_objects: Option<Vec<Value>>,
+}
+
+/// Reads ExtenderArgs as Go's encoder writes it (`Pod`, `Nodes`, `NodeNames`) or in
+/// lower case.
+fn extender_args(body: &Value) -> Result<ExtenderArgs, String> {
+    let Some(obj) = body.as_object() else {
+        return Err("ExtenderArgs must be a JSON object".into());
+    };
+    let field = |upper: &str, lower: &str| {
+        obj.get(upper)
+            .or_else(|| obj.get(lower))
+            .filter(|v| !v.is_null())
+    };
+    let pod = field("Pod", "pod")
+        .cloned()
+        .ok_or("ExtenderArgs has no Pod")?;
+    if !pod.is_object() {
+        return Err("ExtenderArgs Pod is not an object".into());
+    }
+    if let Some(names) = field("NodeNames", "nodenames").or_else(|| obj.get("nodeNames")) {
+        let list = names
+            .as_array()
+            .ok_or("ExtenderArgs NodeNames is not a list")?;
+        let names = list
+            .iter()
+            .enumerate()
+            .map(|(i, n)| {
+                n.as_str()
+                    .filter(|s| !s.is_empty())
+                    .map(str::to_owned)
+                    .ok_or_else(|| format!("ExtenderArgs NodeNames[{i}] is not a node name"))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        if !names.is_empty() {
+            return Ok(ExtenderArgs {
+                pod,
+                names,
+                node_objects: None,
+            });
+        }
+    }
+    if let Some(nodes) = field("Nodes", "nodes") {
+        let items = nodes
+            .get("items")
+            .and_then(Value::as_array)
+            .ok_or("ExtenderArgs Nodes has no items list")?;
+        let names = items
+            .iter()
+            .enumerate()
+            .map(|(i, n)| {
+                n.pointer("/metadata/name")
+                    .and_then(Value::as_str)
+                    .filter(|s| !s.is_empty())
+                    .map(str::to_owned)
+                    .ok_or_else(|| format!("ExtenderArgs Nodes.items[{i}] has no metadata.name"))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        if !names.is_empty() {
+            return Ok(ExtenderArgs {
+                pod,
+                names,
+                node_objects: Some(items.clone()),
+            });
+        }
+    }
+    Err("ExtenderArgs names no nodes (NodeNames and Nodes are both empty or absent)".into())
+}
+
+/// Reads the body and judges every node it names.
+fn judge(
+    state: &AppState,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<(ExtenderArgs, Vec<Verdict>), (StatusCode, String)> {
+    let value = json_body(state, body, "ExtenderArgs")
+        .map_err(|e| (StatusCode::BAD_REQUEST, e.to_string()))?;
+    let args = extender_args(&value).map_err(|e| (StatusCode::BAD_REQUEST, e))?;
+    let workload = pod_workload(state, &args.pod).map_err(|e| (StatusCode::BAD_REQUEST, e))?;
+    let names: Vec<&str> = args.names.iter().map(String::as_str).collect();
+    let verdicts = judge_nodes(
+        state,
+        &workload,
+        &names,
+        state.config().scheduler.unknown_nodes,
+    )
+    .map_err(|e| (StatusCode::BAD_REQUEST, e))?;
+    Ok((args, verdicts))
+}
+
+/// `POST /v1/scheduler/filter`: ExtenderArgs in, ExtenderFilterResult out. Only names
+/// the scheduler sent come back; each refused node is in `FailedNodes` with the
+/// policies' reasons. Nothing is recorded: the binding is decided on its own.
+pub(crate) async fn filter(
+    State(state): State<AppState>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let s = state.clone();
+    let judged = tokio::task::spawn_blocking(move || judge(&s, body)).await;
+    let (args, verdicts) = match judged {
+        Ok(Ok(j)) => j,
+        Ok(Err((status, e))) => return filter_error(status, &e),
+        Err(e) => return filter_error(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
+    };
+    let mut failed = Map::new();
+    let mut passed = Vec::new();
+    for (i, (name, v)) in args.names.iter().zip(&verdicts).enumerate() {
+        match v {
+            Verdict::Allowed { .. } => passed.push(i),
+            Verdict::Refused(why) => {
+                failed.insert(name.clone(), Value::String(why.clone()));
+            }
+        }
+    }
+    state
+        .metrics()
+        .record_review("scheduler-filter", !passed.is_empty());
+    let (nodes, names) = match &args.node_objects {
+        Some(objects) => {
+            let items: Vec<Value> = passed
+                .iter()
+                .filter_map(|i| objects.get(*i).cloned())
+                .collect();
+            (json!({"metadata": {}, "items": items}), Value::Null)
+        }
+        None => {
+            let names: Vec<&String> = passed.iter().filter_map(|i| args.names.get(*i)).collect();
+            (Value::Null, json!(names))
+        }
+    };
+    Json(json!({
+        "Nodes": nodes,
+        "NodeNames": names,
+        "FailedNodes": failed,
+        "FailedAndUnresolvableNodes": {},
+        "Error": "",
+    }))
+    .into_response()
+}
+
+fn filter_error(status: StatusCode, message: &str) -> Response {
+    (
+        status,
+        Json(json!({
+            "Nodes": null,
+            "NodeNames": null,
+            "FailedNodes": {},
+            "FailedAndUnresolvableNodes": {},
+            "Error": format!("probity: {message}"),
+        })),
+    )
+        .into_response()
+}
+
+/// `POST /v1/scheduler/prioritize`: ExtenderArgs in, HostPriorityList out: each sent
+/// node with the score its permits give (0 to 10; a refused node scores 0).
+pub(crate) async fn prioritize(
+    State(state): State<AppState>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let s = state.clone();
+    let judged = tokio::task::spawn_blocking(move || judge(&s, body)).await;
+    let (args, verdicts) = match judged {
+        Ok(Ok(j)) => j,
+        Ok(Err((status, e))) => {
+            return (status, Json(json!({"Error": format!("probity: {e}")}))).into_response();
+        }
+        Err(e) => {
+            return (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                Json(json!({"Error": format!("probity: {e}")})),
+            )
+                .into_response();
+        }
+    };
+    let list: Vec<Value> = args
+        .names
+        .iter()
+        .zip(&verdicts)
+        .map(|(name, v)| {
+            let score = match v {
+                Verdict::Allowed { score } => (*score).clamp(0, MAX_EXTENDER_PRIORITY),
+                Verdict::Refused(_) => 0,
+            };
+            json!({"Host": name, "Score": score})
+        })
+        .collect();
+    Json(Value::Array(list)).into_response()
+}
+
+/// A request of `workload` for `action` on `resource` (a placeholder node when
+/// `None`: [`probity::Engine::decide_each`] puts each node in its place).
+impl Workload {
+    pub(crate) fn request(
+        &self,
+        action: &str,
+        resource: Option<EntityUid>,
+    ) -> Result<Request, String> {
+        let principal = EntityUid::new("Workload", &self.id).map_err(|e| e.to_string())?;
+        let resource = match resource {
+            Some(r) => r,
+            None => EntityUid::new("Node", "placeholder").map_err(|e| e.to_string())?,
+        };
+        Ok(Request::new(
+            principal,
+            EntityUid::action(action).map_err(|e| e.to_string())?,
+            resource,
+        )
+        .with_entities(vec![self.entity.clone()]))
+    }
+}
