@@ -203,14 +203,23 @@ pub enum BackendError {
     Local(#[from] StateError),
 }
 
-/// A runtime shut down without blocking when dropped (dropping a runtime inside another
-/// one's async context would panic).
+/// A runtime shut down when dropped: waiting (briefly) for its tasks to end, so that the
+/// local store they hold is closed when the backend is gone and the state directory can
+/// be opened again; without waiting inside another runtime's async context, where
+/// blocking would panic.
 struct OwnedRuntime(Option<Runtime>);
+
+/// How long dropping a backend waits for its tasks to end.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
 
 impl Drop for OwnedRuntime {
     fn drop(&mut self) {
         if let Some(rt) = self.0.take() {
-            rt.shutdown_background();
+            if Handle::try_current().is_ok() {
+                rt.shutdown_background();
+            } else {
+                rt.shutdown_timeout(SHUTDOWN_GRACE);
+            }
         }
     }
 }

@@ -220,8 +220,9 @@ impl AppState {
                 out,
                 "# HELP probity_state_connected 1 while every watch of the shared state (etcd) is connected.\n# TYPE probity_state_connected gauge\nprobity_state_connected {}\n# HELP probity_state_since_last_heard_seconds Age of the shared state decisions serve from: time since its stalest watch last heard from etcd.\n# TYPE probity_state_since_last_heard_seconds gauge\nprobity_state_since_last_heard_seconds {}\n# HELP probity_state_applied_revision The etcd revision of the blocklist this process has applied.\n# TYPE probity_state_applied_revision gauge\nprobity_state_applied_revision {}\n# HELP probity_state_resyncs_total Full reads of the shared state after compactions or long disconnections.\n# TYPE probity_state_resyncs_total counter\nprobity_state_resyncs_total {}\n# HELP probity_state_unshared_blocks Blocks in force here that have not reached etcd yet.\n# TYPE probity_state_unshared_blocks gauge\nprobity_state_unshared_blocks {}",
                 u8::from(h.connected),
-                // Never heard: as stale as can be said.
-                h.since_last_heard.map_or(f64::INFINITY, |d| d.as_secs_f64()),
+                // Never heard: as stale as can be said (Prometheus spells it +Inf).
+                h.since_last_heard
+                    .map_or_else(|| "+Inf".to_owned(), |d| d.as_secs_f64().to_string()),
                 h.applied_revision,
                 h.resyncs,
                 h.unshared_blocks
