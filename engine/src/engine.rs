@@ -1239,7 +1239,10 @@ impl Engine {
                 Some(Value::Array(a)) => a.clone(),
                 _ => Vec::new(),
             };
-            if !sources.iter().any(|s| s == crate::state::STALE_FACTS_SOURCE) {
+            if !sources
+                .iter()
+                .any(|s| s == crate::state::STALE_FACTS_SOURCE)
+            {
                 sources.push(Value::from(crate::state::STALE_FACTS_SOURCE));
             }
             attrs.insert("unreadable".into(), Value::Array(sources));

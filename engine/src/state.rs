@@ -198,7 +198,12 @@ impl RegistryEntry {
     /// Checks that `version` with `digest` may be accepted over this entry: refuses a
     /// lower version ([`StateError::Rollback`]) and another digest for this version
     /// ([`StateError::DigestConflict`]).
-    pub fn admits(&self, object_id: &str, version: u64, digest: &[u8; 32]) -> Result<(), StateError> {
+    pub fn admits(
+        &self,
+        object_id: &str,
+        version: u64,
+        digest: &[u8; 32],
+    ) -> Result<(), StateError> {
         check_against(object_id, version, digest, self)
     }
 }

@@ -126,13 +126,15 @@ fn follower(endpoint: &str) {
         let done = Arc::clone(&done);
         move || {
             while !done.load(Ordering::Relaxed) {
-                let next =
-                    rt.block_on(async { tokio::time::timeout(Duration::from_millis(200), stream.next()).await });
+                let next = rt.block_on(async {
+                    tokio::time::timeout(Duration::from_millis(200), stream.next()).await
+                });
                 if let Ok(Some(WatchMessage::Events { events, .. })) = next {
                     let t = now_ns();
                     let mut out = std::io::stdout().lock();
                     for e in events {
-                        writeln!(out, "raw {} {t}", e.key().trim_start_matches("blocklist/")).unwrap();
+                        writeln!(out, "raw {} {t}", e.key().trim_start_matches("blocklist/"))
+                            .unwrap();
                     }
                     out.flush().unwrap();
                 }
@@ -147,7 +149,11 @@ fn follower(endpoint: &str) {
         let closed = Arc::clone(&stdin_closed);
         move || {
             let mut sink = String::new();
-            while std::io::stdin().read_line(&mut sink).map(|n| n > 0).unwrap_or(false) {}
+            while std::io::stdin()
+                .read_line(&mut sink)
+                .map(|n| n > 0)
+                .unwrap_or(false)
+            {}
             closed.store(true, Ordering::Relaxed);
         }
     });
@@ -337,12 +343,20 @@ fn watchers() {
     let mut sent = Vec::new();
     for b in 0..BLOCKS {
         let t = now_ns();
-        rt.block_on(writer.put(&format!("blocklist/w{b}"), br#"{"reason":"bench","since":0}"#.to_vec()))
-            .unwrap();
+        rt.block_on(writer.put(
+            &format!("blocklist/w{b}"),
+            br#"{"reason":"bench","since":0}"#.to_vec(),
+        ))
+        .unwrap();
         sent.push(t);
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
-            let n = arrivals.lock().unwrap().iter().filter(|(i, _)| *i == b).count();
+            let n = arrivals
+                .lock()
+                .unwrap()
+                .iter()
+                .filter(|(i, _)| *i == b)
+                .count();
             if n >= SIDECARS || Instant::now() > deadline {
                 break;
             }
@@ -360,16 +374,14 @@ fn watchers() {
             arrivals
                 .iter()
                 .filter(|(i, _)| *i == b)
-                .map(|(_, t)| Duration::from_nanos(u64::try_from(t.saturating_sub(sent[b])).unwrap()))
+                .map(|(_, t)| {
+                    Duration::from_nanos(u64::try_from(t.saturating_sub(sent[b])).unwrap())
+                })
                 .max()
                 .unwrap_or(Duration::MAX)
         })
         .collect();
-    println!(
-        "deliveries: {} of {}",
-        arrivals.len(),
-        SIDECARS * BLOCKS
-    );
+    println!("deliveries: {} of {}", arrivals.len(), SIDECARS * BLOCKS);
     summary("put -> each sidecar's change channel", all);
     summary("put -> the last of the sidecars", last);
     drop(states);
@@ -391,7 +403,9 @@ fn decisions() {
     const ROUNDS: usize = 5;
     const ROUND: Duration = Duration::from_secs(2);
     const EVENTS_PER_SECOND: u64 = 500;
-    println!("\n== decisions/s on one thread, with and without watch events ({EVENTS_PER_SECOND}/s) ==");
+    println!(
+        "\n== decisions/s on one thread, with and without watch events ({EVENTS_PER_SECOND}/s) =="
+    );
     let rt = runtime();
     let etcd = Etcd::single();
     rt.block_on(etcd.wait_healthy(None));
@@ -443,8 +457,11 @@ fn decisions() {
                     tokio::time::sleep_until(next).await;
                     k += 1;
                     let id = format!("n-{:04}", k % 1000);
-                    let (key, value) = if k % 50 == 0 {
-                        (format!("blocklist/{id}"), br#"{"reason":"bench","since":0}"#.to_vec())
+                    let (key, value) = if k.is_multiple_of(50) {
+                        (
+                            format!("blocklist/{id}"),
+                            br#"{"reason":"bench","since":0}"#.to_vec(),
+                        )
                     } else {
                         let facts = json!({"node": id, "entities": [node(&id, 40 + k % 30)],
                             "collected_at": 1, "ttl_seconds": 60});

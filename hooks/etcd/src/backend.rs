@@ -53,15 +53,15 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use probity::BlockRecord;
 use probity::state::{
-    BlockedNode, ChangeBatch, DecisionRecord, Event, LogUsage, NodeFacts, RegistryEntry,
-    Retention, ServedDigest, SharedHealth, StateBackend, StateError, StateStore,
+    BlockedNode, ChangeBatch, DecisionRecord, Event, LogUsage, NodeFacts, RegistryEntry, Retention,
+    ServedDigest, SharedHealth, StateBackend, StateError, StateStore,
 };
 use thiserror::Error;
 use tokio::runtime::{Handle, Runtime};
 
 use crate::{
-    EtcdClient, EtcdConfig, EtcdError, KeepAlive, Lease, LeaseId, ResyncOptions, ResyncWatch,
-    Swap, VersionedError,
+    EtcdClient, EtcdConfig, EtcdError, KeepAlive, Lease, LeaseId, ResyncOptions, ResyncWatch, Swap,
+    VersionedError,
 };
 use records::{BLOCKLIST, DIGESTS, FACTS, KEYS, REGISTRY, RegistryRecord};
 
@@ -266,6 +266,9 @@ struct DigestLease {
     last: Option<ServedDigest>,
 }
 
+/// Object id -> (accepted version, digest): the registry as the registry watch last saw it.
+pub(crate) type RegistryMirror = HashMap<String, (u64, [u8; 32])>;
+
 /// What the tasks, the watch handlers and the calls share.
 pub(crate) struct Core {
     client: EtcdClient,
@@ -279,7 +282,7 @@ pub(crate) struct Core {
     /// Whether an engine follows the changes (then queued blocks wait for it).
     following: AtomicBool,
     /// Object id -> (version, digest), once the registry watch has read it.
-    registry: RwLock<Option<HashMap<String, (u64, [u8; 32])>>>,
+    registry: RwLock<Option<RegistryMirror>>,
     facts: Mutex<HashMap<String, FactsLease>>,
     digest: Mutex<DigestLease>,
     outbox: Mutex<BTreeMap<String, Queued>>,
@@ -570,7 +573,7 @@ impl Core {
         });
     }
 
-    pub(crate) fn set_registry_mirror(&self, mirror: HashMap<String, (u64, [u8; 32])>) {
+    pub(crate) fn set_registry_mirror(&self, mirror: RegistryMirror) {
         *self
             .registry
             .write()
@@ -882,9 +885,10 @@ impl StateBackend for EtcdState {
     fn key_record(&self, id: &str) -> Result<Option<(Vec<u8>, u64)>, StateError> {
         let client = self.core.client.clone();
         let key = format!("{KEYS}{id}");
-        let (entry, _) = self.run("reading key metadata", async move {
-            client.get(&key).await
-        })?;
+        let (entry, _) = self.run(
+            "reading key metadata",
+            async move { client.get(&key).await },
+        )?;
         Ok(entry.map(|e| (e.value, u64::try_from(e.mod_revision).unwrap_or(0))))
     }
 
@@ -939,9 +943,10 @@ impl StateBackend for EtcdState {
 
     fn key_ids(&self) -> Result<Vec<String>, StateError> {
         let client = self.core.client.clone();
-        let listing = self.run("listing key metadata", async move {
-            client.list(KEYS).await
-        })?;
+        let listing = self.run(
+            "listing key metadata",
+            async move { client.list(KEYS).await },
+        )?;
         Ok(listing
             .entries
             .into_iter()
@@ -1005,9 +1010,10 @@ impl StateBackend for EtcdState {
 
     fn node_facts(&self) -> Result<Vec<NodeFacts>, StateError> {
         let client = self.core.client.clone();
-        let listing = self.run("reading node facts", async move {
-            client.list(FACTS).await
-        })?;
+        let listing = self.run(
+            "reading node facts",
+            async move { client.list(FACTS).await },
+        )?;
         listing
             .entries
             .iter()
@@ -1072,9 +1078,10 @@ impl StateBackend for EtcdState {
         let bytes = self.encode("encoding a block record", record)?;
         let client = self.core.client.clone();
         let key = format!("{BLOCKLIST}{node}");
-        let revision = self.run("blocking a node", async move {
-            client.put(&key, bytes).await
-        })?;
+        let revision = self.run(
+            "blocking a node",
+            async move { client.put(&key, bytes).await },
+        )?;
         Ok(Some(u64::try_from(revision).unwrap_or(0)))
     }
 
@@ -1087,9 +1094,10 @@ impl StateBackend for EtcdState {
         }
         let client = self.core.client.clone();
         let key = format!("{BLOCKLIST}{node}");
-        let deleted = self.run("unblocking a node", async move {
-            client.delete(&key).await
-        })?;
+        let deleted = self.run(
+            "unblocking a node",
+            async move { client.delete(&key).await },
+        )?;
         Ok((
             deleted.existed,
             Some(u64::try_from(deleted.revision).unwrap_or(0)),

@@ -341,7 +341,9 @@ pub(crate) async fn blocked_nodes(State(state): State<AppState>) -> Json<Value> 
 /// `GET /v1/cluster/digests`: the policy digest every process reported serving, newest
 /// first, with the processes whose digest differs from the newest one (a rollout they
 /// have not taken, or a rejected reload) listed as lagging.
-pub(crate) async fn cluster_digests(State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
+pub(crate) async fn cluster_digests(
+    State(state): State<AppState>,
+) -> Result<Json<Value>, ApiError> {
     let Some(store) = state.engine().state().cloned() else {
         return Err(ApiError::Unavailable(
             "no state store: digests are reported to [integrity] state_dir or [state] etcd".into(),

@@ -234,7 +234,10 @@ impl StateConfig {
             ("request_timeout_ms", self.request_timeout_ms),
             ("retry_budget_ms", self.retry_budget_ms),
             ("progress_interval_ms", self.progress_interval_ms),
-            ("resync_after_disconnect_ms", self.resync_after_disconnect_ms),
+            (
+                "resync_after_disconnect_ms",
+                self.resync_after_disconnect_ms,
+            ),
             ("read_your_writes_ms", self.read_your_writes_ms),
             ("stale_after_ms", self.stale_after_ms),
             ("process_ttl_seconds", self.process_ttl_seconds),

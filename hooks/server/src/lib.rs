@@ -250,9 +250,10 @@ impl AppState {
     /// `[state] stale_after_ms`. Decisions keep serving from the last state heard.
     fn state_warnings(&self, health: &probity::state::SharedHealth, out: &mut Vec<String>) {
         let limit = self.config().state.stale_after();
-        let age = health
-            .since_last_heard
-            .map_or_else(|| "never heard from".to_owned(), |d| format!("last heard from {:.1} s ago", d.as_secs_f64()));
+        let age = health.since_last_heard.map_or_else(
+            || "never heard from".to_owned(),
+            |d| format!("last heard from {:.1} s ago", d.as_secs_f64()),
+        );
         if !health.connected || health.since_last_heard.is_none_or(|d| d > limit) {
             out.push(format!(
                 "shared state ({}) is unreachable or stale ({age}): decisions serve from the last state heard{}",

@@ -95,13 +95,15 @@ fn load_engine(config: &Config) -> Result<Engine, ServeError> {
             detail,
         };
         let store: Arc<dyn probity::state::StateBackend> = match config.state.backend {
-            StateBackendKind::Redb => Arc::new(
-                probity::state::StateStore::open(dir).map_err(|e| bad(e.to_string()))?,
-            ),
+            StateBackendKind::Redb => {
+                Arc::new(probity::state::StateStore::open(dir).map_err(|e| bad(e.to_string()))?)
+            }
             StateBackendKind::Etcd => Arc::new(open_etcd(config, dir).map_err(bad)?),
         };
         tracing::info!(state = %store.describe(), "state attached");
-        engine.attach_state(store).map_err(|e| bad(error_chain(&e)))?;
+        engine
+            .attach_state(store)
+            .map_err(|e| bad(error_chain(&e)))?;
     }
     if let Some(path) = &config.policies.entities {
         let bad = |detail: String| ServeError::Entities {
@@ -167,8 +169,7 @@ fn open_etcd(config: &Config, dir: &Path) -> Result<probity_etcd::EtcdState, Str
         .with_read_your_writes(s.read_your_writes())
         .with_process_ttl(Duration::from_secs(s.process_ttl_seconds))
         .with_resync(
-            ResyncOptions::default()
-                .with_resync_after_disconnect(ms(s.resync_after_disconnect_ms)),
+            ResyncOptions::default().with_resync_after_disconnect(ms(s.resync_after_disconnect_ms)),
         );
     EtcdState::open(etcd, dir, options).map_err(|e| error_chain(&e))
 }

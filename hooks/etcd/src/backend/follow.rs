@@ -64,7 +64,10 @@ impl WatchHandler for BlocklistHandler {
 /// The blocked node a `blocklist/` entry stands for. A record that does not decode still
 /// blocks: the key's presence is the block.
 pub(super) fn blocked_node(entry: &Entry) -> Option<BlockedNode> {
-    let node = entry.key.strip_prefix(BLOCKLIST).filter(|n| !n.is_empty())?;
+    let node = entry
+        .key
+        .strip_prefix(BLOCKLIST)
+        .filter(|n| !n.is_empty())?;
     let record = decode_block(&entry.value).unwrap_or_else(|e| {
         tracing::error!(key = %entry.key, mod_revision = entry.mod_revision, error = %e,
             "unreadable block record in etcd; the node counts as blocked");

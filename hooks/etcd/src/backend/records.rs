@@ -182,7 +182,11 @@ mod tests {
         let bytes = serde_json::to_vec(&small).unwrap();
         let entry = decode_registry(&bytes).unwrap();
         assert_eq!(
-            (entry.version, entry.digest, entry.signed_manifest.as_slice()),
+            (
+                entry.version,
+                entry.digest,
+                entry.signed_manifest.as_slice()
+            ),
             (7, [0xab; 32], &b"manifest"[..])
         );
         let head = crate::VersionHead::parse(&bytes).unwrap();
@@ -198,14 +202,12 @@ mod tests {
     fn record_errors_say_where_and_what() {
         let err = decode_registry(b"{\"version\": 1,\n \"digest\": \"zz\"}").unwrap_err();
         assert!(
-            err.to_string().starts_with("field digest: not 64 hex digits"),
+            err.to_string()
+                .starts_with("field digest: not 64 hex digits"),
             "{err}"
         );
         let err = decode_block(b"{\n  \"reason\": 5}").unwrap_err();
-        assert!(
-            matches!(err, RecordError::Json { line: 2, .. }),
-            "{err:?}"
-        );
+        assert!(matches!(err, RecordError::Json { line: 2, .. }), "{err:?}");
         let facts = br#"{"node":"n2","entities":[],"collected_at":1,"ttl_seconds":5}"#;
         let err = decode_facts("n1", facts).unwrap_err();
         assert_eq!(

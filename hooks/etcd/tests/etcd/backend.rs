@@ -274,7 +274,10 @@ fn a_queued_block_survives_a_restart_of_the_process() {
     engine
         .attach_state(Arc::clone(&state) as Arc<dyn StateBackend>)
         .unwrap();
-    assert!(engine.blocked_nodes().contains_key("gpu-q"), "in force at start");
+    assert!(
+        engine.blocked_nodes().contains_key("gpu-q"),
+        "in force at start"
+    );
     wait_for(WAIT, "the queued block reaches etcd", || {
         (etcd_blocklist(&rt, &etcd) == ["gpu-q"]).then_some(())
     });
@@ -340,17 +343,24 @@ fn concurrent_seals_of_one_object_have_one_winner_each_and_never_go_down() {
         handles.into_iter().map(|h| h.join().unwrap()).collect()
     });
     let mut last = 0;
-    for round in 0..rounds as usize {
-        let (x, y) = (&outcomes[0][round], &outcomes[1][round]);
+    for (round, (x, y)) in outcomes[0].iter().zip(&outcomes[1]).enumerate() {
         let wins = [x, y].iter().filter(|r| r.is_ok()).count();
         assert_eq!(wins, 1, "round {}: {x:?} / {y:?}", round + 1);
         for r in [x, y] {
             if let Err(e) = r {
-                assert!(e == "rollback" || e == "conflict", "round {}: {e}", round + 1);
+                assert!(
+                    e == "rollback" || e == "conflict",
+                    "round {}: {e}",
+                    round + 1
+                );
             }
         }
         let stored = sealers[0].registry_entry("models/llama").unwrap().unwrap();
-        assert!(stored.version >= last, "went down from {last} to {}", stored.version);
+        assert!(
+            stored.version >= last,
+            "went down from {last} to {}",
+            stored.version
+        );
         last = stored.version;
     }
     assert_eq!(last, rounds);
@@ -384,7 +394,10 @@ fn node_entities(node: &str) -> Value {
 }
 
 fn cluster_entities() -> Value {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../testdata/entities/cluster.json");
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../testdata/entities/cluster.json"
+    );
     let all: Vec<Value> = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
     Value::Array(
         all.into_iter()
@@ -423,7 +436,10 @@ fn facts_expire_with_their_publisher_and_the_node_becomes_stale_in_decisions() {
     let webhook = Peer::new(etcd.config(), Role::Webhook, "webhook:w");
     webhook.engine.upsert_entities(&cluster_entities()).unwrap();
     let sidecar_b = Peer::new(etcd.config(), sidecar("gpu-b1"), "sidecar:gpu-b1");
-    sidecar_b.engine.upsert_entities(&cluster_entities()).unwrap();
+    sidecar_b
+        .engine
+        .upsert_entities(&cluster_entities())
+        .unwrap();
     let agent_dir = tempfile::tempdir().unwrap();
     let agent = EtcdState::open(
         etcd.config(),
@@ -442,7 +458,12 @@ fn facts_expire_with_their_publisher_and_the_node_becomes_stale_in_decisions() {
         "judged on its telemetry: {allowed:?}"
     );
     // A sidecar follows its own node's facts only.
-    assert!(sidecar_b.engine.entity(&probity::EntityUid::new("Node", "gpu-a1").unwrap()).is_none());
+    assert!(
+        sidecar_b
+            .engine
+            .entity(&probity::EntityUid::new("Node", "gpu-a1").unwrap())
+            .is_none()
+    );
     assert_eq!(agent.node_facts().unwrap().len(), 1);
 
     // Publishing every half TTL keeps them alive well past it.
@@ -458,7 +479,10 @@ fn facts_expire_with_their_publisher_and_the_node_becomes_stale_in_decisions() {
         let d = webhook.engine.decide(&comply("gpu-a1"));
         (!d.is_allowed()).then_some(d)
     });
-    assert_eq!(stale.reasons[0].policy, "thermal.telemetry-unreadable", "{stale:?}");
+    assert_eq!(
+        stale.reasons[0].policy, "thermal.telemetry-unreadable",
+        "{stale:?}"
+    );
     assert!(stale.reasons[0].message.contains("agent"), "{stale:?}");
     assert_eq!(stale.obligations[0].kind, "alert");
     assert!(agent.node_facts().unwrap().is_empty());
@@ -466,7 +490,11 @@ fn facts_expire_with_their_publisher_and_the_node_becomes_stale_in_decisions() {
     // Fresh facts judge it again; then the agent dies: its lease expires.
     agent.publish_facts(&facts("gpu-a1", 2)).unwrap();
     wait_for(WAIT, "fresh facts judge the node again", || {
-        webhook.engine.decide(&comply("gpu-a1")).is_allowed().then_some(())
+        webhook
+            .engine
+            .decide(&comply("gpu-a1"))
+            .is_allowed()
+            .then_some(())
     });
     drop(agent);
     let gone = wait_for(WAIT, "the dead agent's facts expire", || {
@@ -495,7 +523,10 @@ fn a_sidecar_follows_its_own_nodes_facts() {
     agent.publish_facts(&facts("gpu-a10", 30)).unwrap();
     agent.publish_facts(&facts("gpu-a1", 2)).unwrap();
     wait_for(WAIT, "the sidecar has its node's facts", || {
-        peer.engine.decide(&comply("gpu-a1")).is_allowed().then_some(())
+        peer.engine
+            .decide(&comply("gpu-a1"))
+            .is_allowed()
+            .then_some(())
     });
     assert!(
         peer.engine
@@ -524,7 +555,10 @@ fn a_watch_behind_a_compaction_recovers_by_a_full_read() {
     let follower = Peer::new(config, Role::Webhook, "webhook:f");
     let writer = Peer::new(etcd.config(), Role::Webhook, "webhook:w");
     for i in 0..20 {
-        writer.engine.block_node(&format!("n{i:02}"), "before").unwrap();
+        writer
+            .engine
+            .block_node(&format!("n{i:02}"), "before")
+            .unwrap();
     }
     wait_for(WAIT, "the follower has the first 20", || {
         (follower.blocked().len() == 20).then_some(())
@@ -537,7 +571,10 @@ fn a_watch_behind_a_compaction_recovers_by_a_full_read() {
         }
     }
     for i in 20..50 {
-        writer.engine.block_node(&format!("n{i:02}"), "while cut off").unwrap();
+        writer
+            .engine
+            .block_node(&format!("n{i:02}"), "while cut off")
+            .unwrap();
     }
     rt.block_on(async {
         let client = etcd.client("/probity/").await;
@@ -564,7 +601,9 @@ fn etcd_down_then_back_state_ages_decisions_serve_and_no_block_is_lost() {
     rt.block_on(etcd.wait_healthy(None));
     let config = etcd.config().with_retry_budget(Duration::from_millis(800));
     let peer = Peer::new(config, Role::Webhook, "webhook:p");
-    peer.engine.block_node("gpu-down", "before the outage").unwrap();
+    peer.engine
+        .block_node("gpu-down", "before the outage")
+        .unwrap();
     let listen = Request::from_json_slice(
         br#"{"principal": "Node::\"gpu-down\"", "action": "listen", "resource": "Node::\"gpu-down\"",
              "context": {"port": 22, "protocol": "tcp"}}"#,
@@ -613,7 +652,10 @@ fn three_members_lose_a_follower_quietly_and_the_leader_only_for_an_election() {
 
     etcd.stop(follower, Signal::KILL);
     for i in 0..10 {
-        writer.engine.block_node(&format!("n-f{i}"), "follower down").unwrap();
+        writer
+            .engine
+            .block_node(&format!("n-f{i}"), "follower down")
+            .unwrap();
     }
     wait_for(WAIT, "the reader follows through a dead follower", || {
         (reader.blocked().len() == 11).then_some(())
@@ -639,7 +681,10 @@ fn three_members_lose_a_follower_quietly_and_the_leader_only_for_an_election() {
         written.ok()
     });
     wait_for(WAIT, "and reach the reader", || {
-        reader.blocked().contains(&"n-after".to_owned()).then_some(())
+        reader
+            .blocked()
+            .contains(&"n-after".to_owned())
+            .then_some(())
     });
     assert!(!reader.engine.decide(&listen).is_allowed());
     eprintln!("writes refused during the election: {refused}");
@@ -664,7 +709,9 @@ fn a_long_disconnection_ends_in_a_full_read() {
     let follower = Peer::with_options(config, options);
     let writer = Peer::new(etcd.config(), Role::Webhook, "webhook:w");
     writer.engine.block_node("a", "x").unwrap();
-    wait_for(WAIT, "followed", || (follower.blocked() == ["a"]).then_some(()));
+    wait_for(WAIT, "followed", || {
+        (follower.blocked() == ["a"]).then_some(())
+    });
     proxy.cut();
     writer.engine.unblock_node("a").unwrap();
     writer.engine.block_node("b", "y").unwrap();

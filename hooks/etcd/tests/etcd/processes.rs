@@ -153,7 +153,9 @@ impl Drop for Serve {
             loop {
                 match child.try_wait() {
                     Ok(Some(_)) => return,
-                    Ok(None) if Instant::now() < end => std::thread::sleep(Duration::from_millis(20)),
+                    Ok(None) if Instant::now() < end => {
+                        std::thread::sleep(Duration::from_millis(20))
+                    }
                     _ => {
                         let _ = child.kill();
                         let _ = child.wait();
@@ -238,10 +240,10 @@ fn blocks_made_through_one_servers_api_are_in_force_in_the_other() {
     let stale = wait_for(WAIT, "readiness warns that the state is stale", || {
         let (status, v) = b.request("GET", "/readyz", "");
         assert_eq!(status, 200, "{v}");
-        let warned = v["warnings"]
-            .as_array()?
-            .iter()
-            .any(|w| w.as_str().is_some_and(|w| w.contains("unreachable or stale")));
+        let warned = v["warnings"].as_array()?.iter().any(|w| {
+            w.as_str()
+                .is_some_and(|w| w.contains("unreachable or stale"))
+        });
         let aged = v["state"]["since_last_heard_seconds"].as_f64()? > 2.0;
         (warned && aged).then_some(v)
     });

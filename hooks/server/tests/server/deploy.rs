@@ -316,11 +316,16 @@ fn sidecars_and_webhooks_reach_etcd_with_client_certificates_from_a_secret() {
                 file.display()
             );
             assert_eq!(
-                volume["secret"]["defaultMode"], 0o400,
+                volume["secret"]["defaultMode"],
+                0o400,
                 "{kind}: {} is not mode 0400",
                 file.display()
             );
-            assert!(mount_is_read_only(container, dir), "{kind}: {}", dir.display());
+            assert!(
+                mount_is_read_only(container, dir),
+                "{kind}: {}",
+                dir.display()
+            );
         }
         match role {
             StateRole::Sidecar => {
@@ -347,9 +352,7 @@ fn sidecars_and_webhooks_reach_etcd_with_client_certificates_from_a_secret() {
         }
         // Whatever the flags add, the file alone must be a configuration that starts.
         config.server.socket = std::path::PathBuf::from("/run/probity/lint.sock");
-        config
-            .validate()
-            .unwrap_or_else(|e| panic!("{kind}: {e}"));
+        config.validate().unwrap_or_else(|e| panic!("{kind}: {e}"));
         // The state directory is mounted writable.
         let dir = config.integrity.state_dir.clone().unwrap();
         let volume = mounted_volume(spec, container, &dir)
@@ -363,7 +366,10 @@ fn the_sidecar_keeps_its_state_on_the_host_so_verify_works_out_of_the_box() {
     let docs = documents();
     let (spec, container, config) = served_config(&docs, "DaemonSet");
     let i = &config.integrity;
-    let dir = i.state_dir.clone().expect("the sidecar has a state directory");
+    let dir = i
+        .state_dir
+        .clone()
+        .expect("the sidecar has a state directory");
     let volume = mounted_volume(spec, container, &dir).unwrap();
     // Not an emptyDir: it would go with the pod, and with it unforwarded decision
     // records and blocks that have not reached etcd.
