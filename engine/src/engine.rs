@@ -1183,6 +1183,11 @@ impl Engine {
     /// against the one the store remembers first, and remembered: a set older than one
     /// this store saw loaded is refused ([`crate::state::StateError::Rollback`]) and
     /// nothing is attached.
+    ///
+    /// A shared backend ([`StateBackend::is_shared`], etcd) is followed from then on:
+    /// every change it reports ([`StateBackend::changes`]: blocks and unblocks, this
+    /// engine's own included, and node facts) is applied to the snapshot in the
+    /// backend's order, on a thread of its own.
     pub fn attach_state(&self, state: Arc<dyn StateBackend>) -> Result<(), EntityError> {
         if let Some(seal) = self.shared.current.load().bundle.seal.clone() {
             let id = seal.seal.registry_id();
@@ -1190,7 +1195,9 @@ impl Engine {
                 .accept(&id, seal.seal.version(), &seal.digest, &seal.encoded)
                 .map_err(EntityError::State)?;
         }
-        let blocked = state.blocked_nodes().map_err(EntityError::State)?;
+        let mut blocked = state.blocked_nodes().map_err(EntityError::State)?;
+        // Blocks of an earlier run that never reached a shared store are in force.
+        blocked.extend(state.unshared_blocks());
         // The log starts before the store counts as attached, so no decision made with
         // the store attached goes unrecorded; a losing second call drops (and joins)
         // its own log.
@@ -1228,69 +1235,210 @@ impl Engine {
         Ok(())
     }
 
-    /// Applies changes other processes made to a shared backend, in the order it
-    /// reports them, until the backend or the engine goes away.
+    /// Applies the changes a shared backend reports, batch by batch in its order, until
+    /// the backend or the engine goes away.
     fn follow(
         &self,
-        rx: std::sync::mpsc::Receiver<crate::state::StateChange>,
+        rx: std::sync::mpsc::Receiver<crate::state::ChangeBatch>,
     ) -> std::io::Result<()> {
-        use crate::state::StateChange;
         let shared = Arc::downgrade(&self.shared);
         std::thread::Builder::new()
             .name("probity-state-changes".into())
             .spawn(move || {
-                while let Ok(change) = rx.recv() {
+                while let Ok(batch) = rx.recv() {
                     let Some(shared) = shared.upgrade() else {
                         return;
                     };
-                    let engine = Engine { shared };
-                    let result = match change {
-                        StateChange::Blocked(b) => {
-                            engine.write(Box::new(move |w: &mut Working| {
-                                let mut map = BTreeMap::clone(&w.blocked);
-                                map.insert(b.node, b.record);
-                                w.blocked = Arc::new(map);
-                                w.changed = true;
-                                Ok(1)
-                            }))
-                        }
-                        StateChange::Unblocked(node) => {
-                            engine.write(Box::new(move |w: &mut Working| {
-                                let mut map = BTreeMap::clone(&w.blocked);
-                                w.changed |= map.remove(&node).is_some();
-                                w.blocked = Arc::new(map);
-                                Ok(1)
-                            }))
-                        }
-                        StateChange::Resync(all) => {
-                            engine.write(Box::new(move |w: &mut Working| {
-                                w.blocked =
-                                    Arc::new(all.into_iter().map(|b| (b.node, b.record)).collect());
-                                w.changed = true;
-                                Ok(1)
-                            }))
-                        }
-                        StateChange::Facts(facts) => match &facts.entities {
-                            Value::Array(items) => engine.upsert_items(items),
-                            _ => Ok(0),
-                        },
-                        StateChange::FactsGone(_) => Ok(0),
-                    };
-                    if let Err(e) = result {
-                        // The shared state is still right; this process's view lags
-                        // until the next change or resync. Say so where it is seen.
-                        eprintln!(
-                            "probity: a change from the shared state could not be applied: {e}"
-                        );
-                    }
+                    Engine { shared }.apply_changes(batch);
                 }
             })
             .map(|_| ())
     }
 
+    /// Applies one batch: its blocklist changes in one snapshot write (so decisions see
+    /// the batch whole), then the last word on each node's facts; then tells the backend
+    /// the batch is applied, which releases writers waiting to read their own writes.
+    fn apply_changes(&self, mut batch: crate::state::ChangeBatch) {
+        use crate::state::StateChange;
+        let mut blocklist = Vec::new();
+        // The last change per node wins: facts published then expired are gone.
+        let mut facts: Vec<(String, Option<crate::state::NodeFacts>)> = Vec::new();
+        let mut at: HashMap<String, usize> = HashMap::new();
+        for change in std::mem::take(&mut batch.changes) {
+            let (node, value) = match change {
+                StateChange::Facts(f) => (f.node.clone(), Some(f)),
+                StateChange::FactsGone(node) => (node, None),
+                other => {
+                    blocklist.push(other);
+                    continue;
+                }
+            };
+            match at.get(&node) {
+                Some(&i) => {
+                    if let Some(slot) = facts.get_mut(i) {
+                        slot.1 = value;
+                    }
+                }
+                None => {
+                    at.insert(node.clone(), facts.len());
+                    facts.push((node, value));
+                }
+            }
+        }
+        let mut problems = Vec::new();
+        if !blocklist.is_empty() {
+            let state = self.shared.state.get().cloned();
+            let result = self.write(Box::new(move |w: &mut Working| {
+                let mut map = BTreeMap::clone(&w.blocked);
+                for change in blocklist {
+                    match change {
+                        StateChange::Blocked(b) => {
+                            map.insert(b.node, b.record);
+                        }
+                        StateChange::Unblocked(node) => {
+                            map.remove(&node);
+                        }
+                        StateChange::Resync(all) => {
+                            map = all.into_iter().map(|b| (b.node, b.record)).collect();
+                        }
+                        StateChange::Facts(_) | StateChange::FactsGone(_) => {}
+                    }
+                }
+                // A block not yet shared stays in force whatever the shared list says.
+                // Read here, inside the write, so a block queued meanwhile is kept.
+                for b in state.iter().flat_map(|s| s.unshared_blocks()) {
+                    map.entry(b.node).or_insert(b.record);
+                }
+                w.blocked = Arc::new(map);
+                w.changed = true;
+                Ok(1)
+            }));
+            if let Err(e) = result {
+                problems.push(format!("the blocklist: {e}"));
+            }
+        }
+        if !facts.is_empty() {
+            self.apply_facts(facts, &mut problems);
+        }
+        for p in problems {
+            // The shared state is still right; this process's view of it lags until
+            // the next change or resync. Say so where it is seen.
+            eprintln!("probity: a change from the shared state could not be applied to {p}");
+        }
+        batch.acknowledge();
+    }
+
+    /// Upserts the nodes' published facts (one write for all of them, or node by node
+    /// if one is refused, so one agent's bad facts hold back no other node's) and marks
+    /// the nodes whose facts are gone.
+    fn apply_facts(
+        &self,
+        facts: Vec<(String, Option<crate::state::NodeFacts>)>,
+        problems: &mut Vec<String>,
+    ) {
+        let node_type = self
+            .shared
+            .current
+            .load()
+            .bundle
+            .blocklist
+            .as_ref()
+            .map(|(t, a)| (t.clone(), a.clone()));
+        let mut published: Vec<(String, Vec<Value>)> = Vec::new();
+        for (node, value) in facts {
+            match value {
+                Some(f) => match f.entities {
+                    Value::Array(mut items) => {
+                        // The blocklist owns `blocked`: an agent's claim is dropped, not
+                        // allowed to hold back the node's other facts.
+                        if let Some((ty, attr)) = &node_type {
+                            for item in &mut items {
+                                let of_type = item
+                                    .get("uid")
+                                    .and_then(|u| store::parse_uid(u).ok())
+                                    .is_some_and(|u| u.entity_type() == ty);
+                                if of_type
+                                    && let Some(attrs) =
+                                        item.get_mut("attrs").and_then(Value::as_object_mut)
+                                {
+                                    attrs.remove(attr.as_str());
+                                }
+                            }
+                        }
+                        published.push((node, items));
+                    }
+                    _ => problems.push(format!("the facts of {node}: not a JSON array")),
+                },
+                None => {
+                    if let Err(e) = self.mark_facts_gone(&node) {
+                        problems.push(format!("the expiry of {node}'s facts: {e}"));
+                    }
+                }
+            }
+        }
+        if published.is_empty() {
+            return;
+        }
+        let all: Vec<Value> = published
+            .iter()
+            .flat_map(|(_, items)| items.iter().cloned())
+            .collect();
+        if self.upsert_items(&all).is_err() {
+            for (node, items) in &published {
+                if let Err(e) = self.upsert_items(items) {
+                    problems.push(format!("the facts of {node}: {e}"));
+                }
+            }
+        }
+    }
+
+    /// A node's published facts expired (its agent stopped renewing them): what the
+    /// store holds about it is no longer current. Unknown is a finding, so the node
+    /// stays, with [`STALE_FACTS_SOURCE`](crate::state::STALE_FACTS_SOURCE) added to its `unreadable` sources: the
+    /// policies then treat its telemetry as unreadable (`thermal.telemetry-unreadable`
+    /// denies `comply` and `schedule`, with an alert), and every other rule still sees
+    /// the node (its zone, its block). Removing it instead would make it merely absent,
+    /// which admission can be configured to let through. A policy set whose node type
+    /// has no `unreadable` attribute gets the node removed. Fresh facts replace the mark.
+    fn mark_facts_gone(&self, node: &str) -> Result<(), EntityError> {
+        let snapshot = self.shared.current.load_full();
+        let Some((ty, attr)) = snapshot.bundle.blocklist.clone() else {
+            return Ok(());
+        };
+        let uid = EntityUID::from_components(ty, ast::Eid::new(node), None);
+        let Some(stored) = snapshot.store.get(&uid) else {
+            // Nothing is known about it: nothing claims to be current.
+            return Ok(());
+        };
+        let mut json = store::to_json(&uid, stored, None);
+        if let Some(attrs) = json.get_mut("attrs").and_then(Value::as_object_mut) {
+            attrs.remove(attr.as_str());
+            let mut sources = match attrs.get("unreadable") {
+                Some(Value::Array(a)) => a.clone(),
+                _ => Vec::new(),
+            };
+            if !sources
+                .iter()
+                .any(|s| s == crate::state::STALE_FACTS_SOURCE)
+            {
+                sources.push(Value::from(crate::state::STALE_FACTS_SOURCE));
+            }
+            attrs.insert("unreadable".into(), Value::Array(sources));
+        }
+        match self.upsert_items(std::slice::from_ref(&json)) {
+            Ok(_) => Ok(()),
+            Err(_) => self.remove_entities(&[EntityUid(uid.into())]),
+        }
+    }
+
     /// The attached state store, if any.
     pub fn state(&self) -> Option<&Arc<dyn StateBackend>> {
         self.shared.state.get()
+    }
+
+    /// The attached store, if it is shared between processes.
+    fn shared_state(&self) -> Option<Arc<dyn StateBackend>> {
+        self.shared.state.get().filter(|s| s.is_shared()).cloned()
     }
 
     /// Blocks a node: every decision about it is denied (the policies see its
@@ -1299,8 +1447,28 @@ impl Engine {
     /// reason and time and adds this one to the record's history. With a state store
     /// attached, the block is durable before it takes effect in memory, and both
     /// happen in one write, so memory never disagrees with the store.
+    ///
+    /// With a shared store (etcd), the block is written there and takes effect here
+    /// when this engine's watch applies it, in the store's order with every other
+    /// process's writes; the call waits for that (the backend's read-your-writes bound,
+    /// 5 s by default). If the write fails, nothing changes here and the error is
+    /// returned. If the write lands but the watch lags past the bound, the block takes
+    /// effect here at once (it is in the store; the watch delivers it again, in order).
     pub fn block_node(&self, node_id: &str, reason: &str) -> Result<(), EntityError> {
         validate_node_id(node_id)?;
+        if let Some(state) = self.shared_state() {
+            let record = self.block_record(node_id, reason);
+            let revision = state
+                .put_block_at(node_id, &record)
+                .map_err(EntityError::State)?;
+            return match revision.map(|r| state.await_applied(r)) {
+                Some(Ok(())) => Ok(()),
+                Some(Err(crate::state::StateError::NotYetApplied { .. })) | None => {
+                    self.set_blocked(node_id, Some(record))
+                }
+                Some(Err(e)) => Err(EntityError::State(e)),
+            };
+        }
         let node = node_id.to_owned();
         let reason = reason.to_owned();
         let state = self.shared.state.get().cloned();
@@ -1324,9 +1492,41 @@ impl Engine {
         .map(|_| ())
     }
 
-    /// Lifts a block set by [`Engine::block_node`]; durable first, like a block.
+    /// Blocks a node here at once, whatever the shared store can take now: for a node
+    /// that failed verification, whose block must not wait for the network. With a
+    /// shared store the block is in force in this engine before this returns, flagged
+    /// as not yet shared ([`StateBackend::unshared_blocks`]), and the backend writes it
+    /// in the background, retrying until it lands (it keeps the queue in its state
+    /// directory, so a restart does not lose it); until then every change the watch
+    /// applies leaves it in force. Without a shared store this is
+    /// [`Engine::block_node`].
+    pub fn block_node_now(&self, node_id: &str, reason: &str) -> Result<(), EntityError> {
+        validate_node_id(node_id)?;
+        let Some(state) = self.shared_state() else {
+            return self.block_node(node_id, reason);
+        };
+        let record = self.block_record(node_id, reason);
+        // Queued first, so that a watch change applied between the two steps keeps it.
+        let queued = state.queue_block(node_id, &record);
+        self.set_blocked(node_id, Some(record))?;
+        queued.map_err(EntityError::State)
+    }
+
+    /// Lifts a block set by [`Engine::block_node`]; durable first, like a block. With
+    /// a shared store, the call waits until this engine's watch has applied the
+    /// unblock; past the bound it returns [`crate::state::StateError::NotYetApplied`]
+    /// and the node stays blocked here until the watch catches up (failing closed). A
+    /// block that never reached the shared store is dropped from its queue.
     pub fn unblock_node(&self, node_id: &str) -> Result<(), EntityError> {
         validate_node_id(node_id)?;
+        if let Some(state) = self.shared_state() {
+            let (existed, revision) = state.unblock_node_at(node_id).map_err(EntityError::State)?;
+            return match revision.filter(|_| existed) {
+                Some(r) => state.await_applied(r).map_err(EntityError::State),
+                // Not in the shared store: at most an unshared block of this process.
+                None => self.set_blocked(node_id, None),
+            };
+        }
         let node = node_id.to_owned();
         let state = self.shared.state.get().cloned();
         self.write(Box::new(move |w: &mut Working| {
@@ -1335,6 +1535,36 @@ impl Engine {
             }
             let mut map = BTreeMap::clone(&w.blocked);
             map.remove(&node);
+            w.blocked = Arc::new(map);
+            w.changed = true;
+            Ok(1)
+        }))
+        .map(|_| ())
+    }
+
+    /// The record a block of `node` gets now: a new one, or the node's current record
+    /// with this block in its history.
+    fn block_record(&self, node: &str, reason: &str) -> BlockRecord {
+        let now = u64::try_from(self.shared.clock.now_unix()).unwrap_or(0);
+        match self.shared.current.load().blocked.get(node) {
+            Some(existing) => existing.clone().blocked_again(reason, now),
+            None => BlockRecord::new(reason, now),
+        }
+    }
+
+    /// Sets (`Some`) or lifts (`None`) a block in memory only.
+    fn set_blocked(&self, node: &str, record: Option<BlockRecord>) -> Result<(), EntityError> {
+        let node = node.to_owned();
+        self.write(Box::new(move |w: &mut Working| {
+            let mut map = BTreeMap::clone(&w.blocked);
+            match record {
+                Some(r) => {
+                    map.insert(node, r);
+                }
+                None => {
+                    map.remove(&node);
+                }
+            }
             w.blocked = Arc::new(map);
             w.changed = true;
             Ok(1)

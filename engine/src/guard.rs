@@ -88,7 +88,7 @@ impl Engine {
                 Err(e) => format!("{reason}: {e}"),
                 Ok(_) => reason.clone(),
             };
-            if let Err(e) = self.block_node(uid.id(), &detail) {
+            if let Err(e) = self.block_node_now(uid.id(), &detail) {
                 decision.errors.push(DecisionError {
                     policy: Some(obligation.policy.clone()),
                     message: format!("could not block {target}: {e}"),

@@ -1,8 +1,15 @@
 //! Durable state: the [`StateBackend`] trait that everything durable goes through
 //! (manifest registry, blocklist, event and decision logs, key metadata, node facts,
 //! served policy digests), and [`StateStore`], its embedded implementation on redb
-//! under a state directory (one machine). A cluster-wide implementation on etcd lives
-//! with the server, which knows the network.
+//! under a state directory (one machine). The cluster-wide implementation on etcd
+//! (`probity_etcd::EtcdState`) lives with the hooks, which know the network: the engine
+//! sees it through this trait only.
+//!
+//! A shared backend ([`StateBackend::is_shared`]) is written by many processes. Its
+//! changes reach every engine through [`StateBackend::changes`], in the backend's order,
+//! and an engine's own writes reach its memory the same way (read-your-writes: it waits
+//! until [`StateBackend::await_applied`] says the watch has applied them), so memory
+//! never disagrees with the shared store and every process applies writes in one order.
 //!
 //! Invariants:
 //! * the registry never goes back: a version lower than the accepted one is refused
@@ -74,6 +81,11 @@ pub struct LogUsage {
     /// The next sequence number to be given.
     pub next: u64,
 }
+
+/// The source a node's `unreadable` attribute names once the facts its agent published
+/// to a shared store expired ([`StateChange::FactsGone`]): the engine keeps the node and
+/// marks its telemetry stale, so the policies fail closed on it.
+pub const STALE_FACTS_SOURCE: &str = "agent";
 
 /// File name of the database inside the state directory.
 pub const STATE_FILE: &str = "state.redb";
@@ -152,6 +164,28 @@ pub enum StateError {
         /// Version.
         version: u64,
     },
+    /// A shared backend (etcd) failed or could not be reached.
+    #[error("shared state ({backend}) failed while {operation}")]
+    Shared {
+        /// What and where (`etcd http://10.0.0.5:2379 /probity/`).
+        backend: String,
+        /// What was being done.
+        operation: &'static str,
+        /// The backend's error (which endpoint, which key, whether it may have applied).
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// A change is durable in the shared backend, but this process's engine has not
+    /// applied it within the read-your-writes bound: its watch lags or is cut off.
+    #[error(
+        "the change is durable in the shared state (revision {revision}) but this process has not applied it within {waited:?}; it will once its watch catches up"
+    )]
+    NotYetApplied {
+        /// The backend's revision of the change.
+        revision: u64,
+        /// How long this process waited.
+        waited: std::time::Duration,
+    },
 }
 
 /// The registry entry of an object: the latest accepted version.
@@ -163,6 +197,20 @@ pub struct RegistryEntry {
     pub digest: [u8; 32],
     /// Its encoded signed manifest.
     pub signed_manifest: Vec<u8>,
+}
+
+impl RegistryEntry {
+    /// Checks that `version` with `digest` may be accepted over this entry: refuses a
+    /// lower version ([`StateError::Rollback`]) and another digest for this version
+    /// ([`StateError::DigestConflict`]).
+    pub fn admits(
+        &self,
+        object_id: &str,
+        version: u64,
+        digest: &[u8; 32],
+    ) -> Result<(), StateError> {
+        check_against(object_id, version, digest, self)
+    }
 }
 
 /// A blocked node.
@@ -249,8 +297,8 @@ pub struct ServedDigest {
     pub at: u64,
 }
 
-/// A change made by another process, which a backend shared between processes reports
-/// so that every engine applies it to its own snapshot, in order.
+/// A change to shared state, which a backend shared between processes reports so that
+/// every engine applies it to its own snapshot, in order (its own writes included).
 #[derive(Debug, Clone, PartialEq)]
 pub enum StateChange {
     /// A node was blocked (or its record changed).
@@ -259,15 +307,81 @@ pub enum StateChange {
     Unblocked(String),
     /// A node's published facts changed.
     Facts(NodeFacts),
-    /// A node's facts expired or were removed.
+    /// A node's facts expired (its agent stopped renewing them) or were removed: what the
+    /// engine holds about it is no longer current.
     FactsGone(String),
     /// The backend lost track and read everything again: apply this whole blocklist.
     Resync(Vec<BlockedNode>),
 }
 
+/// Changes a shared backend delivers together, in its order. The follower applies them
+/// and then calls [`ChangeBatch::acknowledge`], which is what
+/// [`StateBackend::await_applied`] waits for.
+pub struct ChangeBatch {
+    /// The changes, in order.
+    pub changes: Vec<StateChange>,
+    ack: Option<Box<dyn FnOnce() + Send>>,
+}
+
+impl std::fmt::Debug for ChangeBatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ChangeBatch")
+            .field("changes", &self.changes)
+            .field("acknowledged_by", &self.ack.is_some())
+            .finish()
+    }
+}
+
+impl ChangeBatch {
+    /// Changes nobody waits for.
+    pub fn new(changes: Vec<StateChange>) -> Self {
+        Self { changes, ack: None }
+    }
+
+    /// Changes whose application `ack` is told of (the backend marks their revision
+    /// applied, releasing writers that wait to read their own writes).
+    pub fn with_ack(changes: Vec<StateChange>, ack: impl FnOnce() + Send + 'static) -> Self {
+        Self {
+            changes,
+            ack: Some(Box::new(ack)),
+        }
+    }
+
+    /// Says the changes are applied (visible to decisions). Call once, after applying,
+    /// whether or not applying succeeded: a change that could not be applied is logged
+    /// by the follower and will not be applied by waiting longer.
+    pub fn acknowledge(self) {
+        if let Some(ack) = self.ack {
+            ack();
+        }
+    }
+}
+
+/// How current a shared backend's view is, for readiness and metrics.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct SharedHealth {
+    /// What and where (`etcd http://... /probity/`).
+    pub backend: String,
+    /// Whether every watch is connected and the last request succeeded.
+    pub connected: bool,
+    /// Time since the stalest watch last heard from the backend (an event or a
+    /// progress notification); `None` before the first. Decisions are at most about
+    /// this stale with respect to changes other processes make.
+    pub since_last_heard: Option<std::time::Duration>,
+    /// The backend revision the engine has applied (of the blocklist).
+    pub applied_revision: u64,
+    /// Full reads after the first (after compactions and long disconnections).
+    pub resyncs: u64,
+    /// Blocks in force here that have not reached the shared store yet (a verification
+    /// failure while it was unreachable); retried until they land.
+    pub unshared_blocks: usize,
+    /// The last failure, if any (kept after recovery).
+    pub last_error: Option<String>,
+}
+
 /// Everything durable goes through this trait, so that one machine (the embedded
-/// [`StateStore`]) and a cluster (etcd, in `probity-server`) are interchangeable. A
-/// write returns once it is durable; a refusal (a rollback, a lost compare-and-swap)
+/// [`StateStore`]) and a cluster (etcd, `probity_etcd::EtcdState`) are interchangeable.
+/// A write returns once it is durable; a refusal (a rollback, a lost compare-and-swap)
 /// is an error and changes nothing. The decision and event logs stay with the
 /// process that wrote them (they are forwarded to the SIEM), whatever the backend.
 pub trait StateBackend: Send + Sync + std::fmt::Debug {
@@ -375,9 +489,57 @@ pub trait StateBackend: Send + Sync + std::fmt::Debug {
     /// What every process said it serves.
     fn served_digests(&self) -> Result<Vec<ServedDigest>, StateError>;
 
-    /// Changes made by other processes, for a backend shared between them; `None` for
-    /// a backend only this process writes.
-    fn changes(&self) -> Option<std::sync::mpsc::Receiver<StateChange>> {
+    /// Whether other processes write this backend too. An engine then applies every
+    /// blocklist change, its own included, from [`StateBackend::changes`] (see the
+    /// module docs); otherwise it writes its memory itself.
+    fn is_shared(&self) -> bool {
+        false
+    }
+
+    /// [`StateBackend::put_block`], returning the backend's revision of the write when
+    /// it is shared (`None` otherwise), for [`StateBackend::await_applied`].
+    fn put_block_at(&self, node: &str, record: &BlockRecord) -> Result<Option<u64>, StateError> {
+        self.put_block(node, record).map(|()| None)
+    }
+
+    /// [`StateBackend::unblock_node`], also returning the backend's revision of the
+    /// write when it is shared.
+    fn unblock_node_at(&self, node: &str) -> Result<(bool, Option<u64>), StateError> {
+        self.unblock_node(node).map(|was| (was, None))
+    }
+
+    /// Waits, within the backend's read-your-writes bound, until the follower of
+    /// [`StateBackend::changes`] has applied the blocklist up to `revision`;
+    /// [`StateError::NotYetApplied`] when the bound passes first.
+    fn await_applied(&self, revision: u64) -> Result<(), StateError> {
+        let _ = revision;
+        Ok(())
+    }
+
+    /// Makes a block that is already in force in this process durable as soon as the
+    /// backend can take it: queued (durably, where the backend can) and retried in the
+    /// background until it lands. For a block that must not wait for the network: a
+    /// node that failed verification is blocked here at once. A backend that is not
+    /// shared writes it at once.
+    fn queue_block(&self, node: &str, record: &BlockRecord) -> Result<(), StateError> {
+        self.put_block(node, record)
+    }
+
+    /// Blocks queued by [`StateBackend::queue_block`] that have not landed yet. An
+    /// engine keeps them in force whatever the shared blocklist says until they land.
+    fn unshared_blocks(&self) -> Vec<BlockedNode> {
+        Vec::new()
+    }
+
+    /// How current a shared backend's view is; `None` for one only this process writes.
+    fn shared_health(&self) -> Option<SharedHealth> {
+        None
+    }
+
+    /// Changes to shared state, in order, for a backend shared between processes;
+    /// `None` for a backend only this process writes. A backend feeds one follower:
+    /// the first call starts the watches, later calls return `None`.
+    fn changes(&self) -> Option<std::sync::mpsc::Receiver<ChangeBatch>> {
         None
     }
 }

@@ -4,8 +4,9 @@
 //! the node blocklist, the manifest registry (versions only go up), the facts node agents
 //! publish under a lease per node, key metadata, and the policy-set digest each process
 //! serves. Every Probity process watches the prefixes it needs and applies the changes in
-//! order. This crate is the etcd layer under the engine's state-backend trait; it knows
-//! nothing of the engine.
+//! order. The crate has two layers: the etcd client (everything but [`backend`], which
+//! knows nothing of the engine), and [`EtcdState`], the engine's
+//! [`probity::state::StateBackend`] built on it.
 //!
 //! What it promises, call by call:
 //!
@@ -19,6 +20,7 @@
 //! | [`EtcdClient::watch_prefix`] | events in revision order, once each, across reconnects; [`WatchMessage::Compacted`] when history is gone |
 //! | [`EtcdClient::watch_with_resync`] | a [`WatchHandler`] whose state always converges to etcd's, through compactions and outages |
 //! | [`EtcdClient::health`], [`WatchStatus`] | connected or not, and how long since etcd last answered |
+//! | [`EtcdState`] | the engine's state backend: blocklist, registry, key metadata, node facts and served digests in etcd, changes followed in order, read-your-writes for blocks (see [`backend`]) |
 //!
 //! Keys are strings relative to [`EtcdConfig::prefix`] (default `/probity/`): `put("blocklist/n7", ..)`
 //! writes `/probity/blocklist/n7`.
@@ -37,6 +39,7 @@
 //! # Ok(()) }
 //! ```
 
+pub mod backend;
 mod cas;
 mod client;
 mod config;
@@ -46,6 +49,10 @@ mod key;
 mod lease;
 mod watch;
 
+pub use backend::{
+    BackendError, CHANGES_CAPACITY, DEFAULT_OUTBOX_RETRY, DEFAULT_PROCESS_TTL,
+    DEFAULT_READ_YOUR_WRITES, EtcdState, EtcdStateOptions, Role,
+};
 pub use cas::{
     MAX_VERSIONED_LEN, MAX_VERSIONED_ROUNDS, Swap, VersionHead, VersionHeadError, VersionedError,
     VersionedWrite,

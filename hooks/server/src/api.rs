@@ -279,10 +279,13 @@ pub(crate) async fn block_node(
     let reason = parsed
         .reason
         .unwrap_or_else(|| format!("blocked through the API by {}", caller.0));
-    state
-        .engine()
-        .block_node(&node, &reason)
-        .map_err(|e| ApiError::BadRequest(e.to_string()))?;
+    let engine = state.engine().clone();
+    let (n, r) = (node.clone(), reason.clone());
+    // A shared store answers over the network and waits for this process's watch.
+    tokio::task::spawn_blocking(move || engine.block_node(&n, &r))
+        .await
+        .map_err(|_| ApiError::Internal)?
+        .map_err(state_change_error)?;
     tracing::warn!(caller = %caller.0, node = %node, reason = %reason, "node blocked");
     Ok(Json(
         json!({ "node": node, "blocked": true, "reason": reason }),
@@ -296,16 +299,77 @@ pub(crate) async fn unblock_node(
 ) -> Result<Json<Value>, ApiError> {
     let caller = caller(&ext);
     authorize(&state, &caller, "nodes", "unblock", Some(&node)).await?;
-    state
-        .engine()
-        .unblock_node(&node)
-        .map_err(|e| ApiError::BadRequest(e.to_string()))?;
+    let engine = state.engine().clone();
+    let n = node.clone();
+    tokio::task::spawn_blocking(move || engine.unblock_node(&n))
+        .await
+        .map_err(|_| ApiError::Internal)?
+        .map_err(state_change_error)?;
     tracing::warn!(caller = %caller.0, node = %node, "node unblocked");
     Ok(Json(json!({ "node": node, "blocked": false })))
 }
 
+/// A refused block or unblock: the state store failing is 503 (try again), a bad node
+/// name 400.
+fn state_change_error(e: probity::EntityError) -> ApiError {
+    match e {
+        probity::EntityError::State(inner) => {
+            // The caller acts on the cause (which endpoint, whether it may have applied).
+            let mut text = inner.to_string();
+            let mut cause = std::error::Error::source(&inner);
+            while let Some(c) = cause {
+                text.push_str(": ");
+                text.push_str(&c.to_string());
+                cause = c.source();
+            }
+            ApiError::Unavailable(text)
+        }
+        other => ApiError::BadRequest(other.to_string()),
+    }
+}
+
 pub(crate) async fn blocked_nodes(State(state): State<AppState>) -> Json<Value> {
-    Json(json!({ "nodes": state.engine().blocked_nodes() }))
+    // Blocks in force here that have not reached the shared store yet.
+    let unshared: Vec<String> = state
+        .engine()
+        .state()
+        .map(|s| s.unshared_blocks().into_iter().map(|b| b.node).collect())
+        .unwrap_or_default();
+    Json(json!({ "nodes": state.engine().blocked_nodes(), "unshared": unshared }))
+}
+
+/// `GET /v1/cluster/digests`: the policy digest every process reported serving, newest
+/// first, with the processes whose digest differs from the newest one (a rollout they
+/// have not taken, or a rejected reload) listed as lagging.
+pub(crate) async fn cluster_digests(
+    State(state): State<AppState>,
+) -> Result<Json<Value>, ApiError> {
+    let Some(store) = state.engine().state().cloned() else {
+        return Err(ApiError::Unavailable(
+            "no state store: digests are reported to [integrity] state_dir or [state] etcd".into(),
+        ));
+    };
+    let mut served = tokio::task::spawn_blocking(move || store.served_digests())
+        .await
+        .map_err(|_| ApiError::Internal)?
+        .map_err(|e| {
+            tracing::warn!(error = %e, "reading the served digests failed");
+            ApiError::Unavailable(format!("cannot read the served digests: {e}"))
+        })?;
+    served.sort_by(|a, b| b.at.cmp(&a.at).then_with(|| a.process.cmp(&b.process)));
+    let newest = served.first().map(|d| d.digest.clone());
+    let lagging: Vec<&str> = served
+        .iter()
+        .filter(|d| Some(&d.digest) != newest.as_ref())
+        .map(|d| d.process.as_str())
+        .collect();
+    Ok(Json(json!({
+        "process": state.config().state.process_name(),
+        "digest": state.engine().status().digest,
+        "newest": newest,
+        "processes": served,
+        "lagging": lagging,
+    })))
 }
 
 /// Most decision records one `GET /v1/decisions` returns.

@@ -30,6 +30,8 @@ pub struct Config {
     pub scheduler: SchedulerConfig,
     /// Durable state and verify before read.
     pub integrity: IntegrityConfig,
+    /// Where shared state (blocklist, registry, facts, digests) lives: redb or etcd.
+    pub state: StateConfig,
     /// Per-caller limits on what callers share.
     pub limits: LimitsConfig,
     /// How much of the decision log is kept.
@@ -56,6 +58,203 @@ pub struct IntegrityConfig {
     /// nothing about files a caller may not read. Default: none (`/v1/verify` reads
     /// nothing).
     pub data_roots: Vec<PathBuf>,
+}
+
+/// Which implementation holds the state that processes share.
+#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum StateBackendKind {
+    /// The embedded redb store in the state directory: one machine (the default).
+    #[default]
+    Redb,
+    /// etcd v3: one truth for the cluster.
+    Etcd,
+}
+
+/// What this process follows in etcd.
+#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum StateRole {
+    /// A node's sidecar: the blocklist, the registry and its own node's facts (the
+    /// default).
+    #[default]
+    Sidecar,
+    /// An admission webhook or scheduler extender replica: the blocklist and every
+    /// node's facts.
+    Webhook,
+}
+
+impl StateRole {
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::Sidecar => "sidecar",
+            Self::Webhook => "webhook",
+        }
+    }
+}
+
+/// The environment variable a sidecar reads its node's name from when `[state] node`
+/// is not set (the DaemonSet sets it from the pod's `spec.nodeName`).
+pub const NODE_NAME_ENV: &str = "PROBITY_NODE_NAME";
+
+/// Where shared state lives, and how to reach etcd (see `probity-server.toml`).
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct StateConfig {
+    /// `"redb"` (default) or `"etcd"`. With etcd, `[integrity] state_dir` still holds
+    /// the decision and event logs (and blocks waiting to reach etcd).
+    pub backend: StateBackendKind,
+    /// etcd client URLs (`https://host:2379`; a bare `host:port` takes https when a CA is
+    /// set). Default: none (required with etcd).
+    pub endpoints: Vec<String>,
+    /// Key prefix of every Probity key. Default `"/probity/"`.
+    pub prefix: String,
+    /// PEM CA bundle that signed etcd's certificates; enables TLS. Default: none.
+    pub ca_file: Option<PathBuf>,
+    /// PEM client certificate for etcd's `--client-cert-auth`. Default: none.
+    pub cert_file: Option<PathBuf>,
+    /// Its private key. Default: none.
+    pub key_file: Option<PathBuf>,
+    /// Name to check etcd's certificates against instead of the endpoint's host.
+    /// Default: none.
+    pub server_name: Option<String>,
+    /// Time to connect to one endpoint, in milliseconds. Default 2000.
+    pub connect_timeout_ms: u64,
+    /// Time one request may take at one endpoint, in milliseconds. Default 3000.
+    pub request_timeout_ms: u64,
+    /// Time an operation keeps retrying across endpoints, in milliseconds. Default 10000.
+    pub retry_budget_ms: u64,
+    /// Idle watches ask etcd for progress this often, in milliseconds: it bounds how
+    /// stale a quiet watch looks. Default 1000.
+    pub progress_interval_ms: u64,
+    /// A watch disconnected this long reads everything again, in milliseconds.
+    /// Default 30000.
+    pub resync_after_disconnect_ms: u64,
+    /// `"sidecar"` (default) or `"webhook"`.
+    pub role: StateRole,
+    /// The sidecar's node. Default: the environment variable `PROBITY_NODE_NAME`.
+    pub node: Option<String>,
+    /// The name this process reports its served policy digest under. Default
+    /// `sidecar:<node>` or `webhook:<host name>`.
+    pub process: Option<String>,
+    /// How long a block or unblock waits for this process's watch to apply it, in
+    /// milliseconds. Default 5000.
+    pub read_your_writes_ms: u64,
+    /// Readiness warns when the shared state was last heard from longer ago than
+    /// this, in milliseconds. Default 5000.
+    pub stale_after_ms: u64,
+    /// TTL of the lease under which this process's served digest lives, in seconds.
+    /// Default 30.
+    pub process_ttl_seconds: u64,
+}
+
+impl Default for StateConfig {
+    fn default() -> Self {
+        Self {
+            backend: StateBackendKind::Redb,
+            endpoints: Vec::new(),
+            prefix: "/probity/".into(),
+            ca_file: None,
+            cert_file: None,
+            key_file: None,
+            server_name: None,
+            connect_timeout_ms: 2000,
+            request_timeout_ms: 3000,
+            retry_budget_ms: 10_000,
+            progress_interval_ms: 1000,
+            resync_after_disconnect_ms: 30_000,
+            role: StateRole::Sidecar,
+            node: None,
+            process: None,
+            read_your_writes_ms: 5000,
+            stale_after_ms: 5000,
+            process_ttl_seconds: 30,
+        }
+    }
+}
+
+impl StateConfig {
+    /// The sidecar's node: `node`, else `PROBITY_NODE_NAME`.
+    pub fn node_name(&self) -> Option<String> {
+        self.node
+            .clone()
+            .or_else(|| std::env::var(NODE_NAME_ENV).ok())
+            .filter(|n| !n.is_empty())
+    }
+
+    /// The name this process reports its served digest under.
+    pub fn process_name(&self) -> String {
+        if let Some(p) = &self.process {
+            return p.clone();
+        }
+        let who = match self.role {
+            StateRole::Sidecar => self.node_name(),
+            StateRole::Webhook => None,
+        }
+        .or_else(|| {
+            std::fs::read_to_string("/proc/sys/kernel/hostname")
+                .ok()
+                .map(|h| h.trim().to_owned())
+        })
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "unknown".into());
+        format!("{}:{who}", self.role.as_str())
+    }
+
+    /// The read-your-writes bound.
+    pub fn read_your_writes(&self) -> Duration {
+        Duration::from_millis(self.read_your_writes_ms)
+    }
+
+    /// The staleness readiness warns at.
+    pub fn stale_after(&self) -> Duration {
+        Duration::from_millis(self.stale_after_ms)
+    }
+
+    fn validate(&self, state_dir: Option<&Path>) -> Result<(), ConfigError> {
+        if self.backend != StateBackendKind::Etcd {
+            return Ok(());
+        }
+        let bad = |m: &str| Err(ConfigError::Invalid(format!("[state] {m}")));
+        if self.endpoints.is_empty() {
+            return bad("backend = \"etcd\" needs endpoints");
+        }
+        if state_dir.is_none() {
+            return bad(
+                "backend = \"etcd\" needs [integrity] state_dir, which keeps the decision and event logs",
+            );
+        }
+        if self.cert_file.is_some() != self.key_file.is_some() {
+            return bad("cert_file and key_file go together");
+        }
+        if self.cert_file.is_some() && self.ca_file.is_none() {
+            return bad("a client certificate needs ca_file (TLS)");
+        }
+        for (name, v) in [
+            ("connect_timeout_ms", self.connect_timeout_ms),
+            ("request_timeout_ms", self.request_timeout_ms),
+            ("retry_budget_ms", self.retry_budget_ms),
+            ("progress_interval_ms", self.progress_interval_ms),
+            (
+                "resync_after_disconnect_ms",
+                self.resync_after_disconnect_ms,
+            ),
+            ("read_your_writes_ms", self.read_your_writes_ms),
+            ("stale_after_ms", self.stale_after_ms),
+            ("process_ttl_seconds", self.process_ttl_seconds),
+        ] {
+            if v == 0 {
+                return bad(&format!("{name} must be positive"));
+            }
+        }
+        if self.role == StateRole::Sidecar && self.node_name().is_none() {
+            return bad(&format!(
+                "role = \"sidecar\" needs its node: set node, or the environment variable {NODE_NAME_ENV}"
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// Limits per caller identity on what callers share.
@@ -485,7 +684,7 @@ impl Config {
                 "max_body_bytes, max_concurrency and request_timeout_ms must be positive".into(),
             ));
         }
-        Ok(())
+        self.state.validate(self.integrity.state_dir.as_deref())
     }
 
     /// The socket permission bits.
@@ -529,6 +728,31 @@ mod tests {
     fn tcp_without_tls_material_is_refused() {
         let c = Config::from_toml("[server]\nlisten = \"127.0.0.1:8443\"\n").unwrap();
         assert!(c.validate().unwrap_err().to_string().contains("tls_cert"));
+    }
+
+    #[test]
+    fn etcd_needs_endpoints_a_state_dir_and_a_node() {
+        let c = Config::from_toml("[state]\nbackend = \"etcd\"\n").unwrap();
+        let err = c.validate().unwrap_err().to_string();
+        assert!(err.contains("needs endpoints"), "{err}");
+        let c = Config::from_toml(
+            "[state]\nbackend = \"etcd\"\nendpoints = [\"127.0.0.1:2379\"]\nrole = \"webhook\"\n",
+        )
+        .unwrap();
+        let err = c.validate().unwrap_err().to_string();
+        assert!(err.contains("state_dir"), "{err}");
+        let c = Config::from_toml(
+            "[integrity]\nstate_dir = \"/tmp/x\"\n[state]\nbackend = \"etcd\"\nendpoints = [\"127.0.0.1:2379\"]\nrole = \"sidecar\"\nnode = \"gpu-001\"\ncert_file = \"c\"\n",
+        )
+        .unwrap();
+        let err = c.validate().unwrap_err().to_string();
+        assert!(err.contains("cert_file and key_file"), "{err}");
+        let c = Config::from_toml(
+            "[integrity]\nstate_dir = \"/tmp/x\"\n[state]\nbackend = \"etcd\"\nendpoints = [\"127.0.0.1:2379\"]\nnode = \"gpu-001\"\n",
+        )
+        .unwrap();
+        c.validate().unwrap();
+        assert_eq!(c.state.process_name(), "sidecar:gpu-001");
     }
 
     #[test]

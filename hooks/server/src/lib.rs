@@ -18,6 +18,7 @@
 //! | `POST /v1/nodes/{id}/block`, `.../unblock` | block or unblock a node (authorized: `manage` on `Api::"nodes"`) |
 //! | `GET /v1/nodes/blocked` | blocked nodes and why |
 //! | `GET /v1/policy/status` | digest, files, reloads, last reload error |
+//! | `GET /v1/cluster/digests` | the policy digest every process serves (from the state store), and which lag |
 //! | `POST /v1/verify` | verify a file before a node reads it; a failure blocks the node (authorized: `manage` on `Api::"verify"`) |
 //! | `POST /v1/admission/validate`, `/v1/admission/mutate` | AdmissionReview v1 (Pods, pod templates, `pods/binding`) |
 //! | `POST /v1/scheduler/filter`, `/v1/scheduler/prioritize` | kube-scheduler extender: ExtenderArgs in, ExtenderFilterResult / HostPriorityList out |
@@ -80,8 +81,8 @@ use probity::{Decision, Engine, Request};
 pub use caller::{Caller, IdentityError, certificate_common_name, certificate_identity};
 pub use config::{
     AdmissionConfig, AuthConfig, Config, ConfigError, DEFAULT_SOCKET, DecisionLogConfig,
-    IntegrityConfig, LimitsConfig, LogConfig, LogFormat, PolicyConfig, ServerConfig, UnknownKinds,
-    UnknownNodes,
+    IntegrityConfig, LimitsConfig, LogConfig, LogFormat, NODE_NAME_ENV, PolicyConfig, ServerConfig,
+    StateBackendKind, StateConfig, StateRole, UnknownKinds, UnknownNodes,
 };
 pub use error::{ApiError, ServeError};
 pub use server::{Server, init_logging, serve, shutdown_signal};
@@ -225,6 +226,19 @@ impl AppState {
                 "# HELP probity_connections_open Connections open.\n# TYPE probity_connections_open gauge\nprobity_connections_open {open}\n# HELP probity_connections_refused_total Connections refused over the limits.\n# TYPE probity_connections_refused_total counter\nprobity_connections_refused_total {refused}"
             );
         }
+        if let Some(h) = self.shared_health() {
+            let _ = writeln!(
+                out,
+                "# HELP probity_state_connected 1 while every watch of the shared state (etcd) is connected.\n# TYPE probity_state_connected gauge\nprobity_state_connected {}\n# HELP probity_state_since_last_heard_seconds Age of the shared state decisions serve from: time since its stalest watch last heard from etcd.\n# TYPE probity_state_since_last_heard_seconds gauge\nprobity_state_since_last_heard_seconds {}\n# HELP probity_state_applied_revision The etcd revision of the blocklist this process has applied.\n# TYPE probity_state_applied_revision gauge\nprobity_state_applied_revision {}\n# HELP probity_state_resyncs_total Full reads of the shared state after compactions or long disconnections.\n# TYPE probity_state_resyncs_total counter\nprobity_state_resyncs_total {}\n# HELP probity_state_unshared_blocks Blocks in force here that have not reached etcd yet.\n# TYPE probity_state_unshared_blocks gauge\nprobity_state_unshared_blocks {}",
+                u8::from(h.connected),
+                // Never heard: as stale as can be said (Prometheus spells it +Inf).
+                h.since_last_heard
+                    .map_or_else(|| "+Inf".to_owned(), |d| d.as_secs_f64().to_string()),
+                h.applied_revision,
+                h.resyncs,
+                h.unshared_blocks
+            );
+        }
         if let Some(u) = self.log_usage() {
             let c = &self.config().decision_log;
             let _ = writeln!(
@@ -235,6 +249,38 @@ impl AppState {
                 u.records,
                 u8::from(self.log_near_budget())
             );
+        }
+    }
+
+    /// How current the shared state is, when the state store is shared (etcd).
+    pub(crate) fn shared_health(&self) -> Option<probity::state::SharedHealth> {
+        self.engine().state().and_then(|s| s.shared_health())
+    }
+
+    /// Readiness warnings about the shared state: unreachable, or older than
+    /// `[state] stale_after_ms`. Decisions keep serving from the last state heard.
+    fn state_warnings(&self, health: &probity::state::SharedHealth, out: &mut Vec<String>) {
+        let limit = self.config().state.stale_after();
+        let age = health.since_last_heard.map_or_else(
+            || "never heard from".to_owned(),
+            |d| format!("last heard from {:.1} s ago", d.as_secs_f64()),
+        );
+        if !health.connected || health.since_last_heard.is_none_or(|d| d > limit) {
+            out.push(format!(
+                "shared state ({}) is unreachable or stale ({age}): decisions serve from the last state heard{}",
+                health.backend,
+                health
+                    .last_error
+                    .as_ref()
+                    .map(|e| format!("; last error: {e}"))
+                    .unwrap_or_default()
+            ));
+        }
+        if health.unshared_blocks > 0 {
+            out.push(format!(
+                "{} block(s) in force here have not reached the shared state yet; retrying",
+                health.unshared_blocks
+            ));
         }
     }
 
@@ -349,6 +395,7 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/nodes/{id}/block", post(api::block_node))
         .route("/v1/nodes/{id}/unblock", post(api::unblock_node))
         .route("/v1/policy/status", get(api::policy_status))
+        .route("/v1/cluster/digests", get(api::cluster_digests))
         .route("/v1/decisions", get(api::decisions))
         .route("/v1/verify", post(api::verify))
         .route("/v1/admission/validate", post(admission::validate))
@@ -407,9 +454,27 @@ async fn readyz(State(state): State<AppState>) -> Response {
                     .to_owned(),
             );
         }
-        axum::Json(serde_json::json!({"status": "ready", "digest": s.digest,
-            "policies": s.policies, "warnings": warnings}))
-        .into_response()
+        let shared = state.shared_health();
+        if let Some(h) = &shared {
+            state.state_warnings(h, &mut warnings);
+        }
+        let mut body = serde_json::json!({"status": "ready", "digest": s.digest,
+            "policies": s.policies, "warnings": warnings});
+        if let (Some(h), Some(obj)) = (shared, body.as_object_mut()) {
+            obj.insert(
+                "state".into(),
+                serde_json::json!({
+                    "backend": h.backend,
+                    "connected": h.connected,
+                    "since_last_heard_seconds": h.since_last_heard.map(|d| d.as_secs_f64()),
+                    "applied_revision": h.applied_revision,
+                    "resyncs": h.resyncs,
+                    "unshared_blocks": h.unshared_blocks,
+                    "last_error": h.last_error,
+                }),
+            );
+        }
+        axum::Json(body).into_response()
     } else {
         ApiError::Unavailable("not ready".into()).into_response()
     }

@@ -22,7 +22,7 @@ use tokio::net::{TcpListener, UnixListener};
 use tokio_rustls::TlsAcceptor;
 use tower::ServiceExt;
 
-use crate::config::{Config, LogConfig, LogFormat};
+use crate::config::{Config, LogConfig, LogFormat, StateBackendKind, StateRole};
 use crate::error::ServeError;
 use crate::limits::Connections;
 use crate::{AppState, Caller, app, certificate_identity};
@@ -94,10 +94,16 @@ fn load_engine(config: &Config) -> Result<Engine, ServeError> {
             path: dir.clone(),
             detail,
         };
-        let store = probity::state::StateStore::open(dir).map_err(|e| bad(e.to_string()))?;
+        let store: Arc<dyn probity::state::StateBackend> = match config.state.backend {
+            StateBackendKind::Redb => {
+                Arc::new(probity::state::StateStore::open(dir).map_err(|e| bad(e.to_string()))?)
+            }
+            StateBackendKind::Etcd => Arc::new(open_etcd(config, dir).map_err(bad)?),
+        };
+        tracing::info!(state = %store.describe(), "state attached");
         engine
-            .attach_state(std::sync::Arc::new(store))
-            .map_err(|e| bad(e.to_string()))?;
+            .attach_state(store)
+            .map_err(|e| bad(error_chain(&e)))?;
     }
     if let Some(path) = &config.policies.entities {
         let bad = |detail: String| ServeError::Entities {
@@ -111,6 +117,61 @@ fn load_engine(config: &Config) -> Result<Engine, ServeError> {
             .map_err(|e| bad(e.to_string()))?;
     }
     Ok(engine)
+}
+
+/// An error and its causes, on one line (for start-up failures, which print once).
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        let t = c.to_string();
+        if !text.contains(&t) {
+            text.push_str(": ");
+            text.push_str(&t);
+        }
+        cause = c.source();
+    }
+    text
+}
+
+/// The etcd backend `[state]` describes, keeping its local logs in `dir`.
+fn open_etcd(config: &Config, dir: &Path) -> Result<probity_etcd::EtcdState, String> {
+    use probity_etcd::{EtcdConfig, EtcdState, EtcdStateOptions, ResyncOptions, Role, TlsConfig};
+    let s = &config.state;
+    let ms = Duration::from_millis;
+    let mut etcd = EtcdConfig::new(s.endpoints.clone())
+        .with_prefix(s.prefix.clone())
+        .with_connect_timeout(ms(s.connect_timeout_ms))
+        .with_request_timeout(ms(s.request_timeout_ms))
+        .with_retry_budget(ms(s.retry_budget_ms))
+        .with_progress_interval(ms(s.progress_interval_ms));
+    if let Some(ca) = &s.ca_file {
+        let mut tls = TlsConfig::from_ca_file(ca).map_err(|e| error_chain(&e))?;
+        if let (Some(cert), Some(key)) = (&s.cert_file, &s.key_file) {
+            tls = tls
+                .with_client_identity_files(cert, key)
+                .map_err(|e| error_chain(&e))?;
+        }
+        if let Some(name) = &s.server_name {
+            tls = tls.with_domain_name(name.clone());
+        }
+        etcd = etcd.with_tls(tls);
+    }
+    let role = match s.role {
+        StateRole::Webhook => Role::Webhook,
+        StateRole::Sidecar => Role::Sidecar {
+            node: s
+                .node_name()
+                .ok_or_else(|| "[state] role = \"sidecar\" needs its node".to_owned())?,
+        },
+    };
+    let options = EtcdStateOptions::new(role, s.process_name())
+        .with_read_your_writes(s.read_your_writes())
+        .with_process_ttl(Duration::from_secs(s.process_ttl_seconds))
+        .with_resync(
+            ResyncOptions::default().with_resync_after_disconnect(ms(s.resync_after_disconnect_ms)),
+        );
+    EtcdState::open(etcd, dir, options).map_err(|e| error_chain(&e))
 }
 
 impl Server {
@@ -189,6 +250,7 @@ impl Server {
         };
         self.state.set_connections(Arc::clone(&limits.connections));
         let retention = spawn_retention(&self.state);
+        let digests = tokio::spawn(report_digests(self.state.clone()));
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
         let mut tasks = tokio::task::JoinSet::new();
         let socket_path = self.unix.as_ref().map(|(_, p)| p.clone());
@@ -227,6 +289,7 @@ impl Server {
         if let Some(stop) = retention {
             let _ = stop.send(());
         }
+        digests.abort();
         let grace = Duration::from_millis(self.state.config().server.shutdown_grace_ms);
         // The accept loops have ended, so this is the last reference.
         match Arc::try_unwrap(graceful) {
@@ -336,6 +399,42 @@ fn remove_socket(path: &Path) {
     use std::os::unix::fs::FileTypeExt;
     if std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_socket()) {
         let _ = std::fs::remove_file(path);
+    }
+}
+
+/// How often the served digest is compared with the one last reported.
+const DIGEST_CHECK: Duration = Duration::from_secs(1);
+
+/// Reports the policy digest this process serves (`[state] process`) to the state store:
+/// at start, and within [`DIGEST_CHECK`] of every reload; a failed report is tried
+/// again at the next check.
+async fn report_digests(state: AppState) {
+    let Some(store) = state.engine().state().cloned() else {
+        return;
+    };
+    let process = state.config().state.process_name();
+    let mut reported: Option<String> = None;
+    loop {
+        let digest = state.engine().status().digest;
+        if reported.as_deref() != Some(digest.as_str()) {
+            let served = probity::state::ServedDigest {
+                process: process.clone(),
+                digest: digest.clone(),
+                at: u64::try_from(state.engine().clock().now_unix()).unwrap_or(0),
+            };
+            let s = Arc::clone(&store);
+            match tokio::task::spawn_blocking(move || s.report_digest(&served)).await {
+                Ok(Ok(())) => {
+                    tracing::info!(%process, %digest, "reported the served policy digest");
+                    reported = Some(digest);
+                }
+                Ok(Err(e)) => {
+                    tracing::warn!(error = %error_chain(&e), "reporting the served policy digest failed; retrying");
+                }
+                Err(_) => return,
+            }
+        }
+        tokio::time::sleep(DIGEST_CHECK).await;
     }
 }
 

@@ -10,10 +10,12 @@
 
 mod harness;
 
+mod backend;
 mod cas;
 mod cluster;
 mod kv;
 mod lease;
 mod outage;
+mod processes;
 mod tls;
 mod watch;

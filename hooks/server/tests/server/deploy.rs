@@ -286,7 +286,7 @@ fn the_agent_sees_the_host_read_only_with_net_admin_alone() {
             if m["readOnly"] == true {
                 read_only.push(path);
             } else {
-                assert_eq!(path, "/var/lib/probity/agent", "{m} is writable");
+                assert_eq!(path, "/var/lib/probity-agent", "{m} is writable");
             }
         }
     }
@@ -296,10 +296,16 @@ fn the_agent_sees_the_host_read_only_with_net_admin_alone() {
             "{want} is not mounted read-only into the agent: {read_only:?}"
         );
     }
-    // The server mounts no host path but its socket directory.
+    // The server writes no host path but its socket and state directories; its data
+    // roots are read-only.
     for m in serve["volumeMounts"].as_array().unwrap() {
-        if let Some(path) = host_path_of(m) {
-            assert_eq!(path, "/run/probity", "{m}");
+        if let Some(path) = host_path_of(m)
+            && m["readOnly"] != true
+        {
+            assert!(
+                path == "/run/probity" || path == "/var/lib/probity",
+                "{m} is writable"
+            );
         }
     }
     // The agent's configuration is in a mounted volume.
@@ -371,4 +377,184 @@ async fn the_scheduler_configuration_wires_the_extender_to_routes_that_exist() {
         validating.1.to_string().contains("pods/binding"),
         "the validating webhook does not check bindings"
     );
+}
+
+/// A workload's pod spec, its first container, and the server configuration it reads
+/// (`--config`, from a mounted ConfigMap), parsed as `probity serve` parses it.
+fn served_config<'a>(
+    docs: &'a [(String, Value)],
+    kind: &str,
+) -> (&'a Value, &'a Value, probity_server::Config) {
+    let (_, workload) = docs
+        .iter()
+        .find(|(_, d)| d["kind"] == kind)
+        .unwrap_or_else(|| panic!("no {kind} in hooks/deploy"));
+    let spec = &workload["spec"]["template"]["spec"];
+    let container = &spec["containers"][0];
+    let args: Vec<String> = container["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|a| {
+            let a = a.as_str().unwrap();
+            match a.split_once('=') {
+                Some((k, v)) if k.starts_with("--") => vec![k.to_owned(), v.to_owned()],
+                _ => vec![a.to_owned()],
+            }
+        })
+        .collect();
+    let path = args
+        .iter()
+        .position(|a| a == "--config")
+        .map(|i| args[i + 1].clone())
+        .unwrap_or_else(|| panic!("{kind}: no --config"));
+    let path = std::path::Path::new(&path);
+    let volume = mounted_volume(spec, container, path.parent().unwrap())
+        .unwrap_or_else(|| panic!("{kind}: {} is not mounted", path.display()));
+    let map = volume["configMap"]["name"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{kind}: the configuration is not a ConfigMap: {volume}"));
+    let (_, config_map) = docs
+        .iter()
+        .find(|(_, d)| d["kind"] == "ConfigMap" && d["metadata"]["name"] == map)
+        .unwrap_or_else(|| panic!("no ConfigMap {map} in hooks/deploy"));
+    let file = path.file_name().unwrap().to_str().unwrap();
+    let text = config_map["data"][file]
+        .as_str()
+        .unwrap_or_else(|| panic!("ConfigMap {map} has no {file}"));
+    let config = probity_server::Config::from_toml(text)
+        .unwrap_or_else(|e| panic!("ConfigMap {map} {file}: {e}"));
+    (spec, container, config)
+}
+
+/// The volume mounted at `dir` (exactly) in `container`, and whether it is read-only.
+fn mounted_volume<'a>(
+    spec: &'a Value,
+    container: &Value,
+    dir: &std::path::Path,
+) -> Option<&'a Value> {
+    let mount = container["volumeMounts"]
+        .as_array()?
+        .iter()
+        .find(|m| m["mountPath"].as_str().map(std::path::Path::new) == Some(dir))?;
+    spec["volumes"]
+        .as_array()?
+        .iter()
+        .find(|v| v["name"] == mount["name"])
+}
+
+fn mount_is_read_only(container: &Value, dir: &std::path::Path) -> bool {
+    container["volumeMounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["mountPath"].as_str().map(std::path::Path::new) == Some(dir))
+        .is_some_and(|m| m["readOnly"] == true)
+}
+
+#[test]
+fn sidecars_and_webhooks_reach_etcd_with_client_certificates_from_a_secret() {
+    use probity_server::{StateBackendKind, StateRole};
+    let docs = documents();
+    for (kind, role) in [
+        ("DaemonSet", StateRole::Sidecar),
+        ("Deployment", StateRole::Webhook),
+    ] {
+        let (spec, container, mut config) = served_config(&docs, kind);
+        let s = &config.state;
+        assert_eq!(s.backend, StateBackendKind::Etcd, "{kind}");
+        assert_eq!(s.role, role, "{kind}");
+        assert!(!s.endpoints.is_empty(), "{kind}: no etcd endpoints");
+        for e in &s.endpoints {
+            assert!(!e.starts_with("http://"), "{kind}: plain-text endpoint {e}");
+        }
+        // CA, certificate and key: files of one Secret, mounted read-only, mode 0400.
+        let files = [&s.ca_file, &s.cert_file, &s.key_file].map(|f| {
+            f.clone()
+                .unwrap_or_else(|| panic!("{kind}: [state] lacks a TLS file"))
+        });
+        for file in &files {
+            let dir = file.parent().unwrap();
+            let volume = mounted_volume(spec, container, dir)
+                .unwrap_or_else(|| panic!("{kind}: {} is not mounted", dir.display()));
+            assert!(
+                volume["secret"]["secretName"].is_string(),
+                "{kind}: {} does not come from a Secret: {volume}",
+                file.display()
+            );
+            assert_eq!(
+                volume["secret"]["defaultMode"],
+                0o400,
+                "{kind}: {} is not mode 0400",
+                file.display()
+            );
+            assert!(
+                mount_is_read_only(container, dir),
+                "{kind}: {}",
+                dir.display()
+            );
+        }
+        match role {
+            StateRole::Sidecar => {
+                // The node comes from the pod's node.
+                let env = container["env"]
+                    .as_array()
+                    .unwrap_or_else(|| panic!("{kind}: no env"))
+                    .iter()
+                    .find(|e| e["name"] == probity_server::NODE_NAME_ENV)
+                    .unwrap_or_else(|| panic!("{kind}: no {}", probity_server::NODE_NAME_ENV));
+                assert_eq!(
+                    env["valueFrom"]["fieldRef"]["fieldPath"], "spec.nodeName",
+                    "{kind}"
+                );
+                config.state.node = Some("lint-node".into());
+            }
+            StateRole::Webhook => {
+                // A non-root user reads the 0400 files through fsGroup's group read.
+                let user = &container["securityContext"]["runAsUser"];
+                if user.as_u64().is_some_and(|u| u != 0) {
+                    assert_eq!(&spec["securityContext"]["fsGroup"], user, "{kind}");
+                }
+            }
+        }
+        // Whatever the flags add, the file alone must be a configuration that starts.
+        config.server.socket = std::path::PathBuf::from("/run/probity/lint.sock");
+        config.validate().unwrap_or_else(|e| panic!("{kind}: {e}"));
+        // The state directory is mounted writable.
+        let dir = config.integrity.state_dir.clone().unwrap();
+        let volume = mounted_volume(spec, container, &dir)
+            .unwrap_or_else(|| panic!("{kind}: state_dir {} is not mounted", dir.display()));
+        assert!(!mount_is_read_only(container, &dir), "{kind}: {volume}");
+    }
+}
+
+#[test]
+fn the_sidecar_keeps_its_state_on_the_host_so_verify_works_out_of_the_box() {
+    let docs = documents();
+    let (spec, container, config) = served_config(&docs, "DaemonSet");
+    let i = &config.integrity;
+    let dir = i
+        .state_dir
+        .clone()
+        .expect("the sidecar has a state directory");
+    let volume = mounted_volume(spec, container, &dir).unwrap();
+    // Not an emptyDir: it would go with the pod, and with it unforwarded decision
+    // records and blocks that have not reached etcd.
+    assert_eq!(
+        volume["hostPath"]["path"], "/var/lib/probity",
+        "state volume: {volume}"
+    );
+    assert_eq!(volume["hostPath"]["type"], "DirectoryOrCreate");
+    // POST /v1/verify also needs the pinned key and at least one data root, mounted.
+    let key = i.public_key.clone().expect("a pinned public key");
+    assert!(mounted_volume(spec, container, key.parent().unwrap()).is_some());
+    assert!(!i.data_roots.is_empty(), "no data roots");
+    for root in &i.data_roots {
+        assert!(
+            mounted_volume(spec, container, root).is_some(),
+            "data root {} is not mounted",
+            root.display()
+        );
+        assert!(mount_is_read_only(container, root), "{}", root.display());
+    }
 }
