@@ -206,11 +206,8 @@ mod tests {
     #[test]
     fn an_empty_range_may_be_null_and_a_nonempty_one_may_not() {
         // SAFETY: null with length 0 is allowed.
-        assert!(
-            unsafe { bytes(std::ptr::null(), 0, "x") }
-                .unwrap()
-                .is_empty()
-        );
+        let empty = unsafe { bytes(std::ptr::null(), 0, "x") };
+        assert!(empty.unwrap().is_empty());
         // SAFETY: null is checked before use.
         let e = unsafe { bytes(std::ptr::null(), 3, "the request") }.unwrap_err();
         assert_eq!(e.status, ProbityStatus::NullPointer);
@@ -218,7 +215,7 @@ mod tests {
 
     #[test]
     fn an_out_buffer_starts_null_and_is_registered_when_filled() {
-        let mut data: *mut u8 = 1 as *mut u8;
+        let mut data: *mut u8 = std::ptr::dangling_mut::<u8>();
         let mut len: usize = 99;
         // SAFETY: both locals outlive the OutBuffer.
         let mut out = unsafe { OutBuffer::new(&mut data, &mut len, "the answer") }.unwrap();

@@ -155,7 +155,7 @@ mod tests {
     #[test]
     fn a_chain_names_each_cause_once() {
         let io = std::io::Error::other("disk gone");
-        let wrapped = std::io::Error::new(std::io::ErrorKind::Other, io);
+        let wrapped = std::io::Error::other(io);
         assert_eq!(chain(&wrapped), "disk gone");
     }
 }

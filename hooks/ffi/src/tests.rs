@@ -318,10 +318,8 @@ fn a_verified_reader_returns_the_bytes_and_refuses_a_tampered_chunk() {
     assert_eq!(status, ProbityStatus::Ok, "{}", last_error());
     let mut size = 0;
     // SAFETY: a local out parameter.
-    assert_eq!(
-        unsafe { probity_reader_size(r, &mut size) },
-        ProbityStatus::Ok
-    );
+    let status = unsafe { probity_reader_size(r, &mut size) };
+    assert_eq!(status, ProbityStatus::Ok);
     assert_eq!(size as usize, fixtures::SIZE);
     let mut all = vec![0u8; fixtures::SIZE + 10];
     let mut n = 0;
@@ -335,10 +333,8 @@ fn a_verified_reader_returns_the_bytes_and_refuses_a_tampered_chunk() {
     assert_eq!(&small, &data[65530..65546]);
     let mut pos = 9;
     // SAFETY: a local out parameter.
-    assert_eq!(
-        unsafe { probity_reader_seek(r, 0, PROBITY_SEEK_CUR, &mut pos) },
-        ProbityStatus::Ok
-    );
+    let status = unsafe { probity_reader_seek(r, 0, PROBITY_SEEK_CUR, &mut pos) };
+    assert_eq!(status, ProbityStatus::Ok);
     assert_eq!(
         pos as usize,
         fixtures::SIZE,

@@ -31,10 +31,7 @@ fn the_committed_header_is_what_cbindgen_generates() {
             .lines()
             .zip(fresh.lines())
             .position(|(a, b)| a != b)
-            .map_or_else(
-                || committed.lines().count().min(fresh.lines().count()),
-                |i| i,
-            )
+            .unwrap_or_else(|| committed.lines().count().min(fresh.lines().count()))
             + 1;
         panic!(
             "{} differs from what cbindgen generates from src/lib.rs (first at line {line}); \
