@@ -1,0 +1,3 @@
+module example.invalid/probity/ffi
+
+go 1.19
