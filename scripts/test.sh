@@ -8,8 +8,11 @@ bash scripts/setup.sh
 bash scripts/build-plugins.sh
 cargo build --workspace --all-targets
 cargo test --workspace
-cargo run -q -p probity-cli -- check policies
-cargo run -q -p probity-cli -- test testdata/scenarios-plugins --policies policies \
+# The binary the build above made: `cargo run -p` would resolve other features and
+# rebuild the engine.
+probity=target/debug/probity
+"$probity" check policies
+"$probity" test testdata/scenarios-plugins --policies policies \
     --plugins testdata/plugins/manifests/examples.toml
 # Last, so that the run closes on the operator-facing summary line: "N passed, N failed".
-cargo run -q -p probity-cli -- test testdata/scenarios
+"$probity" test testdata/scenarios
