@@ -13,6 +13,7 @@
     missing_docs,
     clippy::unwrap_used,
     clippy::expect_used,
+    clippy::panic,
     clippy::indexing_slicing
 )]
 

@@ -67,15 +67,18 @@ fn caller_of(ext: &Extensions) -> Caller {
 }
 
 /// With a state store attached, a denying review waits for its decision records to
-/// be committed, so the review runs on the blocking pool rather than stalling an
-/// async worker; without one it runs in place.
+/// be committed, and a mutating review decides placement over every node, so those
+/// run on the blocking pool rather than stalling an async worker; a validating review
+/// without a state store runs in place.
 async fn review_off_loop(
     state: AppState,
     caller: Caller,
     body: Result<Bytes, BytesRejection>,
     mode: Mode,
 ) -> Response {
-    if state.engine().state().is_none() {
+    // The mutating review decides every node (placement), which can take milliseconds
+    // when the decision cache is cold: never on an async worker either.
+    if state.engine().state().is_none() && mode == Mode::Validate {
         return review(&state, &caller, body, mode);
     }
     tokio::task::spawn_blocking(move || review(&state, &caller, body, mode))
