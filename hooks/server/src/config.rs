@@ -389,6 +389,15 @@ pub struct PolicyConfig {
     pub dir: Option<PathBuf>,
     /// Cedar entity JSON loaded into the store at start. Default: none.
     pub entities: Option<PathBuf>,
+    /// Sealed mode: load only a set whose `policy.seal` (written by `probity policy
+    /// seal`) is signed with the pinned key (`[integrity] public_key`, default
+    /// `STATE_DIR/trusted.pub`), lists exactly the directory's files with their digests,
+    /// and is not older than the set loaded before (across restarts, with a state
+    /// directory). Needs `dir`. Default: false.
+    pub sealed: bool,
+    /// In sealed mode, the seal's name the set must carry (so that another set signed
+    /// with the same key cannot stand in for it). Default: any, then the live set's.
+    pub seal_name: Option<String>,
 }
 
 /// Who may change state through the API. Callers are `uid:<n>` on the Unix socket,
@@ -650,6 +659,19 @@ impl Config {
     /// Checks the rules that no single option can: a listener exists, plain TCP only on
     /// loopback, TLS material present.
     pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.policies.sealed && self.policies.dir.is_none() {
+            return Err(ConfigError::Invalid(
+                "policies.sealed needs policies.dir: the embedded policies carry no seal".into(),
+            ));
+        }
+        if self.policies.sealed
+            && self.integrity.public_key.is_none()
+            && self.integrity.state_dir.is_none()
+        {
+            return Err(ConfigError::Invalid(
+                "policies.sealed needs the pinned public key: set integrity.public_key or integrity.state_dir (STATE_DIR/trusted.pub)".into(),
+            ));
+        }
         let s = &self.server;
         if s.socket.as_os_str().is_empty() && s.listen.is_none() {
             return Err(ConfigError::Invalid(

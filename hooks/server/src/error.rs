@@ -99,6 +99,14 @@ pub enum ServeError {
         /// Why.
         detail: String,
     },
+    /// Sealed mode's pinned key cannot be used.
+    #[error("sealed mode: cannot use the pinned public key {path}: {detail}")]
+    SealKey {
+        /// The key file.
+        path: std::path::PathBuf,
+        /// Why.
+        detail: String,
+    },
     /// The policy directory cannot be watched for hot reload.
     #[error("cannot watch the policies for changes")]
     Watch(#[from] probity::WatchError),

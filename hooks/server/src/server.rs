@@ -84,11 +84,81 @@ pub async fn serve(config: Config) -> Result<(), ServeError> {
     Server::bind(config).await?.run(stop).await
 }
 
+/// The verifier of sealed mode: the pinned key, judged as every trust file is.
+fn seal_verifier(config: &Config) -> Result<probity::integrity::Verifier, ServeError> {
+    let path = config
+        .integrity
+        .public_key
+        .clone()
+        .or_else(|| config.integrity.state_dir.as_ref().map(|d| d.join("trusted.pub")))
+        .ok_or_else(|| ServeError::SealKey {
+            path: "trusted.pub".into(),
+            detail: "no integrity.public_key and no integrity.state_dir".into(),
+        })?;
+    probity::integrity::load_pinned_key(&path)
+        .map(probity::integrity::Verifier::new)
+        .map_err(|e| ServeError::SealKey {
+            detail: error_chain(&e),
+            path,
+        })
+}
+
+/// Every reload attempt, by the watcher or by hand, goes to the log: loaded and
+/// rejected ones at info and error, unchanged ones at debug.
+fn log_reloads(engine: &Engine) {
+    let events = engine.reload_events();
+    let spawned = std::thread::Builder::new()
+        .name("probity-reload-log".into())
+        .spawn(move || {
+            // Ends when the engine, and with it the sender, is dropped.
+            for e in events {
+                let seal = e
+                    .seal
+                    .as_ref()
+                    .map(|s| format!("{} v{}", s.name, s.version))
+                    .unwrap_or_default();
+                match e.outcome {
+                    probity::ReloadOutcome::Loaded => tracing::info!(
+                        seq = e.seq,
+                        before = %e.digest_before,
+                        after = %e.digest_after,
+                        seal,
+                        millis = e.duration.as_millis() as u64,
+                        rounds = e.rounds,
+                        "policies reloaded"
+                    ),
+                    probity::ReloadOutcome::Unchanged => {
+                        tracing::debug!(seq = e.seq, digest = %e.digest_after, "policies unchanged")
+                    }
+                    probity::ReloadOutcome::Rejected => tracing::error!(
+                        seq = e.seq,
+                        serving = %e.digest_after,
+                        error = e.error.as_ref().map(|x| x.detail()).unwrap_or_default(),
+                        "policy reload rejected; the previous set keeps serving"
+                    ),
+                }
+            }
+        });
+    if let Err(e) = spawned {
+        tracing::error!(error = %e, "cannot start the reload log thread; reloads are not logged");
+    }
+}
+
 fn load_engine(config: &Config) -> Result<Engine, ServeError> {
     let engine = match &config.policies.dir {
-        Some(dir) => Engine::builder(dir).build()?,
+        Some(dir) => {
+            let mut builder = Engine::builder(dir);
+            if config.policies.sealed {
+                builder = builder.sealed(seal_verifier(config)?);
+                if let Some(name) = &config.policies.seal_name {
+                    builder = builder.sealed_name(name.clone());
+                }
+            }
+            builder.build()?
+        }
         None => Engine::from_embedded_defaults()?,
     };
+    log_reloads(&engine);
     if let Some(dir) = &config.integrity.state_dir {
         let bad = |detail: String| ServeError::State {
             path: dir.clone(),

@@ -794,3 +794,51 @@ async fn soak_attacks_from_other_identities_never_fail_a_good_clients_decision()
     );
     running.stop().await;
 }
+
+/// Issue (hardening 4): sealed mode is the server's, not only the library's: a set whose
+/// seal verifies serves, and a file changed after sealing keeps the server from starting.
+#[tokio::test]
+async fn a_sealed_server_serves_its_sealed_set_and_refuses_a_changed_one() {
+    use probity::integrity::{Anchor, SoftwareAnchor, pin_public_key};
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("policies");
+    let status = std::process::Command::new("cp")
+        .arg("-r")
+        .arg(root().join("policies"))
+        .arg(&dir)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let anchor = SoftwareAnchor::generate(&tmp.path().join("anchor.key")).unwrap();
+    let key = tmp.path().join("trusted.pub");
+    pin_public_key(&key, anchor.public_key()).unwrap();
+    probity::policy_seal::seal_policy_dir(&dir, "prod", 1, &anchor).unwrap();
+    let sealed_config = || {
+        let mut config = no_socket();
+        config.server.listen = Some("127.0.0.1:0".parse().unwrap());
+        config.server.insecure = true;
+        config.policies.dir = Some(dir.clone());
+        config.policies.sealed = true;
+        config.integrity.public_key = Some(key.clone());
+        config
+    };
+    let running = Running::start(sealed_config()).await;
+    let status = running.state.engine().status();
+    let seal = status.seal.unwrap();
+    assert_eq!((seal.name.as_str(), seal.version), ("prod", 1));
+    running.stop().await;
+
+    // A byte changed after sealing: the set is refused, and so is starting on it.
+    let blocklist = dir.join("security/blocklist.cedar");
+    let text = std::fs::read_to_string(&blocklist).unwrap();
+    std::fs::write(&blocklist, format!("{text}\n// edited after sealing\n")).unwrap();
+    let err = Server::bind(sealed_config()).await.err().unwrap().to_string();
+    assert!(err.starts_with("cannot load the policies"), "{err}");
+    assert!(err.contains("security/blocklist.cedar"), "{err}");
+
+    // Sealed mode without a key to check with is a configuration error.
+    let mut config = sealed_config();
+    config.integrity.public_key = None;
+    let err = Server::bind(config).await.err().unwrap().to_string();
+    assert!(err.contains("policies.sealed needs the pinned public key"), "{err}");
+}
