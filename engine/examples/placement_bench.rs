@@ -99,9 +99,7 @@ fn main() {
             let mut i: i64 = 0;
             while !stop.load(Ordering::Relaxed) {
                 let n = (i as usize * 7919) % CANDIDATES;
-                engine
-                    .upsert_entities(&json!([large::node_update(n, i)]))
-                    .unwrap();
+                engine.upsert_entities(&large::node_update(n, i)).unwrap();
                 i += 1;
                 std::thread::sleep(Duration::from_millis(10));
             }

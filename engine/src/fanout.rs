@@ -66,12 +66,32 @@ impl World {
     }
 }
 
-#[derive(Clone, PartialEq, Eq, Hash)]
+#[derive(Clone)]
 struct Key {
     /// The request without its resource, canonical: principal, action, context and
     /// the request's own entities.
     request: Arc<str>,
+    /// `request`'s hash, computed once per fan-out: a lookup then hashes only the
+    /// resource, not the whole request text again for every node.
+    request_hash: u64,
     resource: EntityUID,
+}
+
+impl PartialEq for Key {
+    fn eq(&self, other: &Self) -> bool {
+        self.request_hash == other.request_hash
+            && self.resource == other.resource
+            && (Arc::ptr_eq(&self.request, &other.request) || self.request == other.request)
+    }
+}
+
+impl Eq for Key {}
+
+impl Hash for Key {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.request_hash.hash(state);
+        self.resource.hash(state);
+    }
 }
 
 struct Entry {
@@ -208,12 +228,16 @@ impl Engine {
             c.enter(&snapshot);
             Arc::from(fingerprint(request))
         });
+        let request_hash = fingerprint.as_deref().map_or(0, |fp| {
+            std::hash::BuildHasher::hash_one(&FINGERPRINT_HASHER, fp)
+        });
         let decide_one = |resource: &EntityUid| -> Decision {
             let (Some(cache), Some(fp)) = (cacheable, &fingerprint) else {
                 return self.decide_prepared(&snapshot, request, &prepared, resource, None);
             };
             let key = Key {
                 request: Arc::clone(fp),
+                request_hash,
                 resource: resource.0.as_ref().clone(),
             };
             if let Some(hit) = cache.get(&key, &snapshot) {
@@ -253,6 +277,10 @@ impl Engine {
         })
     }
 }
+
+/// Hashes request fingerprints (in process only: the cache is never persisted).
+const FINGERPRINT_HASHER: std::hash::BuildHasherDefault<std::collections::hash_map::DefaultHasher> =
+    std::hash::BuildHasherDefault::new();
 
 /// The request without its resource, as canonical text: two requests with the same
 /// fingerprint decide the same for every resource.

@@ -90,7 +90,13 @@ fn seal_verifier(config: &Config) -> Result<probity::integrity::Verifier, ServeE
         .integrity
         .public_key
         .clone()
-        .or_else(|| config.integrity.state_dir.as_ref().map(|d| d.join("trusted.pub")))
+        .or_else(|| {
+            config
+                .integrity
+                .state_dir
+                .as_ref()
+                .map(|d| d.join("trusted.pub"))
+        })
         .ok_or_else(|| ServeError::SealKey {
             path: "trusted.pub".into(),
             detail: "no integrity.public_key and no integrity.state_dir".into(),

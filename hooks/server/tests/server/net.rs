@@ -832,7 +832,11 @@ async fn a_sealed_server_serves_its_sealed_set_and_refuses_a_changed_one() {
     let blocklist = dir.join("security/blocklist.cedar");
     let text = std::fs::read_to_string(&blocklist).unwrap();
     std::fs::write(&blocklist, format!("{text}\n// edited after sealing\n")).unwrap();
-    let err = Server::bind(sealed_config()).await.err().unwrap().to_string();
+    let err = Server::bind(sealed_config())
+        .await
+        .err()
+        .unwrap()
+        .to_string();
     assert!(err.starts_with("cannot load the policies"), "{err}");
     assert!(err.contains("security/blocklist.cedar"), "{err}");
 
@@ -840,5 +844,8 @@ async fn a_sealed_server_serves_its_sealed_set_and_refuses_a_changed_one() {
     let mut config = sealed_config();
     config.integrity.public_key = None;
     let err = Server::bind(config).await.err().unwrap().to_string();
-    assert!(err.contains("policies.sealed needs the pinned public key"), "{err}");
+    assert!(
+        err.contains("policies.sealed needs the pinned public key"),
+        "{err}"
+    );
 }
