@@ -1840,12 +1840,15 @@ impl Engine {
             blocked: Arc::new(map),
             changed: false,
         };
-        // The world's API callers and groups stand for the server's configuration.
+        // The world's API callers and groups stand for the server's configuration, and
+        // its keys for the keyring.
         let (api, facts): (Vec<Value>, Vec<Value>) = entities.iter().cloned().partition(|e| {
-            store::parse_uid(e.get("uid").unwrap_or(&Value::Null))
-                .ok()
-                .and_then(|u| bundle.origins.owner_of(&u.entity_type().to_string()))
-                == Some(EntityOwner::Api)
+            matches!(
+                store::parse_uid(e.get("uid").unwrap_or(&Value::Null))
+                    .ok()
+                    .and_then(|u| bundle.origins.owner_of(&u.entity_type().to_string())),
+                Some(EntityOwner::Api | EntityOwner::Keyring)
+            )
         });
         let converter = Converter::new(bundle.validator_schema(), &bundle.origins);
         for (i, item) in api.iter().enumerate() {

@@ -9,6 +9,7 @@
 //! | --- | --- | --- |
 //! | `@owned("config")` | an entity type | built from `probity.toml` (`Settings`, `GpuModel`) |
 //! | `@owned("api")` | an entity type | built from the server's caller configuration (`ApiCaller`, `ApiGroup`, `Api`) |
+//! | `@owned("keyring")` | an entity type | the keyring's metadata of its keys (`Key`: creation time of the primary version, state), see [`crate::keys`] |
 //! | `@owned("blocklist")` | a Bool attribute of an entity type | the blocklist's view of that entity; its type is the one the blocklist blocks (`Node`) |
 //! | `@owned("clock")` | a context attribute | the engine fills it with its clock (the decision time) |
 //! | `@owned("reporter")` | a context attribute | only a caller authorized to report facts may supply it |
@@ -36,6 +37,8 @@ pub enum EntityOwner {
     Config,
     /// The server's caller configuration (`ApiCaller`, `ApiGroup`, `Api`).
     Api,
+    /// The keyring's metadata (`Key`), published by [`crate::keys::publish_keys`].
+    Keyring,
 }
 
 impl EntityOwner {
@@ -44,6 +47,7 @@ impl EntityOwner {
         match self {
             EntityOwner::Config => "config",
             EntityOwner::Api => "api",
+            EntityOwner::Keyring => "keyring",
         }
     }
 }
@@ -136,8 +140,12 @@ impl FactOrigins {
                     Some("api") => {
                         out.owned_types.insert(entity_type.clone(), EntityOwner::Api);
                     }
+                    Some("keyring") => {
+                        out.owned_types
+                            .insert(entity_type.clone(), EntityOwner::Keyring);
+                    }
                     Some(other) => problems.push(problem(format!(
-                        "entity {entity_type}: @owned(\"{other}\") is not an owner of entities (config, api)"
+                        "entity {entity_type}: @owned(\"{other}\") is not an owner of entities (config, api, keyring)"
                     ))),
                 }
                 let attrs = decl.pointer("/shape/attributes").and_then(Value::as_object);

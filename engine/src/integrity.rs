@@ -48,7 +48,7 @@ use crate::state::{StateBackend, StateError};
 mod anchor;
 mod hash;
 mod manifest;
-mod pkcs11;
+pub(crate) mod pkcs11;
 mod reader;
 mod signed;
 mod software;

@@ -54,6 +54,7 @@ mod facts;
 mod fanout;
 mod guard;
 pub mod integrity;
+pub mod keys;
 mod plugin;
 pub mod policy_seal;
 mod request;

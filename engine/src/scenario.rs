@@ -19,8 +19,8 @@
 //! }
 //! ```
 //!
-//! `entities` is an array of Cedar entities or a path (relative to the scenario file)
-//! to a JSON file holding one; a case's entities replace the file's with the same uid
+//! `entities` is an array of Cedar entities, or a path (relative to the scenario file)
+//! to a JSON file holding one, or an array of such paths; a case's entities replace the file's with the same uid
 //! and add to them. They are the case's *stored* facts: each case runs in a world of
 //! its own (the engine's store and blocklist are neither read nor changed), where
 //! `blocked` (file or case) lists the blocked nodes and `now` (file or case, Unix
@@ -165,7 +165,7 @@ pub enum ScenarioError {
         path: PathBuf,
     },
     /// `entities` is neither an array nor a path to one.
-    #[error("{}: entities must be an array of entities or a path to a file holding one", path.display())]
+    #[error("{}: entities must be an array of entities, a path to a file holding one, or an array of such paths", path.display())]
     Entities {
         /// The path.
         path: PathBuf,
@@ -230,20 +230,27 @@ pub fn run_file(engine: &Engine, path: &Path) -> Result<Vec<CaseResult>, Scenari
             column: source.column(),
             source,
         })?;
+    let entities_file = |rel: &str| -> Result<Vec<Value>, ScenarioError> {
+        let target = path.parent().unwrap_or(Path::new(".")).join(rel);
+        match read_json(&target)? {
+            Value::Array(a) => Ok(a),
+            _ => Err(ScenarioError::Entities {
+                path: path.to_path_buf(),
+            }),
+        }
+    };
     let shared = match &file.entities {
         None => Vec::new(),
-        Some(Value::Array(a)) => a.clone(),
-        Some(Value::String(rel)) => {
-            let target = path.parent().unwrap_or(Path::new(".")).join(rel);
-            match read_json(&target)? {
-                Value::Array(a) => a,
-                _ => {
-                    return Err(ScenarioError::Entities {
-                        path: path.to_path_buf(),
-                    });
-                }
+        // A list of paths: the files' entities, in order.
+        Some(Value::Array(a)) if !a.is_empty() && a.iter().all(Value::is_string) => {
+            let mut all = Vec::new();
+            for rel in a.iter().filter_map(Value::as_str) {
+                all.extend(entities_file(rel)?);
             }
+            all
         }
+        Some(Value::Array(a)) => a.clone(),
+        Some(Value::String(rel)) => entities_file(rel)?,
         Some(_) => {
             return Err(ScenarioError::Entities {
                 path: path.to_path_buf(),

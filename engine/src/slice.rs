@@ -393,13 +393,18 @@ mod tests {
                         "gpus": next(9), "cpuMillis": next(80_000), "gpuMemoryMiB": next(90_000), "image": "i"},
                     "parents": [{"type": "Namespace", "id": ns}]}));
             }
+            // Keys come from the keyring, the one owner that may supply them.
+            let mut keys = Vec::new();
             for k in 0..3 {
-                entities.push(json!({"uid": {"type": "Key", "id": format!("k{k}")},
+                keys.push(json!({"uid": {"type": "Key", "id": format!("k{k}")},
                     "attrs": {"createdAt": 1_760_000_000 + next(20_000_000), "state": (["active", "retired"][next(2) as usize])},
                     "parents": []}));
             }
             entities.push(json!({"uid": {"type": "User", "id": "u"}, "attrs": {"elevationAuthorized": next(2) == 0}, "parents": []}));
             engine.upsert_entities(&Value::Array(entities)).unwrap();
+            engine
+                .replace_owned_entities(crate::EntityOwner::Keyring, &Value::Array(keys))
+                .unwrap();
             for n in 0..12 {
                 if next(5) == 0 {
                     engine.block_node(&format!("n{n}"), "random").unwrap();

@@ -181,8 +181,9 @@ fn contexts() -> &'static Mutex<HashMap<PathBuf, Pkcs11>> {
     CONTEXTS.get_or_init(|| Mutex::new(HashMap::new()))
 }
 
-/// The process-wide initialized context for `module`.
-fn context(module: &Path) -> Result<Pkcs11, AnchorError> {
+/// The process-wide initialized context for `module` (PKCS#11 allows one
+/// `C_Initialize` per process; the keyring's KEKs share it, see `crate::keys`).
+pub(crate) fn context(module: &Path) -> Result<Pkcs11, AnchorError> {
     let load_err = |e: P11Error| AnchorError::ModuleLoad {
         module: module.to_owned(),
         source: Box::new(e),

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use probity::{Effect, Engine, EntityError, EntityOwner, ManualClock, Request};
 use serde_json::{Value, json};
 
-use crate::{cluster, load_cluster};
+use crate::{cluster, load_cluster, load_keys};
 
 fn request(v: Value) -> Request {
     Request::from_json_value(&v).unwrap()
@@ -70,24 +70,25 @@ fn bug_request_scoped_settings_widened_the_port_baseline() {
 fn bug_request_entities_could_override_a_key_a_zone_and_a_user() {
     let engine = Engine::from_embedded_defaults().unwrap();
     load_cluster(&engine);
-    for (action, principal, resource, id, attr, value) in [
-        (
-            "encrypt",
-            "Workload::\"train-1\"",
-            "Key::\"key-old\"",
-            "key-old",
-            "createdAt",
-            json!(1_790_000_000),
-        ),
-        (
-            "schedule",
-            "Workload::\"train-1\"",
-            "Node::\"gpu-hot1\"",
-            "zone-hot",
-            "powerDrawW",
-            json!(0),
-        ),
-    ] {
+    load_keys(&engine);
+    // A key is the keyring's: refused for what it is, whatever it says.
+    let d = engine.decide(&request(json!({
+        "principal": "Workload::\"train-1\"", "action": "encrypt", "resource": "Key::\"key-old\"",
+        "entities": [{"uid": {"type": "Key", "id": "key-old"},
+                      "attrs": {"createdAt": 1_790_000_000, "state": "active"}, "parents": []}]})));
+    assert!(
+        error_text(&d)
+            .contains("Key entities come from the engine (keyring), never from a request"),
+        "{d:?}"
+    );
+    for (action, principal, resource, id, attr, value) in [(
+        "schedule",
+        "Workload::\"train-1\"",
+        "Node::\"gpu-hot1\"",
+        "zone-hot",
+        "powerDrawW",
+        json!(0),
+    )] {
         let mut e = stored(id);
         e["attrs"][attr] = value;
         let d = engine.decide(&request(json!({
@@ -170,6 +171,7 @@ fn the_decision_time_comes_from_the_engines_clock() {
     let clock = Arc::new(ManualClock::at(1_767_139_200));
     let engine = Engine::defaults().clock(clock.clone()).build().unwrap();
     load_cluster(&engine);
+    load_keys(&engine);
     let encrypt = |key: &str| {
         request(
             json!({"principal": "Workload::\"train-1\"", "action": "encrypt",

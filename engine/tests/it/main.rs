@@ -59,6 +59,16 @@ pub fn load_cluster(engine: &probity::Engine) {
         .unwrap();
 }
 
+/// The keyring's keys of the fixture (testdata/entities/keys.json), published as the
+/// keyring publishes them: `Key` is `@owned("keyring")`.
+pub fn load_keys(engine: &probity::Engine) {
+    let text = std::fs::read_to_string(root().join("testdata/entities/keys.json")).unwrap();
+    let keys: serde_json::Value = serde_json::from_str(&text).unwrap();
+    engine
+        .replace_owned_entities(probity::EntityOwner::Keyring, &keys)
+        .unwrap();
+}
+
 /// The shared cluster fixture.
 pub fn cluster() -> serde_json::Value {
     let text = std::fs::read_to_string(root().join("testdata/entities/cluster.json")).unwrap();

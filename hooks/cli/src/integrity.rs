@@ -25,7 +25,7 @@ const MAX_MANIFEST_BYTES: u64 = 64 * 1024 * 1024;
 pub struct StateArgs {
     /// State directory: registry, blocklist, event log, software key, pinned public key.
     #[arg(long, env = "PROBITY_STATE_DIR", default_value = "/var/lib/probity")]
-    state_dir: PathBuf,
+    pub(crate) state_dir: PathBuf,
 }
 
 /// Which HSM token, and how to log in to it.
@@ -33,17 +33,17 @@ pub struct StateArgs {
 pub struct HsmArgs {
     /// PKCS#11 module of the HSM, e.g. /usr/lib/softhsm/libsofthsm2.so.
     #[arg(long, env = "PROBITY_HSM_MODULE")]
-    hsm_module: Option<PathBuf>,
+    pub(crate) hsm_module: Option<PathBuf>,
     /// Label of the HSM token.
     #[arg(long, env = "PROBITY_HSM_TOKEN")]
-    hsm_token: Option<String>,
+    pub(crate) hsm_token: Option<String>,
     /// File holding the user PIN (first line), readable by its owner only. Else the PIN is
     /// read from PROBITY_HSM_PIN. The PIN is never taken from the command line.
     #[arg(long, env = "PROBITY_HSM_PIN_FILE")]
-    hsm_pin_file: Option<PathBuf>,
+    pub(crate) hsm_pin_file: Option<PathBuf>,
     /// Use a PIN file that group or others can read, with a warning (refused otherwise).
     #[arg(long, env = "PROBITY_HSM_ALLOW_READABLE_PIN_FILE", value_parser = BoolishValueParser::new())]
-    allow_readable_pin_file: bool,
+    pub(crate) allow_readable_pin_file: bool,
 }
 
 /// Which anchor signs manifests. Without `--hsm-module`, the software anchor

@@ -20,6 +20,7 @@ macro_rules! err_line {
 
 mod agent;
 mod integrity;
+mod keys;
 
 /// Standard output, where a closed pipe is an error (`println!` would panic) that
 /// `main` turns into a quiet exit 0.
@@ -119,7 +120,7 @@ enum Command {
         /// Cluster facts to load into the entity store first (Cedar entity JSON).
         #[arg(long)]
         entities: Option<PathBuf>,
-        /// A state directory whose blocked nodes apply to the decision.
+        /// A state directory whose blocked nodes and keyring keys apply to the decision.
         #[arg(long, env = "PROBITY_STATE_DIR")]
         state_dir: Option<PathBuf>,
         /// Ask as an authorized reporter of the facts the engine owns (a decision's
@@ -203,6 +204,29 @@ enum Command {
         #[command(flatten)]
         state: integrity::StateArgs,
     },
+    /// The keyring: create, list, rotate, rewrap and erase data keys.
+    Keys {
+        #[command(subcommand)]
+        command: keys::KeysCommand,
+    },
+    /// Encrypt a file under a keyring key, after the policies allow it (a key past its
+    /// maximum age is rotated first, as they ask). Exit 1 when refused.
+    Encrypt {
+        #[command(flatten)]
+        crypt: keys::CryptArgs,
+        #[command(flatten)]
+        encrypt: keys::EncryptArgs,
+        #[command(flatten)]
+        keyring: keys::KeyringArgs,
+    },
+    /// Decrypt a file encrypted by `probity encrypt`; exit 5 when it does not
+    /// authenticate or its key was erased (no plaintext of a failed segment is written).
+    Decrypt {
+        #[command(flatten)]
+        crypt: keys::CryptArgs,
+        #[command(flatten)]
+        keyring: keys::KeyringArgs,
+    },
     /// Run policy test cases (scenario files) and report each.
     Test {
         /// A scenario file or a directory of them.
@@ -267,7 +291,7 @@ struct SchemaConfig {
 }
 
 #[derive(Args)]
-struct PolicyArgs {
+pub(crate) struct PolicyArgs {
     /// Policy directory [default: ./policies if it holds probity.cedarschema, else the
     /// embedded defaults].
     #[arg(long)]
@@ -338,6 +362,13 @@ fn run(cli: Cli) -> Result<u8> {
             &policies,
         ),
         Command::Test { path, policies } => test(&path, &policies),
+        Command::Keys { command } => keys::keys(&command),
+        Command::Encrypt {
+            crypt,
+            encrypt,
+            keyring,
+        } => keys::encrypt(&crypt, &encrypt, &keyring),
+        Command::Decrypt { crypt, keyring } => keys::decrypt(&crypt, &keyring),
         Command::Seal {
             file,
             id,
@@ -485,7 +516,7 @@ fn load(args: &PolicyArgs) -> Result<Engine> {
     load_with_clock(args, None)
 }
 
-fn load_with_clock(
+pub(crate) fn load_with_clock(
     args: &PolicyArgs,
     clock: Option<std::sync::Arc<dyn probity::Clock>>,
 ) -> Result<Engine> {
@@ -601,6 +632,8 @@ fn eval(
         let state = probity::state::StateStore::open(dir)
             .with_context(|| format!("cannot open the state directory {}", dir.display()))?;
         engine.attach_state(std::sync::Arc::new(state))?;
+        // The keyring's keys, as their metadata stands: an encrypt decision judges them.
+        probity::keys::publish_stored_keys(&engine)?;
     }
     if let Some(path) = entities {
         load_entities(&engine, path)?;

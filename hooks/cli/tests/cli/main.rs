@@ -8,6 +8,7 @@
 )]
 
 mod agent;
+mod keys;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -574,16 +575,28 @@ fn eval_combines_a_plugin_deny_with_cedar() {
 }
 
 /// Issue: `probity eval` merged the request file's own `entities` over the loaded
-/// ones, and took the caller's `now`: both are refused now, and `--now` sets the
-/// engine's clock instead.
+/// ones, and took the caller's `now`: both are refused now (a `Key` comes from the
+/// keyring only), and `--now` sets the engine's clock instead.
 #[test]
 fn eval_refuses_request_entities_that_override_stored_facts_and_takes_the_clock_from_now() {
     let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let state = state.to_str().unwrap();
+    let out = probity(&[
+        "keys",
+        "create",
+        "key-fresh",
+        "--state-dir",
+        state,
+        "--now",
+        "1764460800",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     let request = dir.path().join("r.json");
     std::fs::write(
         &request,
-        r#"{"principal": "Workload::\"train-1\"", "action": "encrypt", "resource": "Key::\"key-old\"",
-            "entities": [{"uid": {"type": "Key", "id": "key-old"}, "attrs": {"createdAt": 1790000000, "state": "active"}, "parents": []}]}"#,
+        r#"{"principal": "Workload::\"train-1\"", "action": "encrypt", "resource": "Key::\"key-fresh\"",
+            "entities": [{"uid": {"type": "Key", "id": "key-fresh"}, "attrs": {"createdAt": 1790000000, "state": "active"}, "parents": []}]}"#,
     )
     .unwrap();
     let args = |extra: &[&str]| {
@@ -593,6 +606,8 @@ fn eval_refuses_request_entities_that_override_stored_facts_and_takes_the_clock_
             "policies",
             "--entities",
             "testdata/entities/cluster.json",
+            "--state-dir",
+            state,
         ];
         a.extend_from_slice(extra);
         a.push("--request");
@@ -602,7 +617,8 @@ fn eval_refuses_request_entities_that_override_stored_facts_and_takes_the_clock_
     let out = probity(&args(&[]).iter().map(String::as_str).collect::<Vec<_>>());
     assert_eq!(out.status.code(), Some(1));
     assert!(
-        text(&out.stdout).contains("the store holds this entity"),
+        text(&out.stdout)
+            .contains("Key entities come from the engine (keyring), never from a request"),
         "{}",
         text(&out.stdout)
     );
