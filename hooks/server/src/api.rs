@@ -46,7 +46,7 @@ pub(crate) fn body_error(state: &AppState, r: &BytesRejection) -> ApiError {
     }
 }
 
-fn caller(ext: &Extensions) -> Caller {
+pub(crate) fn caller(ext: &Extensions) -> Caller {
     ext.get::<Caller>()
         .cloned()
         .unwrap_or_else(Caller::anonymous)
@@ -54,7 +54,7 @@ fn caller(ext: &Extensions) -> Caller {
 
 /// Asks the policies whether the caller may `operation` on `api`. A refusal is a deny,
 /// recorded (with a state store) before it is answered, off the async worker.
-async fn authorize(
+pub(crate) async fn authorize(
     state: &AppState,
     caller: &Caller,
     api: &str,

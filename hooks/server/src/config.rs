@@ -30,6 +30,8 @@ pub struct Config {
     pub scheduler: SchedulerConfig,
     /// Durable state and verify before read.
     pub integrity: IntegrityConfig,
+    /// The keyring: where its KEKs live, automatic rotation.
+    pub keys: KeysConfig,
     /// Where shared state (blocklist, registry, facts, digests) lives: redb or etcd.
     pub state: StateConfig,
     /// Per-caller limits on what callers share.
@@ -58,6 +60,36 @@ pub struct IntegrityConfig {
     /// nothing about files a caller may not read. Default: none (`/v1/verify` reads
     /// nothing).
     pub data_roots: Vec<PathBuf>,
+}
+
+/// The keyring (`[keys]`): its metadata lives in the state backend, its KEKs in the HSM
+/// named here or, without one, in a software KEK under the state directory ("not an
+/// HSM", logged at start). Active whenever the server has a state directory.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct KeysConfig {
+    /// PKCS#11 module of the HSM holding the KEKs. Default: none (software KEK).
+    pub hsm_module: Option<PathBuf>,
+    /// Label of its token.
+    pub hsm_token: Option<String>,
+    /// File holding the user PIN (first line), readable by its owner only. Default: the
+    /// PIN comes from PROBITY_HSM_PIN.
+    pub hsm_pin_file: Option<PathBuf>,
+    /// How often the policies are asked which keys to rotate (each key's `encrypt`
+    /// decision, as `User::"probity"`), and those are rotated; 0 turns it off.
+    /// Default: 3600.
+    pub rotation_check_seconds: u64,
+}
+
+impl Default for KeysConfig {
+    fn default() -> Self {
+        Self {
+            hsm_module: None,
+            hsm_token: None,
+            hsm_pin_file: None,
+            rotation_check_seconds: 3600,
+        }
+    }
 }
 
 /// Which implementation holds the state that processes share.
@@ -423,7 +455,8 @@ impl Default for AuthConfig {
 }
 
 /// The endpoint families of the API, as `Api` entities.
-pub(crate) const API_FAMILIES: &[&str] = &["decisions", "entities", "facts", "nodes", "verify"];
+pub(crate) const API_FAMILIES: &[&str] =
+    &["decisions", "entities", "facts", "keys", "nodes", "verify"];
 
 impl AuthConfig {
     /// The API's callers, groups and endpoint families as the engine-owned entities the

@@ -107,6 +107,9 @@ pub enum ServeError {
         /// Why.
         detail: String,
     },
+    /// The keyring cannot be opened (HSM, PIN, KEK or its metadata).
+    #[error("cannot open the keyring: {0}")]
+    Keys(String),
     /// The policy directory cannot be watched for hot reload.
     #[error("cannot watch the policies for changes")]
     Watch(#[from] probity::WatchError),

@@ -61,6 +61,7 @@ mod api;
 mod caller;
 mod config;
 mod error;
+mod keys;
 mod limits;
 mod metrics;
 mod placement;
@@ -81,8 +82,8 @@ use probity::{Decision, Engine, Request};
 pub use caller::{Caller, IdentityError, certificate_common_name, certificate_identity};
 pub use config::{
     AdmissionConfig, AuthConfig, Config, ConfigError, DEFAULT_SOCKET, DecisionLogConfig,
-    IntegrityConfig, LimitsConfig, LogConfig, LogFormat, NODE_NAME_ENV, PolicyConfig, ServerConfig,
-    StateBackendKind, StateConfig, StateRole, UnknownKinds, UnknownNodes,
+    IntegrityConfig, KeysConfig, LimitsConfig, LogConfig, LogFormat, NODE_NAME_ENV, PolicyConfig,
+    ServerConfig, StateBackendKind, StateConfig, StateRole, UnknownKinds, UnknownNodes,
 };
 pub use error::{ApiError, ServeError};
 pub use server::{Server, init_logging, serve, shutdown_signal};
@@ -107,6 +108,8 @@ struct Inner {
     connections: std::sync::OnceLock<Arc<limits::Connections>>,
     /// Placement decisions reused while their facts hold (extender, mutating webhook).
     decisions: probity::DecisionCache,
+    /// The keyring, once opened on the state backend.
+    keys: std::sync::OnceLock<keys::KeyService>,
 }
 
 impl AppState {
@@ -142,6 +145,7 @@ impl AppState {
                 decisions: probity::DecisionCache::with_capacity(
                     probity::DEFAULT_DECISION_CACHE_ENTRIES,
                 ),
+                keys: std::sync::OnceLock::new(),
             }),
         }
     }
@@ -168,6 +172,23 @@ impl AppState {
 
     pub(crate) fn metrics(&self) -> &metrics::Metrics {
         &self.inner.metrics
+    }
+
+    pub(crate) fn keys(&self) -> Option<&keys::KeyService> {
+        self.inner.keys.get()
+    }
+
+    /// Opens the keyring on the engine's state backend (`[keys]`); without a state
+    /// backend there is none and the key endpoints answer 503. Call once, before
+    /// serving.
+    pub fn open_keyring(&self) -> Result<bool, String> {
+        match keys::open(self.engine(), self.config())? {
+            Some(service) => {
+                let _ = self.inner.keys.set(service);
+                Ok(true)
+            }
+            None => Ok(false),
+        }
     }
 
     pub(crate) fn decision_cache(&self) -> &probity::DecisionCache {
@@ -398,6 +419,11 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/cluster/digests", get(api::cluster_digests))
         .route("/v1/decisions", get(api::decisions))
         .route("/v1/verify", post(api::verify))
+        .route("/v1/keys", get(keys::status))
+        .route("/v1/keys/rotate", post(keys::rotate))
+        .route("/v1/keys/erase", post(keys::erase))
+        .route("/v1/encrypt", post(keys::encrypt))
+        .route("/v1/decrypt", post(keys::decrypt))
         .route("/v1/admission/validate", post(admission::validate))
         .route("/v1/admission/mutate", post(admission::mutate))
         .route("/v1/scheduler/filter", post(placement::filter))
@@ -485,6 +511,21 @@ async fn metrics_text(State(state): State<AppState>) -> Response {
         .metrics()
         .render(&state.engine().status(), state.is_ready());
     state.render_limits(&mut text);
+    if state.keys().is_some() {
+        // The key ages read the state backend, which may be etcd over the network.
+        let s = state.clone();
+        if let Ok(keys_text) = tokio::task::spawn_blocking(move || {
+            let mut t = String::new();
+            if let Some(k) = s.keys() {
+                keys::render_metrics(k, &mut t);
+            }
+            t
+        })
+        .await
+        {
+            text.push_str(&keys_text);
+        }
+    }
     (
         StatusCode::OK,
         [(

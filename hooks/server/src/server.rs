@@ -293,8 +293,14 @@ impl Server {
                 Some((listener, acceptor))
             }
         };
+        let state = AppState::new(engine, config);
+        match state.open_keyring() {
+            Ok(true) => tracing::info!("keyring ready"),
+            Ok(false) => {}
+            Err(detail) => return Err(ServeError::Keys(detail)),
+        }
         Ok(Self {
-            state: AppState::new(engine, config),
+            state,
             unix,
             tcp,
             _watcher: watcher,
@@ -326,6 +332,7 @@ impl Server {
         };
         self.state.set_connections(Arc::clone(&limits.connections));
         let retention = spawn_retention(&self.state);
+        let rotation = crate::keys::spawn_rotation(&self.state);
         let digests = tokio::spawn(report_digests(self.state.clone()));
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
         let mut tasks = tokio::task::JoinSet::new();
@@ -362,7 +369,7 @@ impl Server {
         if let Some(p) = socket_path {
             remove_socket(&p);
         }
-        if let Some(stop) = retention {
+        for stop in [retention, rotation].into_iter().flatten() {
             let _ = stop.send(());
         }
         digests.abort();

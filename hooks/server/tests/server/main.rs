@@ -13,6 +13,7 @@
 mod admission;
 mod api;
 mod deploy;
+mod keys;
 mod net;
 mod placement;
 
