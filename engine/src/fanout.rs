@@ -172,7 +172,7 @@ impl DecisionCache {
         self.shards.get((h as usize) % SHARDS)
     }
 
-    fn get(&self, key: &Key, snapshot: &Snapshot) -> Option<Decision> {
+    fn get(&self, key: &Key, snapshot: &Snapshot, memo: &mut Memo) -> Option<Decision> {
         let shard = self
             .shard(key)?
             .lock()
@@ -181,11 +181,30 @@ impl DecisionCache {
         entry
             .deps
             .iter()
-            .all(|d| d.holds(&snapshot.store))
+            .all(|d| match &d.version {
+                // Many entries depend on the same version of a zone, the cluster or a
+                // namespace: its store lookup is made once per fan-out, not once per
+                // node. The address identifies the version while the entry holds it.
+                Some(version) => {
+                    let at = Arc::as_ptr(version) as *const () as usize;
+                    match memo.get(&at) {
+                        Some((uid, holds)) if *uid == d.uid => *holds,
+                        _ => {
+                            let holds = d.holds(&snapshot.store);
+                            memo.insert(at, (d.uid.clone(), holds));
+                            holds
+                        }
+                    }
+                }
+                None => d.holds(&snapshot.store),
+            })
             .then(|| entry.decision.clone())
     }
 
-    fn put(&self, key: Key, deps: Vec<Dependency>, decision: Decision) {
+    fn put(&self, key: Key, mut deps: Vec<Dependency>, decision: Decision) {
+        // An ancestor is often also reached through an attribute: check it once.
+        let mut seen = std::collections::HashSet::with_capacity(deps.len());
+        deps.retain(|d| seen.insert(d.uid.clone()));
         let Some(shard) = self.shard(&key) else {
             return;
         };
@@ -231,7 +250,7 @@ impl Engine {
         let request_hash = fingerprint.as_deref().map_or(0, |fp| {
             std::hash::BuildHasher::hash_one(&FINGERPRINT_HASHER, fp)
         });
-        let decide_one = |resource: &EntityUid| -> Decision {
+        let decide_one = |resource: &EntityUid, memo: &mut Memo| -> Decision {
             let (Some(cache), Some(fp)) = (cacheable, &fingerprint) else {
                 return self.decide_prepared(&snapshot, request, &prepared, resource, None);
             };
@@ -240,7 +259,7 @@ impl Engine {
                 request_hash,
                 resource: resource.0.as_ref().clone(),
             };
-            if let Some(hit) = cache.get(&key, &snapshot) {
+            if let Some(hit) = cache.get(&key, &snapshot, memo) {
                 cache.hits.fetch_add(1, Ordering::Relaxed);
                 return hit;
             }
@@ -256,14 +275,22 @@ impl Engine {
             .min(resources.len() / MIN_PER_THREAD)
             .max(1);
         if threads == 1 {
-            return resources.iter().map(decide_one).collect();
+            let mut memo = Memo::default();
+            return resources.iter().map(|r| decide_one(r, &mut memo)).collect();
         }
         let chunk = resources.len().div_ceil(threads);
         std::thread::scope(|scope| {
             let decide_one = &decide_one;
             let handles: Vec<_> = resources
                 .chunks(chunk)
-                .map(|part| scope.spawn(move || part.iter().map(decide_one).collect::<Vec<_>>()))
+                .map(|part| {
+                    scope.spawn(move || {
+                        let mut memo = Memo::default();
+                        part.iter()
+                            .map(|r| decide_one(r, &mut memo))
+                            .collect::<Vec<_>>()
+                    })
+                })
                 .collect();
             handles
                 .into_iter()
@@ -277,6 +304,10 @@ impl Engine {
         })
     }
 }
+
+/// Dependency checks already made in one fan-out, by the address of the version they
+/// checked (with the entity it was checked for): whether it is still the store's.
+type Memo = HashMap<usize, (EntityUID, bool)>;
 
 /// Hashes request fingerprints (in process only: the cache is never persisted).
 const FINGERPRINT_HASHER: std::hash::BuildHasherDefault<std::collections::hash_map::DefaultHasher> =
