@@ -8,6 +8,7 @@
 )]
 
 mod agent;
+mod audit;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
