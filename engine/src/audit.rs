@@ -167,6 +167,43 @@ pub(crate) fn body_of(raw: &[u8]) -> Option<&[u8]> {
     }
 }
 
+/// A record's place in its log's chain, as forwarded with it: a SIEM drops duplicates
+/// by sequence number and hash, and checks the links without the log.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChainLink {
+    /// The record's sequence number.
+    pub seq: u64,
+    /// Its predecessor's hash (`None`: written before the chain existed).
+    pub prev: Option<Hash>,
+    /// Its own hash (`None`: written before the chain existed).
+    pub hash: Option<Hash>,
+}
+
+impl ChainLink {
+    /// The link of a stored value at `seq` (`None`: malformed).
+    pub(crate) fn of(seq: u64, raw: &[u8]) -> Option<(Self, &[u8])> {
+        match decode_stored(raw) {
+            Stored::Chained(link) => Some((
+                Self {
+                    seq,
+                    prev: Some(link.prev),
+                    hash: Some(link.hash),
+                },
+                link.body,
+            )),
+            Stored::Unchained(body) => Some((
+                Self {
+                    seq,
+                    prev: None,
+                    hash: None,
+                },
+                body,
+            )),
+            Stored::Malformed => None,
+        }
+    }
+}
+
 /// A signed tree head: the chain of `log` up to record `seq` ends in `head`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Checkpoint {

@@ -1046,6 +1046,44 @@ impl StateStore {
             .collect()
     }
 
+    /// Up to `limit` decision records from sequence number `from`, each with its place in
+    /// the chain (for forwarding).
+    pub fn chained_decisions(
+        &self,
+        from: u64,
+        limit: usize,
+    ) -> Result<Vec<(DecisionRecord, audit::ChainLink)>, StateError> {
+        self.read_log(DECISIONS, from, limit, "reading decision records")?
+            .into_iter()
+            .map(|(seq, raw)| {
+                audit::ChainLink::of(seq, &raw)
+                    .and_then(|(link, body)| {
+                        serde_json::from_slice::<DecisionRecord>(body)
+                            .ok()
+                            .map(|r| (DecisionRecord { seq, ..r }, link))
+                    })
+                    .ok_or_else(|| self.corrupt("decisions", &seq.to_string()))
+            })
+            .collect()
+    }
+
+    /// Up to `limit` events from sequence number `from`, each with its place in the
+    /// chain (for forwarding).
+    pub fn chained_events(
+        &self,
+        from: u64,
+        limit: usize,
+    ) -> Result<Vec<(Event, audit::ChainLink)>, StateError> {
+        self.read_log(EVENTS, from, limit, "reading events")?
+            .into_iter()
+            .map(|(seq, raw)| {
+                audit::ChainLink::of(seq, &raw)
+                    .and_then(|(link, body)| decode_event(seq, body).map(|e| (e, link)))
+                    .ok_or_else(|| self.corrupt("events", &seq.to_string()))
+            })
+            .collect()
+    }
+
     /// All events with sequence number `from` or later, in order.
     pub fn events(&self, from: u64) -> Result<Vec<Event>, StateError> {
         self.read_log(EVENTS, from, usize::MAX, "reading events")?
@@ -1803,6 +1841,26 @@ mod tests {
         let mut more = vec![record(5)];
         assert_eq!(s.record_decisions(&mut more).unwrap(), 310);
         crate::audit::verify(&s, None).unwrap();
+    }
+
+    #[test]
+    fn chained_reads_give_each_record_the_hash_its_successor_chains_from() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = StateStore::open(dir.path()).unwrap();
+        let mut batch: Vec<DecisionRecord> = (0..3).map(record).collect();
+        s.record_decisions(&mut batch).unwrap();
+        let read = s.chained_decisions(0, 10).unwrap();
+        assert_eq!(read.len(), 3);
+        assert_eq!(read[0].1.prev, Some(GENESIS));
+        assert_eq!(read[1].1.prev, read[0].1.hash);
+        assert_eq!(read[2].1.prev, read[1].1.hash);
+        assert_eq!((read[2].0.seq, read[2].1.seq), (2, 2));
+        s.record_event("o", None, "k", "d").unwrap();
+        let events = s.chained_events(0, 10).unwrap();
+        assert_eq!(
+            (events[0].0.kind.as_str(), events[0].1.prev),
+            ("k", Some(GENESIS))
+        );
     }
 
     #[test]
