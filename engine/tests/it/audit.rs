@@ -365,3 +365,37 @@ fn the_engine_chains_what_it_records_and_checkpoints_a_quiet_log_by_time() {
     assert_eq!(report.logs[0].last_checkpoint, Some(2));
     assert_eq!(report.logs[0].unwitnessed, 0);
 }
+
+#[test]
+fn after_pruning_at_a_checkpoint_the_rest_verifies_and_a_cut_into_it_is_named() {
+    let tmp = tempfile::tempdir().unwrap();
+    let key = chained_store(tmp.path());
+    {
+        let store = StateStore::open(&tmp.path().join("state")).unwrap();
+        let retention = probity::state::Retention {
+            max_bytes: 1,
+            max_age_seconds: u64::MAX,
+            keep_from: 25,
+        };
+        // Checkpoints at 9 and 19 come before keep_from; 29 does not.
+        assert_eq!(store.prune_decisions(&retention, 0).unwrap(), 20);
+        let report = audit::verify(&store, Some(&key)).unwrap();
+        assert_eq!(report.logs[0].first, Some(20));
+        assert_eq!(report.logs[0].signed_checkpoints, 2);
+    }
+    tamper(tmp.path(), |txn| {
+        txn.open_table(DECISIONS).unwrap().remove(20).unwrap();
+    });
+    let err = verify(tmp.path(), &key).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            AuditError::Deleted {
+                log: Log::Decisions,
+                seq: 20,
+                through: 20
+            }
+        ),
+        "{err}"
+    );
+}
