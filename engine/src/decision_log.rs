@@ -14,8 +14,11 @@
 //! [`Settled`] turns that into a deny (fail closed).
 
 use std::sync::Arc;
-use std::sync::mpsc::{Receiver, SyncSender, TryRecvError, TrySendError, sync_channel};
+use std::sync::mpsc::{
+    Receiver, RecvTimeoutError, SyncSender, TryRecvError, TrySendError, sync_channel,
+};
 use std::thread::JoinHandle;
+use std::time::Duration;
 
 use crate::decision::{Decision, DecisionError, Effect};
 use crate::request::Request;
@@ -88,8 +91,30 @@ impl Drop for DecisionLog {
     }
 }
 
+/// Shortest wait between time-based checkpoint checks.
+const MIN_TICK: Duration = Duration::from_millis(100);
+
 fn write_loop(store: &dyn StateBackend, inbox: &Receiver<Job>) {
-    while let Ok(first) = inbox.recv() {
+    // Appends make the checkpoints due by count; a quiet log is checkpointed by time
+    // here, between commits (the chain is hashed in the commit, in `record_decisions`).
+    let tick = store.checkpoint_interval().map(|t| t.max(MIN_TICK));
+    loop {
+        let first = match tick {
+            None => match inbox.recv() {
+                Ok(job) => job,
+                Err(_) => return,
+            },
+            Some(tick) => match inbox.recv_timeout(tick) {
+                Ok(job) => job,
+                Err(RecvTimeoutError::Timeout) => {
+                    // A failure here is retried at the next tick or append, and the
+                    // records it concerns are already durable.
+                    let _ = store.checkpoint_due();
+                    continue;
+                }
+                Err(RecvTimeoutError::Disconnected) => return,
+            },
+        };
         let mut group = vec![first];
         let mut count = group.iter().map(|j| j.records.len()).sum::<usize>();
         while count < MAX_GROUP {

@@ -42,6 +42,7 @@
 #[doc = include_str!("../../README.md")]
 struct ReadmeDoctests;
 
+pub mod audit;
 mod bundle;
 mod clock;
 mod conventions;

@@ -16,12 +16,16 @@
 //!   ([`StateError::Rollback`]), and so is a different digest for the accepted version
 //!   ([`StateError::DigestConflict`]);
 //! * every write is committed with immediate durability before the call returns;
-//! * the event log is append-only: there is no API to change or delete an event.
+//! * the event log is append-only: there is no API to change or delete an event;
+//! * every record of the decision and event logs is hash-chained to its predecessor and
+//!   the chains are checkpointed ([`crate::audit`]); the decision log is pruned only up
+//!   to a checkpoint, so what is kept still verifies.
 //!
 //! The store is generic over what a node is (a string id) so servers can use the blocklist.
 
 use std::path::{Path, PathBuf};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::sync::{Mutex, RwLock};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use redb::{
     Database, ReadableDatabase as _, ReadableTable as _, ReadableTableMetadata as _,
@@ -30,6 +34,7 @@ use redb::{
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
+use crate::audit::{self, Checkpoint, CheckpointPolicy, GENESIS, Log};
 use crate::decision::Decision;
 use crate::engine::BlockRecord;
 use crate::trust::{self, Material, TrustError};
@@ -51,10 +56,12 @@ const DIGESTS: TableDefinition<&str, &[u8]> = TableDefinition::new("digests");
 /// Counters that must survive pruning: the decision log's next sequence number, its
 /// bytes, where pruning stopped.
 const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
-
-/// The decision log is pruned in whole segments of this many records (by sequence
-/// number), never one record at a time.
-pub const DECISION_SEGMENT: u64 = 4096;
+/// Each log's chain: log name -> [`ChainState`] (its head, last record, records not yet
+/// checkpointed, time of the last checkpoint).
+const CHAIN: TableDefinition<&str, &[u8]> = TableDefinition::new("chain");
+/// Checkpoints (signed tree heads): (log name, the last record covered) -> the rest of
+/// the [`Checkpoint`].
+const CHECKPOINTS: TableDefinition<(&str, u64), &[u8]> = TableDefinition::new("checkpoints");
 
 /// How much of the decision log to keep.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -64,8 +71,7 @@ pub struct Retention {
     /// Prune segments whose newest record is older than this, in seconds.
     pub max_age_seconds: u64,
     /// Never prune a record at or after this sequence number (the first record not yet
-    /// forwarded, or the last signed checkpoint): retention never loses what has not
-    /// left the machine.
+    /// forwarded): retention never loses what has not left the machine.
     pub keep_from: u64,
 }
 
@@ -456,8 +462,20 @@ pub trait StateBackend: Send + Sync + std::fmt::Debug {
     /// How much the decision log holds.
     fn decision_log_usage(&self) -> Result<LogUsage, StateError>;
 
-    /// Prunes the decision log in whole segments (see [`StateStore::prune_decisions`]).
+    /// Prunes the decision log up to checkpoints (see [`StateStore::prune_decisions`]).
     fn prune_decisions(&self, retention: &Retention, now_ms: u64) -> Result<u64, StateError>;
+
+    /// Makes the checkpoints that are due by time (see [`crate::audit`]): the decision
+    /// log's writer calls it every [`StateBackend::checkpoint_interval`] while no record
+    /// arrives (appends make the others). Default: the backend keeps no checkpoints.
+    fn checkpoint_due(&self) -> Result<Vec<Checkpoint>, StateError> {
+        Ok(Vec::new())
+    }
+
+    /// How often [`StateBackend::checkpoint_due`] is worth calling; `None`: never.
+    fn checkpoint_interval(&self) -> Option<Duration> {
+        None
+    }
 
     /// A key's metadata record and its revision.
     fn key_record(&self, id: &str) -> Result<Option<(Vec<u8>, u64)>, StateError>;
@@ -550,6 +568,9 @@ pub struct StateStore {
     db: Database,
     path: PathBuf,
     created: bool,
+    checkpoints: RwLock<CheckpointPolicy>,
+    /// Why the last checkpoint could not be signed (cleared by the next that is).
+    checkpoint_failure: Mutex<Option<String>>,
 }
 
 fn now_unix() -> u64 {
@@ -557,6 +578,59 @@ fn now_unix() -> u64 {
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_secs())
         .unwrap_or(0)
+}
+
+fn now_unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        .unwrap_or(0)
+}
+
+/// Where a log's chain stands, kept in [`CHAIN`] and updated in the transaction that
+/// appends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct ChainState {
+    /// The last record's hash ([`GENESIS`] before the first).
+    head: crate::integrity::Hash,
+    /// The last record's sequence number.
+    last: Option<u64>,
+    /// Records since the last checkpoint.
+    unchecked: u64,
+    /// When the last checkpoint was made (or the chain started), in Unix milliseconds.
+    last_checkpoint_ms: u64,
+}
+
+impl ChainState {
+    fn encode(&self) -> [u8; 56] {
+        let mut v = [0u8; 56];
+        let last = self.last.map_or(0, |l| l.saturating_add(1));
+        for (dst, src) in v.iter_mut().zip(
+            self.head
+                .iter()
+                .chain(&last.to_be_bytes())
+                .chain(&self.unchecked.to_be_bytes())
+                .chain(&self.last_checkpoint_ms.to_be_bytes()),
+        ) {
+            *dst = *src;
+        }
+        v
+    }
+
+    fn decode(raw: &[u8]) -> Option<Self> {
+        let word = |at: usize| -> Option<u64> {
+            Some(u64::from_be_bytes(
+                raw.get(at..at.checked_add(8)?)?.try_into().ok()?,
+            ))
+        };
+        let last = word(32)?;
+        Some(Self {
+            head: raw.get(..32)?.try_into().ok()?,
+            last: last.checked_sub(1),
+            unchecked: word(40)?,
+            last_checkpoint_ms: word(48)?,
+        })
+    }
 }
 
 impl StateStore {
@@ -585,7 +659,13 @@ impl StateStore {
             operation: "opening",
             source: Box::new(e),
         })?;
-        let store = Self { db, path, created };
+        let store = Self {
+            db,
+            path,
+            created,
+            checkpoints: RwLock::new(CheckpointPolicy::default()),
+            checkpoint_failure: Mutex::new(None),
+        };
         // Create the tables so that read transactions find them.
         store.write("creating tables", |txn| {
             txn.open_table(MANIFESTS)?;
@@ -596,6 +676,8 @@ impl StateStore {
             txn.open_table(FACTS)?;
             txn.open_table(DIGESTS)?;
             txn.open_table(META)?;
+            txn.open_table(CHAIN)?;
+            txn.open_table(CHECKPOINTS)?;
             Ok(())
         })?;
         Ok(store)
@@ -801,11 +883,22 @@ impl StateStore {
         detail: &str,
     ) -> Result<u64, StateError> {
         let time = now_unix();
+        let now_ms = now_unix_ms();
+        let record = encode_event(time, object_id, node, kind, detail);
         self.write("appending an event", |txn| {
             let mut table = txn.open_table(EVENTS)?;
-            let seq = next_seq(table.last()?.map(|(k, _)| k.value()), 1)?;
-            let record = encode_event(time, object_id, node, kind, detail);
-            table.insert(seq, record.as_slice())?;
+            let chained = self.chain_state(txn, Log::Events, now_ms)?.last;
+            let held = table.last()?.map(|(k, _)| k.value());
+            // The chain remembers the last number even if the table lost it.
+            let seq = next_seq(held.max(chained), 1)?;
+            self.append_chained(
+                txn,
+                Log::Events,
+                &mut table,
+                seq,
+                std::slice::from_ref(&record),
+                now_ms,
+            )?;
             Ok(seq)
         })
     }
@@ -823,7 +916,7 @@ impl StateStore {
                 operation: "encoding decision records",
                 source: Box::new(e),
             })?;
-        let added: u64 = encoded.iter().map(|b| b.len() as u64).sum();
+        let now_ms = now_unix_ms();
         let first = self.write("appending decision records", |txn| {
             let mut table = txn.open_table(DECISIONS)?;
             let mut meta = txn.open_table(META)?;
@@ -834,9 +927,9 @@ impl StateStore {
             let end = first
                 .checked_add(encoded.len() as u64)
                 .ok_or_else(exhausted)?;
-            for (seq, bytes) in (first..).zip(&encoded) {
-                table.insert(seq, bytes.as_slice())?;
-            }
+            // Hashed here, in the group commit, not per request.
+            let added =
+                self.append_chained(txn, Log::Decisions, &mut table, first, &encoded, now_ms)?;
             let bytes = meta.get("decisions.bytes")?.map(|g| g.value()).unwrap_or(0);
             meta.insert("decisions.bytes", bytes.saturating_add(added))?;
             meta.insert("decisions.next", end)?;
@@ -868,24 +961,34 @@ impl StateStore {
         read().map_err(self.db_err("measuring the decision log"))
     }
 
-    /// Prunes whole segments ([`DECISION_SEGMENT`] records) from the oldest, while the
-    /// log is over `max_bytes` or a segment's newest record is older than
-    /// `max_age_seconds`, and never a segment that reaches `keep_from`. Returns the
-    /// records pruned. `now_ms` is the judge of age.
+    /// Prunes the oldest records up to a checkpoint, one checkpoint span at a time, while
+    /// the log is over `max_bytes` or the span's last record is older than
+    /// `max_age_seconds`; never a record at or after `keep_from`, and never a span that no
+    /// checkpoint ends (the first kept record chains from the checkpoint it was cut at, so
+    /// [`crate::audit::verify`] still passes). Checkpoints older than the cut go with it.
+    /// Returns the records pruned. `now_ms` is the judge of age.
     pub fn prune_decisions(&self, retention: &Retention, now_ms: u64) -> Result<u64, StateError> {
         let mut pruned = 0u64;
         loop {
             let usage = self.decision_log_usage()?;
-            let segment_start = usage.first - usage.first % DECISION_SEGMENT;
-            let segment_end = segment_start + DECISION_SEGMENT;
-            // A segment is whole only once the log has moved past it.
-            if usage.records == 0 || segment_end > usage.next || segment_end > retention.keep_from {
+            if usage.records == 0 {
                 return Ok(pruned);
             }
-            let newest = self.decisions(segment_end - 1, 1)?;
-            let newest_ms = newest
+            // The first checkpoint at or after the first record held.
+            let Some(cut) = self
+                .raw_checkpoints_from(Log::Decisions, usage.first, 1)?
                 .first()
-                .filter(|r| r.seq == segment_end - 1)
+                .map(|(seq, _)| *seq)
+            else {
+                return Ok(pruned);
+            };
+            if cut >= retention.keep_from || cut >= usage.next {
+                return Ok(pruned);
+            }
+            let newest_ms = self
+                .decisions(cut, 1)?
+                .first()
+                .filter(|r| r.seq == cut)
                 .map(|r| r.time_unix_ms);
             let too_old = newest_ms.is_some_and(|t| {
                 now_ms.saturating_sub(t) > retention.max_age_seconds.saturating_mul(1000)
@@ -898,17 +1001,34 @@ impl StateStore {
                 let mut meta = txn.open_table(META)?;
                 let mut bytes = 0u64;
                 let mut count = 0u64;
-                for seq in usage.first..segment_end {
+                let seqs: Vec<u64> = table
+                    .range(usage.first..=cut)?
+                    .map(|row| row.map(|(k, _)| k.value()))
+                    .collect::<Result<_, _>>()?;
+                for seq in seqs {
                     if let Some(v) = table.remove(seq)? {
                         bytes += v.value().len() as u64;
                         count += 1;
                     }
+                }
+                // Older checkpoints vouch for records no longer held.
+                let mut checkpoints = txn.open_table(CHECKPOINTS)?;
+                let name = Log::Decisions.name();
+                let older: Vec<u64> = checkpoints
+                    .range((name, 0)..(name, cut))?
+                    .map(|row| row.map(|(k, _)| k.value().1))
+                    .collect::<Result<_, _>>()?;
+                for seq in older {
+                    checkpoints.remove((name, seq))?;
                 }
                 let held = meta.get("decisions.bytes")?.map(|g| g.value()).unwrap_or(0);
                 meta.insert("decisions.bytes", held.saturating_sub(bytes))?;
                 meta.insert("decisions.next", usage.next)?;
                 Ok(count)
             })?;
+            if removed == 0 {
+                return Ok(pruned);
+            }
             pruned += removed;
         }
     }
@@ -918,9 +1038,48 @@ impl StateStore {
         self.read_log(DECISIONS, from, limit, "reading decision records")?
             .into_iter()
             .map(|(seq, raw)| {
-                serde_json::from_slice::<DecisionRecord>(&raw)
+                audit::body_of(&raw)
+                    .and_then(|body| serde_json::from_slice::<DecisionRecord>(body).ok())
                     .map(|r| DecisionRecord { seq, ..r })
-                    .map_err(|_| self.corrupt("decisions", &seq.to_string()))
+                    .ok_or_else(|| self.corrupt("decisions", &seq.to_string()))
+            })
+            .collect()
+    }
+
+    /// Up to `limit` decision records from sequence number `from`, each with its place in
+    /// the chain (for forwarding).
+    pub fn chained_decisions(
+        &self,
+        from: u64,
+        limit: usize,
+    ) -> Result<Vec<(DecisionRecord, audit::ChainLink)>, StateError> {
+        self.read_log(DECISIONS, from, limit, "reading decision records")?
+            .into_iter()
+            .map(|(seq, raw)| {
+                audit::ChainLink::of(seq, &raw)
+                    .and_then(|(link, body)| {
+                        serde_json::from_slice::<DecisionRecord>(body)
+                            .ok()
+                            .map(|r| (DecisionRecord { seq, ..r }, link))
+                    })
+                    .ok_or_else(|| self.corrupt("decisions", &seq.to_string()))
+            })
+            .collect()
+    }
+
+    /// Up to `limit` events from sequence number `from`, each with its place in the
+    /// chain (for forwarding).
+    pub fn chained_events(
+        &self,
+        from: u64,
+        limit: usize,
+    ) -> Result<Vec<(Event, audit::ChainLink)>, StateError> {
+        self.read_log(EVENTS, from, limit, "reading events")?
+            .into_iter()
+            .map(|(seq, raw)| {
+                audit::ChainLink::of(seq, &raw)
+                    .and_then(|(link, body)| decode_event(seq, body).map(|e| (e, link)))
+                    .ok_or_else(|| self.corrupt("events", &seq.to_string()))
             })
             .collect()
     }
@@ -930,9 +1089,233 @@ impl StateStore {
         self.read_log(EVENTS, from, usize::MAX, "reading events")?
             .into_iter()
             .map(|(seq, raw)| {
-                decode_event(seq, &raw).ok_or_else(|| self.corrupt("events", &seq.to_string()))
+                audit::body_of(&raw)
+                    .and_then(|body| decode_event(seq, body))
+                    .ok_or_else(|| self.corrupt("events", &seq.to_string()))
             })
             .collect()
+    }
+
+    /// Sets when checkpoints are made and who signs them (the default: every
+    /// [`audit::DEFAULT_CHECKPOINT_RECORDS`] records or
+    /// [`audit::DEFAULT_CHECKPOINT_INTERVAL`], unsigned). Takes effect at the next append.
+    pub fn set_checkpoint_policy(&self, policy: CheckpointPolicy) {
+        match self.checkpoints.write() {
+            Ok(mut p) => *p = policy,
+            Err(poisoned) => *poisoned.into_inner() = policy,
+        }
+    }
+
+    /// The checkpoint policy in force.
+    pub fn checkpoint_policy(&self) -> CheckpointPolicy {
+        match self.checkpoints.read() {
+            Ok(p) => p.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
+    /// Why the last checkpoint could not be signed, if it could not (the records were
+    /// kept; the checkpoint is retried at the next append or tick).
+    pub fn checkpoint_failure(&self) -> Option<String> {
+        match self.checkpoint_failure.lock() {
+            Ok(f) => f.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
+    fn set_checkpoint_failure(&self, failure: Option<String>) {
+        match self.checkpoint_failure.lock() {
+            Ok(mut f) => *f = failure,
+            Err(poisoned) => *poisoned.into_inner() = failure,
+        }
+    }
+
+    /// Every checkpoint of `log`, oldest first.
+    pub fn checkpoints(&self, log: Log) -> Result<Vec<Checkpoint>, StateError> {
+        self.raw_checkpoints(log)?
+            .into_iter()
+            .map(|(seq, raw)| {
+                Checkpoint::decode(log, seq, &raw)
+                    .ok_or_else(|| self.corrupt("checkpoints", &format!("{log}/{seq}")))
+            })
+            .collect()
+    }
+
+    /// Checkpoints the logs whose records waited [`CheckpointPolicy::every`] (with
+    /// `force`: every log with records not yet checkpointed); the checkpoints made. Writes
+    /// nothing when none is due.
+    pub fn checkpoint(&self, force: bool) -> Result<Vec<Checkpoint>, StateError> {
+        let now_ms = now_unix_ms();
+        let policy = self.checkpoint_policy();
+        let read = || -> Result<Vec<Option<ChainState>>, redb::Error> {
+            let txn = self.db.begin_read()?;
+            let table = txn.open_table(CHAIN)?;
+            Log::ALL
+                .iter()
+                .map(|log| {
+                    Ok(table
+                        .get(log.name())?
+                        .and_then(|g| ChainState::decode(g.value())))
+                })
+                .collect()
+        };
+        let states = read().map_err(self.db_err("reading the chains"))?;
+        let due = states.iter().flatten().any(|c| {
+            if force {
+                c.unchecked > 0
+            } else {
+                policy.due(c.unchecked, now_ms.saturating_sub(c.last_checkpoint_ms))
+            }
+        });
+        if !due {
+            return Ok(Vec::new());
+        }
+        self.write("checkpointing the logs", |txn| {
+            let mut made = Vec::new();
+            for log in Log::ALL {
+                let mut chain = self.chain_state(txn, log, now_ms)?;
+                if let Some(cp) = self.checkpoint_in(txn, log, &mut chain, now_ms, force)? {
+                    txn.open_table(CHAIN)?
+                        .insert(log.name(), chain.encode().as_slice())?;
+                    made.push(cp);
+                }
+            }
+            Ok(made)
+        })
+    }
+
+    /// The chain state of `log` in a write transaction (a new chain starts now).
+    fn chain_state(
+        &self,
+        txn: &redb::WriteTransaction,
+        log: Log,
+        now_ms: u64,
+    ) -> Result<ChainState, redb::Error> {
+        let table = txn.open_table(CHAIN)?;
+        match table.get(log.name())? {
+            None => Ok(ChainState {
+                head: GENESIS,
+                last: None,
+                unchecked: 0,
+                last_checkpoint_ms: now_ms,
+            }),
+            Some(g) => ChainState::decode(g.value()).ok_or_else(|| {
+                redb::Error::Corrupted(format!("the chain state of the {log} log is malformed"))
+            }),
+        }
+    }
+
+    /// Appends `bodies` to `log` from sequence number `first`, each chained to the one
+    /// before, and checkpoints if one is due; the bytes stored.
+    fn append_chained(
+        &self,
+        txn: &redb::WriteTransaction,
+        log: Log,
+        table: &mut redb::Table<u64, &[u8]>,
+        first: u64,
+        bodies: &[Vec<u8>],
+        now_ms: u64,
+    ) -> Result<u64, redb::Error> {
+        let mut chain = self.chain_state(txn, log, now_ms)?;
+        let mut stored = 0u64;
+        for (seq, body) in (first..).zip(bodies) {
+            let hash = audit::record_hash(log, seq, &chain.head, body);
+            let value = audit::encode_link(seq, &chain.head, &hash, body);
+            stored = stored.saturating_add(value.len() as u64);
+            table.insert(seq, value.as_slice())?;
+            chain.head = hash;
+            chain.last = Some(seq);
+            chain.unchecked = chain.unchecked.saturating_add(1);
+        }
+        self.checkpoint_in(txn, log, &mut chain, now_ms, false)?;
+        txn.open_table(CHAIN)?
+            .insert(log.name(), chain.encode().as_slice())?;
+        Ok(stored)
+    }
+
+    /// Makes the checkpoint of `log` at its last record if one is due (or, with `force`,
+    /// if any record is not yet checkpointed). A signing failure keeps the records and is
+    /// kept in [`StateStore::checkpoint_failure`]: the checkpoint stays due.
+    fn checkpoint_in(
+        &self,
+        txn: &redb::WriteTransaction,
+        log: Log,
+        chain: &mut ChainState,
+        now_ms: u64,
+        force: bool,
+    ) -> Result<Option<Checkpoint>, redb::Error> {
+        let policy = self.checkpoint_policy();
+        let Some(last) = chain.last else {
+            return Ok(None);
+        };
+        let due = if force {
+            chain.unchecked > 0
+        } else {
+            policy.due(
+                chain.unchecked,
+                now_ms.saturating_sub(chain.last_checkpoint_ms),
+            )
+        };
+        if !due {
+            return Ok(None);
+        }
+        match policy.make(log, last, chain.head, now_ms) {
+            Ok(cp) => {
+                txn.open_table(CHECKPOINTS)?
+                    .insert((log.name(), last), cp.encode().as_slice())?;
+                chain.unchecked = 0;
+                chain.last_checkpoint_ms = now_ms;
+                self.set_checkpoint_failure(None);
+                Ok(Some(cp))
+            }
+            Err(e) => {
+                self.set_checkpoint_failure(Some(crate::error::join_chain(
+                    format!("cannot sign the checkpoint of the {log} log at record {last}: {e}"),
+                    std::error::Error::source(&e),
+                )));
+                Ok(None)
+            }
+        }
+    }
+
+    /// The stored checkpoints of `log`, by the last record they cover.
+    pub(crate) fn raw_checkpoints(&self, log: Log) -> Result<Vec<(u64, Vec<u8>)>, StateError> {
+        self.raw_checkpoints_from(log, 0, usize::MAX)
+    }
+
+    fn raw_checkpoints_from(
+        &self,
+        log: Log,
+        from: u64,
+        limit: usize,
+    ) -> Result<Vec<(u64, Vec<u8>)>, StateError> {
+        let read = || -> Result<Vec<(u64, Vec<u8>)>, redb::Error> {
+            let txn = self.db.begin_read()?;
+            let table = txn.open_table(CHECKPOINTS)?;
+            let name = log.name();
+            let mut out = Vec::new();
+            for row in table.range((name, from)..=(name, u64::MAX))?.take(limit) {
+                let (k, v) = row?;
+                out.push((k.value().1, v.value().to_vec()));
+            }
+            Ok(out)
+        };
+        read().map_err(self.db_err("reading checkpoints"))
+    }
+
+    /// Up to `limit` stored rows of `log` from sequence number `from`, as stored (for
+    /// verification).
+    pub(crate) fn raw_log(
+        &self,
+        log: Log,
+        from: u64,
+        limit: usize,
+    ) -> Result<Vec<(u64, Vec<u8>)>, StateError> {
+        let table = match log {
+            Log::Decisions => DECISIONS,
+            Log::Events => EVENTS,
+        };
+        self.read_log(table, from, limit, "reading a log to verify it")
     }
 
     /// Up to `limit` raw rows of an append-only log table, from sequence number `from`.
@@ -1132,6 +1515,12 @@ impl StateBackend for StateStore {
     }
     fn prune_decisions(&self, retention: &Retention, now_ms: u64) -> Result<u64, StateError> {
         StateStore::prune_decisions(self, retention, now_ms)
+    }
+    fn checkpoint_due(&self) -> Result<Vec<Checkpoint>, StateError> {
+        self.checkpoint(false)
+    }
+    fn checkpoint_interval(&self) -> Option<Duration> {
+        Some(self.checkpoint_policy().every)
     }
     fn key_record(&self, id: &str) -> Result<Option<(Vec<u8>, u64)>, StateError> {
         let read = || -> Result<Option<Vec<u8>>, redb::Error> {
@@ -1386,44 +1775,112 @@ mod tests {
         }
     }
 
+    fn every(records: u64) -> CheckpointPolicy {
+        CheckpointPolicy {
+            every_records: records,
+            every: Duration::from_secs(3600),
+            anchor: None,
+        }
+    }
+
     #[test]
-    fn retention_prunes_whole_segments_and_never_what_is_kept_or_numbers_again() {
+    fn retention_prunes_only_at_checkpoints_and_never_what_is_kept_or_numbers_again() {
         let dir = tempfile::tempdir().unwrap();
         let s = StateStore::open(dir.path()).unwrap();
-        let n = DECISION_SEGMENT * 3 + 10;
-        let mut batch: Vec<DecisionRecord> = (0..n).map(|i| record(1_000 + i)).collect();
-        s.record_decisions(&mut batch).unwrap();
+        s.set_checkpoint_policy(every(100));
+        // Checkpoints at 99, 199, 299 (one per group of 100), none over the last 10.
+        for g in 0..3 {
+            let mut batch: Vec<DecisionRecord> =
+                (0..100).map(|i| record(1_000 + g * 100 + i)).collect();
+            s.record_decisions(&mut batch).unwrap();
+        }
+        let mut tail: Vec<DecisionRecord> = (0..10).map(|i| record(2_000 + i)).collect();
+        s.record_decisions(&mut tail).unwrap();
+        let seqs: Vec<u64> = s
+            .checkpoints(Log::Decisions)
+            .unwrap()
+            .iter()
+            .map(|c| c.seq)
+            .collect();
+        assert_eq!(seqs, [99, 199, 299]);
         let full = s.decision_log_usage().unwrap();
-        assert_eq!((full.records, full.first, full.next), (n, 0, n));
-        // Over the byte budget, but only the first segment may go (keep_from).
+        assert_eq!((full.records, full.first, full.next), (310, 0, 310));
+        // Over the byte budget, but only up to checkpoint 99 may go (keep_from).
         let keep = Retention {
             max_bytes: 1,
             max_age_seconds: u64::MAX,
-            keep_from: DECISION_SEGMENT + 5,
+            keep_from: 150,
         };
-        assert_eq!(s.prune_decisions(&keep, 0).unwrap(), DECISION_SEGMENT);
+        assert_eq!(s.prune_decisions(&keep, 0).unwrap(), 100);
         let after = s.decision_log_usage().unwrap();
-        assert_eq!(
-            (after.first, after.records),
-            (DECISION_SEGMENT, n - DECISION_SEGMENT)
-        );
+        assert_eq!((after.first, after.records), (100, 210));
         assert!(after.bytes < full.bytes);
-        // By age: segments older than the limit go, the unfinished last one stays.
+        crate::audit::verify(&s, None).unwrap();
+        // By age: spans whose last record is too old go, the unchecked tail stays.
         let old = Retention {
             max_bytes: u64::MAX,
             max_age_seconds: 1,
             keep_from: u64::MAX,
         };
-        assert_eq!(
-            s.prune_decisions(&old, 1_000_000).unwrap(),
-            2 * DECISION_SEGMENT
-        );
+        assert_eq!(s.prune_decisions(&old, 1_000_000).unwrap(), 200);
         assert_eq!(s.decision_log_usage().unwrap().records, 10);
-        // Nothing young is pruned.
-        assert_eq!(s.prune_decisions(&old, 1_000).unwrap(), 0);
+        // The checkpoint the log was cut at stays; older ones went.
+        let seqs: Vec<u64> = s
+            .checkpoints(Log::Decisions)
+            .unwrap()
+            .iter()
+            .map(|c| c.seq)
+            .collect();
+        assert_eq!(seqs, [299]);
+        let report = crate::audit::verify(&s, None).unwrap();
+        assert_eq!(report.logs[0].first, Some(300));
+        assert_eq!(report.logs[0].unwitnessed, 10);
+        // Nothing without a checkpoint after it is pruned, however old.
+        assert_eq!(s.prune_decisions(&old, u64::MAX).unwrap(), 0);
         // Sequence numbers go on after pruning.
         let mut more = vec![record(5)];
-        assert_eq!(s.record_decisions(&mut more).unwrap(), n);
+        assert_eq!(s.record_decisions(&mut more).unwrap(), 310);
+        crate::audit::verify(&s, None).unwrap();
+    }
+
+    #[test]
+    fn chained_reads_give_each_record_the_hash_its_successor_chains_from() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = StateStore::open(dir.path()).unwrap();
+        let mut batch: Vec<DecisionRecord> = (0..3).map(record).collect();
+        s.record_decisions(&mut batch).unwrap();
+        let read = s.chained_decisions(0, 10).unwrap();
+        assert_eq!(read.len(), 3);
+        assert_eq!(read[0].1.prev, Some(GENESIS));
+        assert_eq!(read[1].1.prev, read[0].1.hash);
+        assert_eq!(read[2].1.prev, read[1].1.hash);
+        assert_eq!((read[2].0.seq, read[2].1.seq), (2, 2));
+        s.record_event("o", None, "k", "d").unwrap();
+        let events = s.chained_events(0, 10).unwrap();
+        assert_eq!(
+            (events[0].0.kind.as_str(), events[0].1.prev),
+            ("k", Some(GENESIS))
+        );
+    }
+
+    #[test]
+    fn a_quiet_log_is_checkpointed_by_time_and_by_force() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = StateStore::open(dir.path()).unwrap();
+        s.set_checkpoint_policy(CheckpointPolicy {
+            every: Duration::ZERO,
+            ..every(1000)
+        });
+        // Due by time at once: the append itself checkpoints.
+        s.record_event("o", None, "k", "d").unwrap();
+        assert_eq!(s.checkpoints(Log::Events).unwrap().len(), 1);
+        assert!(s.checkpoint(false).unwrap().is_empty(), "nothing new");
+        s.set_checkpoint_policy(every(1000));
+        s.record_event("o", None, "k", "d").unwrap();
+        assert!(s.checkpoint(false).unwrap().is_empty(), "not due yet");
+        let made = s.checkpoint(true).unwrap();
+        assert_eq!((made.len(), made[0].seq, made[0].log), (1, 1, Log::Events));
+        assert!(made[0].signature.is_none());
     }
 
     #[test]

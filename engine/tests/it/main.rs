@@ -8,6 +8,7 @@
     clippy::indexing_slicing
 )]
 
+mod audit;
 mod decision_log;
 mod engine;
 mod facts;

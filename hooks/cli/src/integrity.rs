@@ -405,12 +405,269 @@ pub fn nodes(command: &NodesCommand, state_args: &StateArgs) -> Result<u8> {
     Ok(exit::ALLOW)
 }
 
-/// `probity audit`: the decision log, one JSON record per line.
-pub fn audit(from: u64, limit: usize, state_args: &StateArgs) -> Result<u8> {
-    let state = open_state(state_args)?;
-    for record in state.decisions(from, limit)? {
-        out::line(record.to_json())?;
+/// `probity audit ...`
+#[derive(Subcommand)]
+pub enum AuditCommand {
+    /// Re-check the hash chain of the decision and event logs and every checkpoint, and
+    /// name the first record that was edited, deleted, reordered or cut before the last
+    /// checkpoint (exit 5). A cut after the last checkpoint cannot be seen here: the
+    /// SIEM's forwarded copy is the witness of those records.
+    Verify {
+        /// The pinned public key (hex) checkpoints must be signed by. Without it,
+        /// signatures are not checked, and the output says so.
+        #[arg(long)]
+        public_key: Option<PathBuf>,
+        #[command(flatten)]
+        state: StateArgs,
+    },
+    /// Checkpoint now every log with records not yet checkpointed, signed by the anchor
+    /// (the HSM with --hsm-module, else the software anchor STATE_DIR/anchor.key, not an
+    /// HSM). For a log about to go quiet, e.g. before a shutdown.
+    Checkpoint {
+        #[command(flatten)]
+        anchor: AnchorArgs,
+        #[command(flatten)]
+        state: StateArgs,
+    },
+}
+
+/// Which decisions `probity audit` prints.
+#[derive(Args)]
+pub struct AuditArgs {
+    /// The first sequence number to print.
+    #[arg(long, default_value_t = 0)]
+    from: u64,
+    /// The most records to print (with --follow: the most read per poll).
+    #[arg(long, default_value_t = 1000)]
+    limit: usize,
+    /// Only records about this node: its principal or resource, or an obligation's
+    /// target, is Node::"NODE".
+    #[arg(long)]
+    node: Option<String>,
+    /// Only records a policy with this @id took part in (a reason, an obligation or an
+    /// error).
+    #[arg(long)]
+    policy: Option<String>,
+    /// Only allows (with obligations) or only denies.
+    #[arg(long, value_enum)]
+    decision: Option<DecisionFilter>,
+    /// Keep printing records as they are recorded, until SIGINT or SIGTERM, or until the
+    /// reader of the output goes away (seen at the next record). The state directory is
+    /// opened for each poll only, so other processes can write it in between.
+    #[arg(long)]
+    follow: bool,
+    /// How often --follow looks for new records, in milliseconds.
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(10..))]
+    poll_ms: u64,
+}
+
+/// `--decision allow|deny`
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum DecisionFilter {
+    /// Allowed (recorded because they carry obligations).
+    Allow,
+    /// Denied.
+    Deny,
+}
+
+/// Records read per page while filtering.
+const AUDIT_PAGE: usize = 1000;
+
+impl AuditArgs {
+    fn matches(&self, r: &probity::state::DecisionRecord) -> bool {
+        let d = &r.decision;
+        let node = self.node.as_ref().is_none_or(|node| {
+            let uid = format!(
+                "Node::\"{}\"",
+                node.replace('\\', "\\\\").replace('"', "\\\"")
+            );
+            r.principal == uid
+                || r.resource == uid
+                || d.obligations
+                    .iter()
+                    .any(|o| o.target.as_deref() == Some(uid.as_str()))
+        });
+        let policy = self.policy.as_ref().is_none_or(|p| {
+            d.reasons.iter().any(|x| &x.policy == p)
+                || d.obligations.iter().any(|x| &x.policy == p)
+                || d.errors.iter().any(|x| x.policy.as_ref() == Some(p))
+        });
+        let effect = self.decision.is_none_or(|f| {
+            d.decision
+                == match f {
+                    DecisionFilter::Allow => probity::Effect::Allow,
+                    DecisionFilter::Deny => probity::Effect::Deny,
+                }
+        });
+        node && policy && effect
     }
+
+    /// Prints the matching records from `from`, at most `budget` of them and reading at
+    /// most `read_limit`; the next sequence number to read and how many were printed.
+    fn print_from(
+        &self,
+        state: &StateStore,
+        mut from: u64,
+        budget: usize,
+        read_limit: usize,
+    ) -> Result<(u64, usize)> {
+        let (mut printed, mut read) = (0usize, 0usize);
+        while printed < budget && read < read_limit {
+            let page = state.decisions(from, AUDIT_PAGE.min(read_limit - read))?;
+            let Some(last) = page.last().map(|r| r.seq) else {
+                break;
+            };
+            read += page.len();
+            for record in page.iter().filter(|r| self.matches(r)) {
+                if printed == budget {
+                    return Ok((record.seq, printed));
+                }
+                out::line(record.to_json())?;
+                printed += 1;
+            }
+            from = last.saturating_add(1);
+        }
+        Ok((from, printed))
+    }
+}
+
+/// `probity audit [verify|checkpoint]`: the decision log, one JSON record per line, or
+/// the audit trail's verification.
+pub fn audit(
+    command: Option<&AuditCommand>,
+    args: &AuditArgs,
+    state_args: &StateArgs,
+) -> Result<u8> {
+    match command {
+        Some(AuditCommand::Verify { public_key, state }) => {
+            audit_verify(public_key.as_deref(), state)
+        }
+        Some(AuditCommand::Checkpoint { anchor: a, state }) => {
+            let signer: Arc<dyn Anchor> = Arc::from(anchor(a, state)?);
+            let store = open_state(state)?;
+            store.set_checkpoint_policy(probity::audit::CheckpointPolicy {
+                anchor: Some(signer.clone()),
+                ..store.checkpoint_policy()
+            });
+            let made = store.checkpoint(true)?;
+            if let Some(failure) = store.checkpoint_failure() {
+                bail!("{failure}");
+            }
+            for cp in &made {
+                out::line(cp.to_json())?;
+            }
+            let description = signer.describe();
+            if !description.is_hsm() {
+                err_line!("warning: signed with the {}", description.summary);
+            }
+            Ok(exit::ALLOW)
+        }
+        None if args.follow => audit_follow(args, state_args),
+        None => {
+            let state = open_state(state_args)?;
+            args.print_from(&state, args.from, args.limit, usize::MAX)?;
+            Ok(exit::ALLOW)
+        }
+    }
+}
+
+/// `probity audit --follow`: prints what is there, then polls for new records, with
+/// the state opened only while reading, until SIGINT or SIGTERM.
+fn audit_follow(args: &AuditArgs, state_args: &StateArgs) -> Result<u8> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the runtime that waits for signals")?;
+    runtime.block_on(async {
+        let mut terminate = signal(SignalKind::terminate()).context("cannot listen for SIGTERM")?;
+        let mut interrupt = signal(SignalKind::interrupt()).context("cannot listen for SIGINT")?;
+        let poll = std::time::Duration::from_millis(args.poll_ms);
+        let mut next = args.from;
+        let mut busy_reported = false;
+        loop {
+            // The first read must work; later, a state directory another process holds
+            // for a moment is tried again at the next poll.
+            match StateStore::open(&state_args.state_dir) {
+                Ok(state) => {
+                    busy_reported = false;
+                    (next, _) = args.print_from(&state, next, usize::MAX, args.limit)?;
+                }
+                Err(e) if next > args.from || busy_reported => {
+                    if !busy_reported {
+                        err_line!(
+                            "warning: cannot open the state directory {} (retrying): {e}",
+                            state_args.state_dir.display()
+                        );
+                        busy_reported = true;
+                    }
+                }
+                Err(e) => {
+                    return Err(e).with_context(|| {
+                        format!(
+                            "cannot open the state directory {}",
+                            state_args.state_dir.display()
+                        )
+                    });
+                }
+            }
+            tokio::select! {
+                _ = terminate.recv() => return Ok(exit::ALLOW),
+                _ = interrupt.recv() => return Ok(exit::ALLOW),
+                () = tokio::time::sleep(poll) => {}
+            }
+        }
+    })
+}
+
+/// `probity audit verify`: the report as JSON on standard output, what it cannot
+/// vouch for as notes (also on standard error); exit 5 naming the first tampered
+/// record.
+fn audit_verify(public_key: Option<&Path>, state_args: &StateArgs) -> Result<u8> {
+    use probity::audit::{self, AuditError};
+    let key = public_key.map(integrity::load_pinned_key).transpose()?;
+    let state = open_state(state_args)?;
+    let report = match audit::verify(&state, key.as_ref()) {
+        Ok(report) => report,
+        Err(AuditError::Read(e)) => return Err(e).context("cannot verify the audit trail"),
+        Err(e) => {
+            out::line(
+                serde_json::json!({"verified": false, "failure": e.to_string(), "seq": e.seq()}),
+            )?;
+            err_line!("error: the audit trail was tampered with: {e}");
+            return Ok(exit::INTEGRITY_FAILURE);
+        }
+    };
+    let mut notes = Vec::new();
+    if report.key_id.is_none() {
+        notes.push("checkpoint signatures were not checked: no --public-key was given".to_owned());
+    }
+    for log in &report.logs {
+        if log.unsigned_checkpoints > 0 {
+            notes.push(format!(
+                "{}: {} checkpoints are unsigned (no anchor signs them): they pin the chain, but anyone who can write the state file could forge them",
+                log.log, log.unsigned_checkpoints
+            ));
+        }
+        if log.unchained > 0 {
+            notes.push(format!(
+                "{}: {} records were written before the chain existed and cannot be verified",
+                log.log, log.unchained
+            ));
+        }
+        if log.unwitnessed > 0 {
+            notes.push(format!(
+                "{}: the last {} records come after the last checkpoint: a cut among them cannot be seen here; the SIEM's forwarded copy is their witness",
+                log.log, log.unwitnessed
+            ));
+        }
+    }
+    for note in &notes {
+        err_line!("note: {note}");
+    }
+    out::line(serde_json::to_string_pretty(
+        &serde_json::json!({"verified": true, "report": report, "notes": notes}),
+    )?)?;
     Ok(exit::ALLOW)
 }
 

@@ -193,14 +193,14 @@ enum Command {
         state: integrity::StateArgs,
     },
     /// Print the decision log of a state directory (denies and decisions with
-    /// obligations), one JSON record per line, oldest first.
+    /// obligations), one JSON record per line, oldest first; or verify the audit
+    /// trail's hash chain and checkpoints (`probity audit verify`).
+    #[command(args_conflicts_with_subcommands = true)]
     Audit {
-        /// The first sequence number to print.
-        #[arg(long, default_value_t = 0)]
-        from: u64,
-        /// The most records to print.
-        #[arg(long, default_value_t = 1000)]
-        limit: usize,
+        #[command(subcommand)]
+        command: Option<integrity::AuditCommand>,
+        #[command(flatten)]
+        list: integrity::AuditArgs,
         #[command(flatten)]
         state: integrity::StateArgs,
     },
@@ -412,7 +412,11 @@ fn run(cli: Cli) -> Result<u8> {
             &policies,
         ),
         Command::Nodes { command, state } => integrity::nodes(&command, &state),
-        Command::Audit { from, limit, state } => integrity::audit(from, limit, &state),
+        Command::Audit {
+            command,
+            list,
+            state,
+        } => integrity::audit(command.as_ref(), &list, &state),
     }
 }
 

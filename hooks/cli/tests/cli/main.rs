@@ -9,6 +9,7 @@
 
 mod agent;
 mod keys;
+mod audit;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

@@ -1,0 +1,222 @@
+//! The cost of the audit trail's hash chain (issue 15): recorded denies per second
+//! through the engine's decision log (group commit, one writer thread), with the chain
+//! and without it, in the same run.
+//!
+//! ```sh
+//! cargo run --release -p probity --example audit_chain_bench -- [THREADS] [DENIES] [ROUNDS]
+//! ```
+//!
+//! Three stores, measured in interleaved rounds (default 8 threads, 40,000 denies a
+//! round, 3 rounds), each printing its median:
+//! * `unchained`: the decision log as it was before the chain (JSON records, same redb
+//!   table, same group commit), a `StateBackend` written here for the baseline;
+//! * `chained`: today's `StateStore` with unsigned checkpoints every 1024 records;
+//! * `chained+signed`: the same with checkpoints signed by the software anchor.
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Instant;
+
+use probity::audit::CheckpointPolicy;
+use probity::integrity::SoftwareAnchor;
+use probity::state::{
+    BlockedNode, DecisionRecord, Event, LogUsage, NodeFacts, RegistryEntry, Retention,
+    ServedDigest, StateBackend, StateError, StateStore,
+};
+use probity::{BlockRecord, Effect, Engine, Request};
+use redb::{ReadableTable as _, TableDefinition};
+
+const DECISIONS: TableDefinition<u64, &[u8]> = TableDefinition::new("decisions");
+
+/// The decision log before the chain: JSON records keyed by sequence number, one
+/// durable transaction per group. Everything else goes to a real store.
+#[derive(Debug)]
+struct Unchained {
+    db: redb::Database,
+    rest: StateStore,
+}
+
+impl Unchained {
+    fn open(dir: &Path) -> Self {
+        let rest = StateStore::open(&dir.join("rest")).unwrap();
+        let db = redb::Database::create(dir.join("log.redb")).unwrap();
+        let txn = db.begin_write().unwrap();
+        txn.open_table(DECISIONS).unwrap();
+        txn.commit().unwrap();
+        Self { db, rest }
+    }
+}
+
+fn failed(e: impl std::error::Error + Send + Sync + 'static) -> StateError {
+    StateError::Shared {
+        backend: "bench".into(),
+        operation: "appending",
+        source: Box::new(e),
+    }
+}
+
+impl StateBackend for Unchained {
+    fn describe(&self) -> String {
+        "unchained".into()
+    }
+    fn registry_entry(&self, id: &str) -> Result<Option<RegistryEntry>, StateError> {
+        self.rest.registry_entry(id)
+    }
+    fn accept(&self, id: &str, v: u64, d: &[u8; 32], m: &[u8]) -> Result<(), StateError> {
+        self.rest.accept(id, v, d, m)
+    }
+    fn put_block(&self, node: &str, record: &BlockRecord) -> Result<(), StateError> {
+        self.rest.put_block(node, record)
+    }
+    fn unblock_node(&self, node: &str) -> Result<bool, StateError> {
+        self.rest.unblock_node(node)
+    }
+    fn blocked_nodes(&self) -> Result<Vec<BlockedNode>, StateError> {
+        self.rest.blocked_nodes()
+    }
+    fn record_event(&self, o: &str, n: Option<&str>, k: &str, d: &str) -> Result<u64, StateError> {
+        self.rest.record_event(o, n, k, d)
+    }
+    fn events(&self, from: u64) -> Result<Vec<Event>, StateError> {
+        self.rest.events(from)
+    }
+    fn record_decisions(&self, records: &mut [DecisionRecord]) -> Result<u64, StateError> {
+        let encoded: Vec<Vec<u8>> = records
+            .iter()
+            .map(|r| serde_json::to_vec(r).unwrap())
+            .collect();
+        let txn = self.db.begin_write().map_err(failed)?;
+        let first = {
+            let mut table = txn.open_table(DECISIONS).map_err(failed)?;
+            let first = table
+                .last()
+                .map_err(failed)?
+                .map_or(0, |(k, _)| k.value() + 1);
+            for (seq, bytes) in (first..).zip(&encoded) {
+                table.insert(seq, bytes.as_slice()).map_err(failed)?;
+            }
+            first
+        };
+        txn.commit().map_err(failed)?;
+        Ok(first)
+    }
+    fn decisions(&self, _: u64, _: usize) -> Result<Vec<DecisionRecord>, StateError> {
+        Ok(Vec::new())
+    }
+    fn decision_log_usage(&self) -> Result<LogUsage, StateError> {
+        Ok(LogUsage::default())
+    }
+    fn prune_decisions(&self, _: &Retention, _: u64) -> Result<u64, StateError> {
+        Ok(0)
+    }
+    fn key_record(&self, id: &str) -> Result<Option<(Vec<u8>, u64)>, StateError> {
+        self.rest.key_record(id)
+    }
+    fn put_key_record(&self, id: &str, r: &[u8], e: Option<u64>) -> Result<u64, StateError> {
+        self.rest.put_key_record(id, r, e)
+    }
+    fn delete_key_record(&self, id: &str, e: u64) -> Result<(), StateError> {
+        self.rest.delete_key_record(id, e)
+    }
+    fn key_ids(&self) -> Result<Vec<String>, StateError> {
+        self.rest.key_ids()
+    }
+    fn publish_facts(&self, f: &NodeFacts) -> Result<(), StateError> {
+        self.rest.publish_facts(f)
+    }
+    fn node_facts(&self) -> Result<Vec<NodeFacts>, StateError> {
+        self.rest.node_facts()
+    }
+    fn report_digest(&self, s: &ServedDigest) -> Result<(), StateError> {
+        self.rest.report_digest(s)
+    }
+    fn served_digests(&self) -> Result<Vec<ServedDigest>, StateError> {
+        self.rest.served_digests()
+    }
+}
+
+fn root() -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// Recorded denies per second with `store` attached: `threads` threads deciding
+/// `denies` denies in all, each waiting for its record's commit.
+fn run(store: Arc<dyn StateBackend>, threads: usize, denies: usize) -> f64 {
+    let engine = Engine::builder(root().join("policies")).build().unwrap();
+    let text = std::fs::read_to_string(root().join("testdata/entities/cluster.json")).unwrap();
+    engine
+        .upsert_entities(&serde_json::from_str(&text).unwrap())
+        .unwrap();
+    engine.attach_state(store).unwrap();
+    engine.block_node("gpu-a1", "bench").unwrap();
+    let request = Request::from_json_value(&serde_json::json!({
+        "principal": "Workload::\"train-1\"",
+        "action": "schedule",
+        "resource": "Node::\"gpu-a1\"",
+    }))
+    .unwrap();
+    assert_eq!(engine.decide(&request).decision, Effect::Deny);
+    let per_thread = denies / threads;
+    let start = Instant::now();
+    std::thread::scope(|s| {
+        for _ in 0..threads {
+            s.spawn(|| {
+                for _ in 0..per_thread {
+                    assert_eq!(engine.decide(&request).decision, Effect::Deny);
+                }
+            });
+        }
+    });
+    (per_thread * threads) as f64 / start.elapsed().as_secs_f64()
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let threads: usize = args.get(1).map_or(8, |a| a.parse().unwrap());
+    let denies: usize = args.get(2).map_or(40_000, |a| a.parse().unwrap());
+    let rounds: usize = args.get(3).map_or(3, |a| a.parse().unwrap());
+    let names = ["unchained", "chained", "chained+signed"];
+    let mut rates = vec![Vec::new(); names.len()];
+    for round in 1..=rounds {
+        for (i, name) in names.iter().enumerate() {
+            let tmp = tempfile::tempdir().unwrap();
+            let store: Arc<dyn StateBackend> = match i {
+                0 => Arc::new(Unchained::open(tmp.path())),
+                _ => {
+                    let s = StateStore::open(&tmp.path().join("state")).unwrap();
+                    if i == 2 {
+                        let anchor = SoftwareAnchor::generate(&tmp.path().join("a.key")).unwrap();
+                        s.set_checkpoint_policy(CheckpointPolicy {
+                            anchor: Some(Arc::new(anchor)),
+                            ..CheckpointPolicy::default()
+                        });
+                    }
+                    Arc::new(s)
+                }
+            };
+            let rate = run(store, threads, denies);
+            println!("round {round} {name:>15}: {rate:>9.0} recorded denies/s");
+            rates[i].push(rate);
+        }
+    }
+    let base = median(&mut rates[0].clone());
+    for (name, r) in names.iter().zip(&mut rates) {
+        let m = median(r);
+        println!(
+            "median {name:>15}: {m:>9.0} recorded denies/s ({:.2}x unchained)",
+            m / base
+        );
+    }
+}
