@@ -452,8 +452,8 @@ pub struct AuditArgs {
     #[arg(long, value_enum)]
     decision: Option<DecisionFilter>,
     /// Keep printing records as they are recorded, until SIGINT or SIGTERM, or until the
-    /// reader of the output goes away (seen at the next record). The state directory is
-    /// opened for each poll only, so other processes can write it in between.
+    /// reader of the output pipe goes away. The state directory is opened for each poll
+    /// only, so other processes can write it in between (not while a server holds it).
     #[arg(long)]
     follow: bool,
     /// How often --follow looks for new records, in milliseconds.
