@@ -439,7 +439,8 @@ pub enum AuditError {
     /// The chain is whole, but a checkpoint pinned another head: records up to it were
     /// rewritten together with their hashes.
     #[error(
-        "{log} log: the chain up to record {seq} was rewritten after record {since:?}: checkpoint {seq} holds another head"
+        "{log} log: records after {} up to {seq} were rewritten with their hashes: checkpoint {seq} holds another head",
+        since_text(*since)
     )]
     Rewritten {
         /// Which log.
@@ -467,6 +468,13 @@ pub enum AuditError {
         /// The checkpoint's key.
         seq: u64,
     },
+}
+
+fn since_text(since: Option<u64>) -> String {
+    since.map_or_else(
+        || "the start of the log".to_owned(),
+        |s| format!("record {s}"),
+    )
 }
 
 fn through_text(seq: u64, through: u64) -> String {
