@@ -6,12 +6,16 @@
 //! cargo run --release -p probity --example audit_chain_bench -- [THREADS] [DENIES] [ROUNDS]
 //! ```
 //!
-//! Three stores, measured in interleaved rounds (default 8 threads, 40,000 denies a
+//! Four set-ups, measured in interleaved rounds (default 8 threads, 40,000 denies a
 //! round, 3 rounds), each printing its median:
+//! * `unrecorded`: no state attached, nothing recorded (the issue's reference rate);
 //! * `unchained`: the decision log as it was before the chain (JSON records, same redb
 //!   table, same group commit), a `StateBackend` written here for the baseline;
 //! * `chained`: today's `StateStore` with unsigned checkpoints every 1024 records;
 //! * `chained+signed`: the same with checkpoints signed by the software anchor.
+//!
+//! After each `chained+signed` round, `probity::audit::verify` re-checks that store
+//! (records verified per second, signatures included).
 
 #![allow(
     clippy::unwrap_used,
@@ -148,13 +152,15 @@ fn root() -> std::path::PathBuf {
 
 /// Recorded denies per second with `store` attached: `threads` threads deciding
 /// `denies` denies in all, each waiting for its record's commit.
-fn run(store: Arc<dyn StateBackend>, threads: usize, denies: usize) -> f64 {
+fn run(store: Option<Arc<dyn StateBackend>>, threads: usize, denies: usize) -> f64 {
     let engine = Engine::builder(root().join("policies")).build().unwrap();
     let text = std::fs::read_to_string(root().join("testdata/entities/cluster.json")).unwrap();
     engine
         .upsert_entities(&serde_json::from_str(&text).unwrap())
         .unwrap();
-    engine.attach_state(store).unwrap();
+    if let Some(store) = store {
+        engine.attach_state(store).unwrap();
+    }
     engine.block_node("gpu-a1", "bench").unwrap();
     let request = Request::from_json_value(&serde_json::json!({
         "principal": "Workload::\"train-1\"",
@@ -187,36 +193,55 @@ fn main() {
     let threads: usize = args.get(1).map_or(8, |a| a.parse().unwrap());
     let denies: usize = args.get(2).map_or(40_000, |a| a.parse().unwrap());
     let rounds: usize = args.get(3).map_or(3, |a| a.parse().unwrap());
-    let names = ["unchained", "chained", "chained+signed"];
+    let names = ["unrecorded", "unchained", "chained", "chained+signed"];
     let mut rates = vec![Vec::new(); names.len()];
+    let mut verified = Vec::new();
     for round in 1..=rounds {
         for (i, name) in names.iter().enumerate() {
             let tmp = tempfile::tempdir().unwrap();
-            let store: Arc<dyn StateBackend> = match i {
-                0 => Arc::new(Unchained::open(tmp.path())),
+            let mut chained = None;
+            let store: Option<Arc<dyn StateBackend>> = match i {
+                0 => None,
+                1 => Some(Arc::new(Unchained::open(tmp.path()))),
                 _ => {
-                    let s = StateStore::open(&tmp.path().join("state")).unwrap();
-                    if i == 2 {
+                    let s = Arc::new(StateStore::open(&tmp.path().join("state")).unwrap());
+                    if i == 3 {
                         let anchor = SoftwareAnchor::generate(&tmp.path().join("a.key")).unwrap();
                         s.set_checkpoint_policy(CheckpointPolicy {
                             anchor: Some(Arc::new(anchor)),
                             ..CheckpointPolicy::default()
                         });
+                        chained = Some(s.clone());
                     }
-                    Arc::new(s)
+                    Some(s)
                 }
             };
             let rate = run(store, threads, denies);
-            println!("round {round} {name:>15}: {rate:>9.0} recorded denies/s");
+            println!("round {round} {name:>15}: {rate:>9.0} denies/s");
             rates[i].push(rate);
+            if let Some(s) = chained {
+                let key = s.checkpoint_policy().anchor.unwrap().public_key().clone();
+                let start = Instant::now();
+                let report = probity::audit::verify(&s, Some(&key)).unwrap();
+                let n = report.logs[0].records as f64;
+                let per_s = n / start.elapsed().as_secs_f64();
+                println!(
+                    "round {round} verify: {n} records, {} signed checkpoints, {per_s:.0} records/s",
+                    report.logs[0].signed_checkpoints
+                );
+                verified.push(per_s);
+            }
         }
     }
-    let base = median(&mut rates[0].clone());
+    println!("median verify: {:.0} records/s", median(&mut verified));
+    let unrecorded = median(&mut rates[0].clone());
+    let base = median(&mut rates[1].clone());
     for (name, r) in names.iter().zip(&mut rates) {
         let m = median(r);
         println!(
-            "median {name:>15}: {m:>9.0} recorded denies/s ({:.2}x unchained)",
-            m / base
+            "median {name:>15}: {m:>9.0} denies/s ({:.2}x unchained, {:.2}x unrecorded)",
+            m / base,
+            m / unrecorded
         );
     }
 }

@@ -439,7 +439,8 @@ pub enum AuditError {
     /// The chain is whole, but a checkpoint pinned another head: records up to it were
     /// rewritten together with their hashes.
     #[error(
-        "{log} log: the chain up to record {seq} was rewritten after record {since:?}: checkpoint {seq} holds another head"
+        "{log} log: records after {} up to {seq} were rewritten with their hashes: checkpoint {seq} holds another head",
+        since_text(*since)
     )]
     Rewritten {
         /// Which log.
@@ -467,6 +468,13 @@ pub enum AuditError {
         /// The checkpoint's key.
         seq: u64,
     },
+}
+
+fn since_text(since: Option<u64>) -> String {
+    since.map_or_else(
+        || "the start of the log".to_owned(),
+        |s| format!("record {s}"),
+    )
 }
 
 fn through_text(seq: u64, through: u64) -> String {
@@ -790,6 +798,59 @@ mod tests {
         }
         assert_eq!(decode_stored(&raw[..10]), Stored::Malformed);
         assert_eq!(decode_stored(b"{\"a\":1}"), Stored::Unchained(b"{\"a\":1}"));
+    }
+
+    /// Stored values and checkpoints are read from a file others may have changed:
+    /// mutated ones (cut, flipped, grown) never panic, and a chained value that still
+    /// decodes hashes to its stored hash only if it is the original.
+    #[test]
+    fn mutated_stored_values_never_panic_and_never_pass_as_the_original() {
+        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mut next = |m: u64| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % m.max(1)
+        };
+        let prev = [3; 32];
+        let body = br#"{"principal":"Workload::\"a\"","decision":"deny"}"#;
+        let hash = record_hash(Log::Decisions, 7, &prev, body);
+        let original = encode_link(7, &prev, &hash, body);
+        let cp = Checkpoint {
+            log: Log::Decisions,
+            seq: 7,
+            head: hash,
+            time_unix_ms: 9,
+            signature: Some((KeyId([1; 32]), Signature([2; 64]))),
+        }
+        .encode();
+        for _ in 0..5000 {
+            for fixture in [&original, &cp] {
+                let mut v = fixture.clone();
+                match next(3) {
+                    0 => v.truncate(next(v.len() as u64) as usize),
+                    1 => {
+                        let at = next(v.len() as u64) as usize;
+                        v[at] ^= 1 << next(8);
+                    }
+                    _ => {
+                        let at = next(v.len() as u64) as usize;
+                        let piece = v[at..].to_vec();
+                        v.extend_from_slice(&piece);
+                    }
+                }
+                let _ = Checkpoint::decode(Log::Decisions, 7, &v);
+                if let Stored::Chained(link) = decode_stored(&v)
+                    && v != original
+                    && link.seq == 7
+                {
+                    assert_ne!(
+                        record_hash(Log::Decisions, 7, &link.prev, link.body),
+                        link.hash
+                    );
+                }
+            }
+        }
     }
 
     #[test]

@@ -291,6 +291,10 @@ fn a_chain_rewritten_with_its_hashes_is_caught_by_the_next_signed_checkpoint() {
         ),
         "{err}"
     );
+    assert_eq!(
+        err.to_string(),
+        "decisions log: records after record 9 up to 19 were rewritten with their hashes: checkpoint 19 holds another head"
+    );
 }
 
 #[test]

@@ -452,8 +452,8 @@ pub struct AuditArgs {
     #[arg(long, value_enum)]
     decision: Option<DecisionFilter>,
     /// Keep printing records as they are recorded, until SIGINT or SIGTERM, or until the
-    /// reader of the output goes away (seen at the next record). The state directory is
-    /// opened for each poll only, so other processes can write it in between.
+    /// reader of the output pipe goes away. The state directory is opened for each poll
+    /// only, so other processes can write it in between (not while a server holds it).
     #[arg(long)]
     follow: bool,
     /// How often --follow looks for new records, in milliseconds.
@@ -583,6 +583,7 @@ fn audit_follow(args: &AuditArgs, state_args: &StateArgs) -> Result<u8> {
         let mut terminate = signal(SignalKind::terminate()).context("cannot listen for SIGTERM")?;
         let mut interrupt = signal(SignalKind::interrupt()).context("cannot listen for SIGINT")?;
         let poll = std::time::Duration::from_millis(args.poll_ms);
+        let stdout = watch_stdout();
         let mut next = args.from;
         let mut busy_reported = false;
         loop {
@@ -614,10 +615,38 @@ fn audit_follow(args: &AuditArgs, state_args: &StateArgs) -> Result<u8> {
             tokio::select! {
                 _ = terminate.recv() => return Ok(exit::ALLOW),
                 _ = interrupt.recv() => return Ok(exit::ALLOW),
+                () = reader_gone(stdout.as_ref()) => return Ok(exit::ALLOW),
                 () = tokio::time::sleep(poll) => {}
             }
         }
     })
+}
+
+/// Standard output, watched for its reader going away while no record arrives (epoll
+/// reports a pipe whose reader closed). `None` where it cannot be watched (a regular
+/// file, /dev/null): a closed pipe is then seen at the next record written. The watch
+/// leaves the descriptor blocking, as the writes to standard output expect.
+fn watch_stdout() -> Option<tokio::net::unix::pipe::Sender> {
+    use std::os::fd::AsFd as _;
+    let fd = std::io::stdout().as_fd().try_clone_to_owned().ok()?;
+    tokio::net::unix::pipe::Sender::from_owned_fd_unchecked(fd).ok()
+}
+
+/// Returns once the reader of standard output went away; never without a watch.
+async fn reader_gone(stdout: Option<&tokio::net::unix::pipe::Sender>) {
+    if let Some(pipe) = stdout {
+        loop {
+            match pipe.ready(tokio::io::Interest::WRITABLE).await {
+                Ok(ready) if ready.is_write_closed() => return,
+                // Writable, as an idle pipe is: forget it, wait for the next change.
+                Ok(_) => {
+                    let _ = pipe.try_io(|| Err::<(), _>(std::io::ErrorKind::WouldBlock.into()));
+                }
+                Err(_) => break,
+            }
+        }
+    }
+    std::future::pending::<()>().await;
 }
 
 /// `probity audit verify`: the report as JSON on standard output, what it cannot

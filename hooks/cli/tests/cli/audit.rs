@@ -177,9 +177,13 @@ impl Drop for Guard {
 }
 
 fn follow(state: &Path, args: &[&str]) -> Guard {
+    follow_every(state, "50", args)
+}
+
+fn follow_every(state: &Path, poll_ms: &str, args: &[&str]) -> Guard {
     Guard(
         Command::new(env!("CARGO_BIN_EXE_probity"))
-            .args(["audit", "--follow", "--poll-ms", "50"])
+            .args(["audit", "--follow", "--poll-ms", poll_ms])
             .args(args)
             .env("PROBITY_STATE_DIR", state)
             .stdout(Stdio::piped())
@@ -289,6 +293,19 @@ fn audit_follow_ends_quietly_when_its_reader_goes_away() {
     let mut err = String::new();
     std::io::Read::read_to_string(&mut child.0.stderr.take().unwrap(), &mut err).unwrap();
     assert!(!err.contains("error"), "{err}");
+}
+
+#[test]
+fn audit_follow_ends_quietly_when_its_reader_goes_away_with_no_record_coming() {
+    let tmp = tempfile::tempdir().unwrap();
+    let state = tmp.path().join("state");
+    sample(&state);
+    // No poll comes within the test's bound: the watch on the pipe ends it.
+    let mut child = follow_every(&state, "600000", &[]);
+    let mut reader = BufReader::new(child.0.stdout.take().unwrap());
+    assert_eq!(line_seq(&mut reader), 0);
+    drop(reader);
+    assert_eq!(exit_code(&mut child.0), Some(0));
 }
 
 #[test]
