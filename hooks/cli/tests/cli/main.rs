@@ -10,6 +10,7 @@
 mod agent;
 mod keys;
 mod audit;
+mod forward;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
