@@ -91,7 +91,9 @@ impl SiemConfig {
         let Some(address) = &self.address else {
             return Ok(());
         };
-        let port = address.rsplit_once(':').map(|(host, port)| (host, port.parse::<u16>()));
+        let port = address
+            .rsplit_once(':')
+            .map(|(host, port)| (host, port.parse::<u16>()));
         if !matches!(port, Some((host, Ok(p))) if !host.is_empty() && p != 0) {
             return bad(format!("address {address:?} is not host:port"));
         }
@@ -902,10 +904,9 @@ mod tests {
         .unwrap();
         let err = c.validate().unwrap_err().to_string();
         assert!(err.contains("needs ca_file"), "{err}");
-        let c = Config::from_toml(
-            "[integrity]\nstate_dir = \"/tmp/x\"\n[siem]\naddress = \"siem\"\n",
-        )
-        .unwrap();
+        let c =
+            Config::from_toml("[integrity]\nstate_dir = \"/tmp/x\"\n[siem]\naddress = \"siem\"\n")
+                .unwrap();
         let err = c.validate().unwrap_err().to_string();
         assert!(err.contains("is not host:port"), "{err}");
         let c = Config::from_toml(

@@ -301,7 +301,10 @@ impl Forwarders {
         state_dir: &Path,
     ) -> Result<Self, String> {
         let mut running = Vec::new();
-        for (log, cursor) in [(Log::Decisions, DECISIONS_CURSOR), (Log::Events, EVENTS_CURSOR)] {
+        for (log, cursor) in [
+            (Log::Decisions, DECISIONS_CURSOR),
+            (Log::Events, EVENTS_CURSOR),
+        ] {
             let source: Arc<dyn RecordSource> = Arc::new(match log {
                 Log::Decisions => ChainSource::decisions(Arc::clone(store)),
                 Log::Events => ChainSource::events(Arc::clone(store)),

@@ -84,8 +84,8 @@ pub use caller::{Caller, IdentityError, certificate_common_name, certificate_ide
 pub use config::{
     AdmissionConfig, AuthConfig, Config, ConfigError, DEFAULT_SOCKET, DecisionLogConfig,
     IntegrityConfig, KeysConfig, LimitsConfig, LogConfig, LogFormat, NODE_NAME_ENV, PolicyConfig,
-    ServerConfig, SiemConfig, SiemTransport, StateBackendKind, StateConfig, StateRole, UnknownKinds,
-    UnknownNodes,
+    ServerConfig, SiemConfig, SiemTransport, StateBackendKind, StateConfig, StateRole,
+    UnknownKinds, UnknownNodes,
 };
 pub use error::{ApiError, ServeError};
 pub use server::{Server, init_logging, serve, shutdown_signal};
@@ -222,7 +222,10 @@ impl AppState {
         self.inner.local_logs.get()
     }
 
-    pub(crate) fn set_forwarders(&self, f: Option<forward::Forwarders>) -> Option<forward::Forwarders> {
+    pub(crate) fn set_forwarders(
+        &self,
+        f: Option<forward::Forwarders>,
+    ) -> Option<forward::Forwarders> {
         std::mem::replace(
             &mut *self
                 .inner

@@ -205,8 +205,7 @@ fn every_acknowledged_decision_reaches_the_siem_across_a_kill_9(transport: &str)
             let mut acked = Vec::new();
             let deadline = Instant::now() + Duration::from_secs(60);
             for i in 0..2000 {
-                if stop.load(Ordering::Relaxed) || Instant::now() > deadline || !decide(port, i)
-                {
+                if stop.load(Ordering::Relaxed) || Instant::now() > deadline || !decide(port, i) {
                     break;
                 }
                 acked.push(i);
