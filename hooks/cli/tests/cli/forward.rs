@@ -254,6 +254,21 @@ fn every_acknowledged_decision_reaches_the_siem_across_a_kill_9(transport: &str)
         missing.is_empty(),
         "seqs missing {missing:?} ({first} acknowledged before the kill):\n{text}"
     );
+    eprintln!(
+        "{transport}: {first} acknowledged before the kill, {total} in all; rsyslog holds {} messages up to seq {highest}",
+        seqs.len()
+    );
+    // The metrics count what this run forwarded and what is left, per log.
+    let metrics = eventually("the forwarder's counters", Duration::from_secs(30), || {
+        http(port, "GET", "/metrics", "")
+            .map(|(_, body)| body)
+            .filter(|b| b.contains("probity_siem_backlog{log=\"decisions\"} 0"))
+    });
+    assert!(
+        metrics.contains("probity_siem_forwarded_total{log=\"decisions\"}")
+            && metrics.contains("probity_siem_backlog{log=\"events\"} 0"),
+        "{metrics}"
+    );
     // Each message carries its chain link for the SIEM to drop duplicates.
     let line = text.lines().next().unwrap();
     assert!(
