@@ -40,6 +40,88 @@ pub struct Config {
     pub decision_log: DecisionLogConfig,
     /// Logging.
     pub log: LogConfig,
+    /// Forwarding the audit logs to a SIEM.
+    pub siem: SiemConfig,
+}
+
+/// How the SIEM is reached (`[siem] transport`).
+#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum SiemTransport {
+    /// Syslog over TCP, octet-counted (RFC 6587): delivery is confirmed by an orderly
+    /// close of the connection.
+    #[default]
+    Tcp,
+    /// Syslog over TLS (RFC 5425).
+    Tls,
+    /// RELP: each record acknowledged by the receiver.
+    Relp,
+    /// RELP over TLS.
+    RelpTls,
+}
+
+impl SiemTransport {
+    fn is_tls(self) -> bool {
+        matches!(self, Self::Tls | Self::RelpTls)
+    }
+}
+
+/// Forwarding the decision and event logs to a SIEM, at least once (see
+/// `probity-server.toml`). Off while `address` is unset.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct SiemConfig {
+    /// The receiver, `host:port`; unset: no forwarding.
+    pub address: Option<String>,
+    /// `tcp`, `tls`, `relp` or `relp-tls`.
+    pub transport: SiemTransport,
+    /// PEM CA certificates that may sign the receiver's certificate (TLS transports).
+    pub ca_file: Option<PathBuf>,
+    /// PEM client certificate chain, for receivers that authenticate senders.
+    pub client_cert: Option<PathBuf>,
+    /// PEM key of `client_cert`.
+    pub client_key: Option<PathBuf>,
+    /// The name the receiver's certificate must carry; default the address's host.
+    pub server_name: Option<String>,
+}
+
+impl SiemConfig {
+    fn validate(&self, state_dir: Option<&Path>) -> Result<(), ConfigError> {
+        let bad = |m: String| Err(ConfigError::Invalid(format!("[siem] {m}")));
+        let Some(address) = &self.address else {
+            return Ok(());
+        };
+        let port = address
+            .rsplit_once(':')
+            .map(|(host, port)| (host, port.parse::<u16>()));
+        if !matches!(port, Some((host, Ok(p))) if !host.is_empty() && p != 0) {
+            return bad(format!("address {address:?} is not host:port"));
+        }
+        if state_dir.is_none() {
+            return bad(
+                "needs integrity.state_dir: the logs it forwards and its delivery cursors live there"
+                    .into(),
+            );
+        }
+        if self.transport.is_tls() && self.ca_file.is_none() {
+            return bad("transport = \"tls\" or \"relp-tls\" needs ca_file".into());
+        }
+        if !self.transport.is_tls()
+            && (self.ca_file.is_some()
+                || self.client_cert.is_some()
+                || self.client_key.is_some()
+                || self.server_name.is_some())
+        {
+            return bad(
+                "ca_file, client_cert, client_key and server_name need transport = \"tls\" or \"relp-tls\""
+                    .into(),
+            );
+        }
+        if self.client_cert.is_some() != self.client_key.is_some() {
+            return bad("client_cert and client_key go together".into());
+        }
+        Ok(())
+    }
 }
 
 /// Durable state (blocklist, manifest registry, event log, decision log) and
@@ -739,7 +821,8 @@ impl Config {
                 "max_body_bytes, max_concurrency and request_timeout_ms must be positive".into(),
             ));
         }
-        self.state.validate(self.integrity.state_dir.as_deref())
+        self.state.validate(self.integrity.state_dir.as_deref())?;
+        self.siem.validate(self.integrity.state_dir.as_deref())
     }
 
     /// The socket permission bits.
@@ -808,6 +891,32 @@ mod tests {
         .unwrap();
         c.validate().unwrap();
         assert_eq!(c.state.process_name(), "sidecar:gpu-001");
+    }
+
+    #[test]
+    fn siem_needs_a_state_dir_and_tls_material() {
+        let c = Config::from_toml("[siem]\naddress = \"127.0.0.1:514\"\n").unwrap();
+        let err = c.validate().unwrap_err().to_string();
+        assert!(err.contains("[siem] needs integrity.state_dir"), "{err}");
+        let c = Config::from_toml(
+            "[integrity]\nstate_dir = \"/tmp/x\"\n[siem]\naddress = \"siem:6514\"\ntransport = \"relp-tls\"\n",
+        )
+        .unwrap();
+        let err = c.validate().unwrap_err().to_string();
+        assert!(err.contains("needs ca_file"), "{err}");
+        let c =
+            Config::from_toml("[integrity]\nstate_dir = \"/tmp/x\"\n[siem]\naddress = \"siem\"\n")
+                .unwrap();
+        let err = c.validate().unwrap_err().to_string();
+        assert!(err.contains("is not host:port"), "{err}");
+        let c = Config::from_toml(
+            "[integrity]\nstate_dir = \"/tmp/x\"\n[siem]\naddress = \"[::1]:6514\"\ntransport = \"tls\"\nca_file = \"ca.pem\"\n",
+        )
+        .unwrap();
+        c.validate().unwrap();
+        assert_eq!(c.siem.transport, SiemTransport::Tls);
+        let err = Config::from_toml("[siem]\ntransport = \"udp\"\n").unwrap_err();
+        assert!(err.contains("udp"), "{err}");
     }
 
     #[test]

@@ -110,6 +110,9 @@ pub enum ServeError {
     /// The keyring cannot be opened (HSM, PIN, KEK or its metadata).
     #[error("cannot open the keyring: {0}")]
     Keys(String),
+    /// The SIEM forwarders (`[siem]`) cannot start.
+    #[error("cannot forward the audit logs to the SIEM: {0}")]
+    Siem(String),
     /// The policy directory cannot be watched for hot reload.
     #[error("cannot watch the policies for changes")]
     Watch(#[from] probity::WatchError),

@@ -61,6 +61,7 @@ mod api;
 mod caller;
 mod config;
 mod error;
+pub mod forward;
 mod keys;
 mod limits;
 mod metrics;
@@ -83,7 +84,8 @@ pub use caller::{Caller, IdentityError, certificate_common_name, certificate_ide
 pub use config::{
     AdmissionConfig, AuthConfig, Config, ConfigError, DEFAULT_SOCKET, DecisionLogConfig,
     IntegrityConfig, KeysConfig, LimitsConfig, LogConfig, LogFormat, NODE_NAME_ENV, PolicyConfig,
-    ServerConfig, StateBackendKind, StateConfig, StateRole, UnknownKinds, UnknownNodes,
+    ServerConfig, SiemConfig, SiemTransport, StateBackendKind, StateConfig, StateRole,
+    UnknownKinds, UnknownNodes,
 };
 pub use error::{ApiError, ServeError};
 pub use server::{Server, init_logging, serve, shutdown_signal};
@@ -110,6 +112,11 @@ struct Inner {
     decisions: probity::DecisionCache,
     /// The keyring, once opened on the state backend.
     keys: std::sync::OnceLock<keys::KeyService>,
+    /// The local store that holds the decision and event logs (redb, or the etcd
+    /// backend's local store), for the SIEM forwarders.
+    local_logs: std::sync::OnceLock<Arc<probity::state::StateStore>>,
+    /// The SIEM forwarders, while serving with `[siem]`.
+    forwarders: std::sync::Mutex<Option<forward::Forwarders>>,
 }
 
 impl AppState {
@@ -146,6 +153,8 @@ impl AppState {
                     probity::DEFAULT_DECISION_CACHE_ENTRIES,
                 ),
                 keys: std::sync::OnceLock::new(),
+                local_logs: std::sync::OnceLock::new(),
+                forwarders: std::sync::Mutex::new(None),
             }),
         }
     }
@@ -201,6 +210,52 @@ impl AppState {
 
     pub(crate) fn set_connections(&self, c: Arc<limits::Connections>) {
         let _ = self.inner.connections.set(c);
+    }
+
+    /// Names the local store that holds the decision and event logs (what the SIEM
+    /// forwarders read). Call once, before serving.
+    pub fn set_local_logs(&self, store: Arc<probity::state::StateStore>) {
+        let _ = self.inner.local_logs.set(store);
+    }
+
+    pub(crate) fn local_logs(&self) -> Option<&Arc<probity::state::StateStore>> {
+        self.inner.local_logs.get()
+    }
+
+    pub(crate) fn set_forwarders(
+        &self,
+        f: Option<forward::Forwarders>,
+    ) -> Option<forward::Forwarders> {
+        std::mem::replace(
+            &mut *self
+                .inner
+                .forwarders
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+            f,
+        )
+    }
+
+    /// Each SIEM forwarder's counters (none without `[siem]`).
+    pub fn siem_stats(&self) -> Vec<(forward::Log, probity_siem::ForwarderStats)> {
+        self.inner
+            .forwarders
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .as_ref()
+            .map(forward::Forwarders::stats)
+            .unwrap_or_default()
+    }
+
+    /// The first decision-log sequence number the SIEM has not received (retention
+    /// keeps it and what follows); `None` without `[siem]`.
+    pub(crate) fn siem_keep_from(&self) -> Option<u64> {
+        self.inner
+            .forwarders
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .as_ref()
+            .and_then(forward::Forwarders::decisions_undelivered)
     }
 
     pub(crate) fn set_log_usage(&self, usage: probity::state::LogUsage) {
@@ -270,6 +325,67 @@ impl AppState {
                 u.records,
                 u8::from(self.log_near_budget())
             );
+        }
+    }
+
+    /// The SIEM forwarders' counters, appended to the metrics text.
+    fn render_siem(&self, out: &mut String) {
+        use std::fmt::Write as _;
+        let stats = self.siem_stats();
+        if stats.is_empty() {
+            return;
+        }
+        let _ = writeln!(
+            out,
+            "# HELP probity_siem_forwarded_total Audit records the SIEM confirmed received since start, per log.\n# TYPE probity_siem_forwarded_total counter"
+        );
+        for (log, s) in &stats {
+            let _ = writeln!(
+                out,
+                "probity_siem_forwarded_total{{log=\"{}\"}} {}",
+                log.as_str(),
+                s.forwarded
+            );
+        }
+        let _ = writeln!(
+            out,
+            "# HELP probity_siem_backlog Audit records not yet confirmed received by the SIEM, per log.\n# TYPE probity_siem_backlog gauge"
+        );
+        for (log, s) in &stats {
+            let _ = writeln!(
+                out,
+                "probity_siem_backlog{{log=\"{}\"}} {}",
+                log.as_str(),
+                s.backlog
+            );
+        }
+        let _ = writeln!(
+            out,
+            "# HELP probity_siem_connected 1 while the forwarder holds a connection to the SIEM, per log.\n# TYPE probity_siem_connected gauge"
+        );
+        for (log, s) in &stats {
+            let _ = writeln!(
+                out,
+                "probity_siem_connected{{log=\"{}\"}} {}",
+                log.as_str(),
+                u8::from(s.connected)
+            );
+        }
+    }
+
+    /// Readiness warnings about the SIEM forwarders: one per log that is behind.
+    fn siem_warnings(&self, out: &mut Vec<String>) {
+        for (log, s) in self.siem_stats() {
+            if s.behind {
+                out.push(format!(
+                    "the SIEM forwarder of the {} log is behind: {} records not confirmed{}",
+                    log.as_str(),
+                    s.backlog,
+                    s.last_error
+                        .map(|e| format!(" (last error: {e})"))
+                        .unwrap_or_default()
+                ));
+            }
         }
     }
 
@@ -480,6 +596,7 @@ async fn readyz(State(state): State<AppState>) -> Response {
                     .to_owned(),
             );
         }
+        state.siem_warnings(&mut warnings);
         let shared = state.shared_health();
         if let Some(h) = &shared {
             state.state_warnings(h, &mut warnings);
@@ -511,6 +628,7 @@ async fn metrics_text(State(state): State<AppState>) -> Response {
         .metrics()
         .render(&state.engine().status(), state.is_ready());
     state.render_limits(&mut text);
+    state.render_siem(&mut text);
     if state.keys().is_some() {
         // The key ages read the state backend, which may be etcd over the network.
         let s = state.clone();

@@ -150,7 +150,11 @@ fn log_reloads(engine: &Engine) {
     }
 }
 
-fn load_engine(config: &Config) -> Result<Engine, ServeError> {
+/// The engine as configured, and the local store that holds its decision and event
+/// logs (when it has a state directory), which the SIEM forwarders read.
+fn load_engine(
+    config: &Config,
+) -> Result<(Engine, Option<Arc<probity::state::StateStore>>), ServeError> {
     let engine = match &config.policies.dir {
         Some(dir) => {
             let mut builder = Engine::builder(dir);
@@ -165,6 +169,7 @@ fn load_engine(config: &Config) -> Result<Engine, ServeError> {
         None => Engine::from_embedded_defaults()?,
     };
     log_reloads(&engine);
+    let mut local_logs = None;
     if let Some(dir) = &config.integrity.state_dir {
         let bad = |detail: String| ServeError::State {
             path: dir.clone(),
@@ -172,9 +177,18 @@ fn load_engine(config: &Config) -> Result<Engine, ServeError> {
         };
         let store: Arc<dyn probity::state::StateBackend> = match config.state.backend {
             StateBackendKind::Redb => {
-                Arc::new(probity::state::StateStore::open(dir).map_err(|e| bad(e.to_string()))?)
+                let local = Arc::new(
+                    probity::state::StateStore::open(dir).map_err(|e| bad(e.to_string()))?,
+                );
+                local_logs = Some(Arc::clone(&local));
+                local
             }
-            StateBackendKind::Etcd => Arc::new(open_etcd(config, dir).map_err(bad)?),
+            StateBackendKind::Etcd => {
+                let etcd = open_etcd(config, dir).map_err(bad)?;
+                // The logs stay on this machine even with etcd: forwarding reads them.
+                local_logs = Some(Arc::clone(etcd.local()));
+                Arc::new(etcd)
+            }
         };
         tracing::info!(state = %store.describe(), "state attached");
         engine
@@ -192,7 +206,7 @@ fn load_engine(config: &Config) -> Result<Engine, ServeError> {
             .upsert_entities_from_reader(std::io::BufReader::with_capacity(1 << 20, file))
             .map_err(|e| bad(e.to_string()))?;
     }
-    Ok(engine)
+    Ok((engine, local_logs))
 }
 
 /// An error and its causes, on one line (for start-up failures, which print once).
@@ -255,12 +269,16 @@ impl Server {
     /// changes), and binds the listeners.
     pub async fn bind(config: Config) -> Result<Self, ServeError> {
         config.validate()?;
-        let engine = load_engine(&config)?;
+        let (engine, local_logs) = load_engine(&config)?;
         let watcher = match engine.policy_dir() {
             Some(_) => Some(engine.watch()?),
             None => None,
         };
-        Self::bind_with_engine(engine, config, watcher).await
+        let server = Self::bind_with_engine(engine, config, watcher).await?;
+        if let Some(store) = local_logs {
+            server.state.set_local_logs(store);
+        }
+        Ok(server)
     }
 
     async fn bind_with_engine(
@@ -331,6 +349,8 @@ impl Server {
             header_timeout: Duration::from_millis(server_config.header_read_timeout_ms.max(1)),
         };
         self.state.set_connections(Arc::clone(&limits.connections));
+        // Before retention: what the SIEM has not received is kept.
+        start_forwarders(&self.state)?;
         let retention = spawn_retention(&self.state);
         let rotation = crate::keys::spawn_rotation(&self.state);
         let digests = tokio::spawn(report_digests(self.state.clone()));
@@ -373,6 +393,10 @@ impl Server {
             let _ = stop.send(());
         }
         digests.abort();
+        if let Some(f) = self.state.set_forwarders(None) {
+            // Each confirms what it sent (within its acknowledgement timeout).
+            let _ = tokio::task::spawn_blocking(move || f.stop()).await;
+        }
         let grace = Duration::from_millis(self.state.config().server.shutdown_grace_ms);
         // The accept loops have ended, so this is the last reference.
         match Arc::try_unwrap(graceful) {
@@ -521,6 +545,24 @@ async fn report_digests(state: AppState) {
     }
 }
 
+/// Starts the SIEM forwarders `[siem]` asks for, one per log.
+fn start_forwarders(state: &AppState) -> Result<(), ServeError> {
+    let config = state.config();
+    let (Some(address), Some(dir)) = (&config.siem.address, &config.integrity.state_dir) else {
+        return Ok(());
+    };
+    let Some(store) = state.local_logs() else {
+        return Err(ServeError::Siem(
+            "no local decision and event logs to forward".into(),
+        ));
+    };
+    let forwarders = crate::forward::Forwarders::start(&config.siem, address, store, dir)
+        .map_err(ServeError::Siem)?;
+    tracing::info!(siem = %address, transport = ?config.siem.transport, "forwarding the audit logs");
+    state.set_forwarders(Some(forwarders));
+    Ok(())
+}
+
 /// Prunes the decision log on an interval, on a thread of its own, and keeps the
 /// usage figures for readiness and metrics. Stops when the returned sender drops.
 fn spawn_retention(state: &AppState) -> Option<std::sync::mpsc::Sender<()>> {
@@ -536,8 +578,9 @@ fn spawn_retention(state: &AppState) -> Option<std::sync::mpsc::Sender<()>> {
                 let retention = probity::state::Retention {
                     max_bytes: c.max_bytes,
                     max_age_seconds: c.max_age_days.saturating_mul(86_400),
-                    // Nothing forwards the log yet, so nothing holds pruning back.
-                    keep_from: u64::MAX,
+                    // What the SIEM has not received yet is kept; without one,
+                    // nothing holds pruning back.
+                    keep_from: s.siem_keep_from().unwrap_or(u64::MAX),
                 };
                 match store.prune_decisions(&retention, s.engine().clock().now_unix_ms()) {
                     Ok(0) => {}

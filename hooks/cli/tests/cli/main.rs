@@ -8,8 +8,9 @@
 )]
 
 mod agent;
-mod keys;
 mod audit;
+mod forward;
+mod keys;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
