@@ -38,6 +38,8 @@ pub struct Config {
     pub limits: LimitsConfig,
     /// How much of the decision log is kept.
     pub decision_log: DecisionLogConfig,
+    /// The audit trail's checkpoints: how often, signed by what.
+    pub audit: AuditConfig,
     /// Logging.
     pub log: LogConfig,
     /// Forwarding the audit logs to a SIEM.
@@ -171,6 +173,73 @@ impl Default for KeysConfig {
             hsm_pin_file: None,
             rotation_check_seconds: 3600,
         }
+    }
+}
+
+/// What signs the audit trail's checkpoints (`[audit] sign`).
+#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum CheckpointSigner {
+    /// Unsigned checkpoints: they catch accidents and truncation, not a forger who can
+    /// write the state directory (the default).
+    #[default]
+    None,
+    /// The software anchor `STATE_DIR/anchor.key` (the one `probity seal` uses): not an
+    /// HSM.
+    Software,
+    /// A signing key in the HSM of `hsm_module`/`hsm_token`.
+    Hsm,
+}
+
+/// The audit trail's checkpoints (`[audit]`): a signed tree head over each log every
+/// `checkpoint_records` records or `checkpoint_seconds` seconds (README, "The audit
+/// trail").
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct AuditConfig {
+    /// Records between checkpoints. Default: 1024.
+    pub checkpoint_records: u64,
+    /// Longest a record waits for its checkpoint, in seconds. Default: 60.
+    pub checkpoint_seconds: u64,
+    /// What signs them. Default: none.
+    pub sign: CheckpointSigner,
+    /// With `sign = "hsm"`: the PKCS#11 module.
+    pub hsm_module: Option<PathBuf>,
+    /// Its token's label.
+    pub hsm_token: Option<String>,
+    /// File holding the user PIN; default: PROBITY_HSM_PIN.
+    pub hsm_pin_file: Option<PathBuf>,
+    /// Label of the signing key (generated in the token if missing). Default:
+    /// `probity-audit-signing`.
+    pub hsm_key: String,
+}
+
+impl Default for AuditConfig {
+    fn default() -> Self {
+        Self {
+            checkpoint_records: probity::audit::DEFAULT_CHECKPOINT_RECORDS,
+            checkpoint_seconds: probity::audit::DEFAULT_CHECKPOINT_INTERVAL.as_secs(),
+            sign: CheckpointSigner::None,
+            hsm_module: None,
+            hsm_token: None,
+            hsm_pin_file: None,
+            hsm_key: "probity-audit-signing".into(),
+        }
+    }
+}
+
+impl AuditConfig {
+    fn validate(&self) -> Result<(), ConfigError> {
+        let bad = |m: &str| Err(ConfigError::Invalid(format!("[audit] {m}")));
+        if self.checkpoint_records == 0 || self.checkpoint_seconds == 0 {
+            return bad("checkpoint_records and checkpoint_seconds must be at least 1");
+        }
+        if self.sign == CheckpointSigner::Hsm
+            && (self.hsm_module.is_none() || self.hsm_token.is_none())
+        {
+            return bad("sign = \"hsm\" needs hsm_module and hsm_token");
+        }
+        Ok(())
     }
 }
 
@@ -787,6 +856,7 @@ impl Config {
                 "policies.sealed needs the pinned public key: set integrity.public_key or integrity.state_dir (STATE_DIR/trusted.pub)".into(),
             ));
         }
+        self.audit.validate()?;
         let s = &self.server;
         if s.socket.as_os_str().is_empty() && s.listen.is_none() {
             return Err(ConfigError::Invalid(
@@ -849,6 +919,17 @@ mod tests {
         let text = include_str!("../probity-server.toml");
         let parsed = Config::from_toml(text).unwrap();
         assert_eq!(parsed, Config::default());
+    }
+
+    #[test]
+    fn audit_checkpoints_need_a_period_and_an_hsm_its_token() {
+        let c = Config::from_toml("[audit]\ncheckpoint_records = 0\n").unwrap();
+        let err = c.validate().unwrap_err().to_string();
+        assert!(err.contains("[audit] checkpoint_records"), "{err}");
+        let c = Config::from_toml("[audit]\nsign = \"hsm\"\n").unwrap();
+        let err = c.validate().unwrap_err().to_string();
+        assert!(err.contains("needs hsm_module and hsm_token"), "{err}");
+        assert!(Config::from_toml("[audit]\nsign = \"tpm\"\n").is_err());
     }
 
     #[test]

@@ -191,6 +191,10 @@ fn load_engine(
             }
         };
         tracing::info!(state = %store.describe(), "state attached");
+        if let Some(local) = &local_logs {
+            // Before attaching: the log's writer reads the interval once, at start.
+            local.set_checkpoint_policy(checkpoint_policy(config, dir).map_err(bad)?);
+        }
         engine
             .attach_state(store)
             .map_err(|e| bad(error_chain(&e)))?;
@@ -207,6 +211,54 @@ fn load_engine(
             .map_err(|e| bad(e.to_string()))?;
     }
     Ok((engine, local_logs))
+}
+
+/// The audit trail's checkpoint policy of `[audit]`, with its signing anchor opened.
+fn checkpoint_policy(
+    config: &Config,
+    state_dir: &Path,
+) -> Result<probity::audit::CheckpointPolicy, String> {
+    use probity::integrity::{Anchor, Pin, Pkcs11Anchor, Pkcs11Config, SoftwareAnchor};
+    let a = &config.audit;
+    let anchor: Option<Arc<dyn Anchor>> = match a.sign {
+        crate::config::CheckpointSigner::None => None,
+        crate::config::CheckpointSigner::Software => Some(Arc::new(
+            SoftwareAnchor::load_or_generate(&state_dir.join("anchor.key"))
+                .map_err(|e| format!("[audit] sign = \"software\": {}", error_chain(&e)))?,
+        )),
+        crate::config::CheckpointSigner::Hsm => {
+            let (Some(module), Some(token)) = (&a.hsm_module, &a.hsm_token) else {
+                return Err("[audit] sign = \"hsm\" needs hsm_module and hsm_token".into());
+            };
+            let pin = match &a.hsm_pin_file {
+                Some(path) => Pin::from_file(path),
+                None => Pin::from_env("PROBITY_HSM_PIN"),
+            }
+            .map_err(|e| format!("[audit] {}", error_chain(&e)))?;
+            let anchor = Pkcs11Anchor::open_or_generate(&Pkcs11Config::new(
+                module,
+                token,
+                a.hsm_key.clone(),
+                pin,
+            ))
+            .map_err(|e| format!("[audit] sign = \"hsm\": {}", error_chain(&e)))?;
+            Some(Arc::new(anchor))
+        }
+    };
+    match &anchor {
+        Some(signer) => tracing::info!(
+            key = %signer.public_key().to_hex(),
+            "audit checkpoints are signed; verify with this public key"
+        ),
+        None => tracing::warn!(
+            "audit checkpoints are unsigned ([audit] sign = \"none\"): they catch accidents and truncation, not a forger who can write the state directory"
+        ),
+    }
+    Ok(probity::audit::CheckpointPolicy {
+        every_records: a.checkpoint_records.max(1),
+        every: Duration::from_secs(a.checkpoint_seconds.max(1)),
+        anchor,
+    })
 }
 
 /// An error and its causes, on one line (for start-up failures, which print once).

@@ -290,3 +290,56 @@ fn every_acknowledged_decision_reaches_rsyslog_over_relp_across_a_kill_9() {
     }
     every_acknowledged_decision_reaches_the_siem_across_a_kill_9("relp");
 }
+
+/// `[audit] sign = "software"`: the server's checkpoints are signed by the state
+/// directory's software anchor, every `checkpoint_records`, and `probity audit verify`
+/// checks them against its public key.
+#[test]
+fn the_server_signs_audit_checkpoints_as_audit_configures() {
+    let tmp = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let state = tmp.path().join("state");
+    let path = tmp.path().join("probity-server.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "[server]\nsocket = \"\"\nlisten = \"127.0.0.1:{port}\"\ninsecure = true\n\
+             [integrity]\nstate_dir = \"{}\"\n\
+             [audit]\ncheckpoint_records = 2\nsign = \"software\"\n",
+            state.display()
+        ),
+    )
+    .unwrap();
+    let log = tmp.path().join("server.log");
+    let server = start_server(&path, &log, port);
+    for i in 0..5 {
+        assert!(decide(port, i), "deny {i} was not answered");
+    }
+    drop(server); // killed: the store is released, and nothing is lost (each deny was durable)
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(text.contains("audit checkpoints are signed"), "{text}");
+
+    let anchor =
+        probity::integrity::SoftwareAnchor::load_or_generate(&state.join("anchor.key")).unwrap();
+    let pinned = tmp.path().join("audit.pub");
+    probity::integrity::pin_public_key(&pinned, probity::integrity::Anchor::public_key(&anchor))
+        .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_probity"))
+        .args(["audit", "verify", "--state-dir"])
+        .arg(&state)
+        .arg("--public-key")
+        .arg(&pinned)
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let decisions = &report["report"]["logs"][0];
+    assert_eq!(decisions["records"], 5, "{report}");
+    assert_eq!(decisions["signed_checkpoints"], 2, "{report}");
+    assert_eq!(decisions["unwitnessed"], 1, "{report}");
+}
