@@ -34,6 +34,8 @@ use probity_collect::rapl::RaplPower;
 use probity_collect::sockets::ListeningSocket;
 use probity_firewall::source::Reading as FwReading;
 use probity_firewall::{Inputs, Reachability, iptables, nft};
+use probity_siem::ForwarderStats;
+use probity_siem::engine::{Forwarders, Log};
 use serde::Serialize;
 use serde_json::{Map, Value, json};
 use thiserror::Error;
@@ -45,7 +47,7 @@ use crate::facts::{self, GpuFact, NodeNumbers, PowerFact};
 use crate::findings::{Finding, Findings, Scope, findings_of};
 use crate::listen::{self, ListenSubject, PortSets};
 use crate::sources::{HostSources, Outcome, SourceState, SourceStatus, Sources, unix};
-use crate::status::{FindingLine, SourceLine, Status};
+use crate::status::{FindingLine, SiemLine, SourceLine, Status};
 
 /// Largest entities file loaded at start.
 pub const MAX_ENTITIES_BYTES: u64 = 64 * 1024 * 1024;
@@ -106,6 +108,9 @@ pub enum AgentError {
     /// The audit reader could not start.
     #[error(transparent)]
     Audit(#[from] AuditSetupError),
+    /// The SIEM forwarders (`[siem]`) could not start.
+    #[error("cannot forward to the SIEM: {0}")]
+    Siem(String),
 }
 
 /// Builds the engine `config` names: its policies (or the embedded ones), the state
@@ -115,6 +120,16 @@ pub fn build_engine(
     clock: Option<Arc<dyn probity::Clock>>,
     attach_state: bool,
 ) -> Result<Engine, AgentError> {
+    build_engine_with_state(config, clock, attach_state).map(|(engine, _)| engine)
+}
+
+/// [`build_engine`], and the state store it attached (which the SIEM forwarders read:
+/// [`Agent::forward_to_siem`]).
+pub fn build_engine_with_state(
+    config: &Config,
+    clock: Option<Arc<dyn probity::Clock>>,
+    attach_state: bool,
+) -> Result<(Engine, Option<Arc<StateStore>>), AgentError> {
     let mut builder = match &config.engine.policies {
         Some(dir) => Engine::builder(dir),
         None => Engine::defaults(),
@@ -125,13 +140,15 @@ pub fn build_engine(
     let engine = builder
         .build()
         .map_err(|e| AgentError::Policies(Box::new(e)))?;
+    let mut attached = None;
     if attach_state && let Some(dir) = &config.state_dir {
-        let store = StateStore::open(dir).map_err(|source| AgentError::State {
+        let store = Arc::new(StateStore::open(dir).map_err(|source| AgentError::State {
             path: dir.clone(),
             source,
-        })?;
+        })?);
+        attached = Some(Arc::clone(&store));
         engine
-            .attach_state(Arc::new(store))
+            .attach_state(store)
             .map_err(|source| AgentError::Entities {
                 what: format!("attaching the state store in {}", dir.display()),
                 source,
@@ -143,7 +160,7 @@ pub fn build_engine(
     {
         load_entities(&engine, path)?;
     }
-    Ok(engine)
+    Ok((engine, attached))
 }
 
 /// Upserts a Cedar entity JSON file.
@@ -362,6 +379,7 @@ pub struct Agent {
     last_unreadable: BTreeMap<String, String>,
     obligation_failures: u64,
     event_failures: u64,
+    forwarders: Option<Forwarders>,
 }
 
 impl std::fmt::Debug for Agent {
@@ -444,10 +462,42 @@ impl Agent {
             last_unreadable: BTreeMap::new(),
             obligation_failures: 0,
             event_failures: 0,
+            forwarders: None,
             config,
             engine,
             sources,
         })
+    }
+
+    /// Starts forwarding `store`'s decision and event logs to the SIEM `[siem]` names
+    /// (nothing when it names none), one forwarder per log with its cursor in the state
+    /// directory. They run until the agent is dropped; a SIEM that is down makes them
+    /// fall behind, never the cycle.
+    pub fn forward_to_siem(&mut self, store: &Arc<StateStore>) -> Result<(), AgentError> {
+        let (Some(address), Some(dir)) = (&self.config.siem.address, &self.config.state_dir) else {
+            return Ok(());
+        };
+        let forwarders =
+            Forwarders::start(&self.config.siem, address, store, dir).map_err(AgentError::Siem)?;
+        self.forwarders = Some(forwarders);
+        Ok(())
+    }
+
+    /// Stops the SIEM forwarders (each confirms what it sent, within its timeout) and
+    /// says where each stopped.
+    pub fn stop_forwarding(&mut self) -> Vec<(Log, ForwarderStats)> {
+        self.forwarders
+            .take()
+            .map(Forwarders::stop)
+            .unwrap_or_default()
+    }
+
+    /// The SIEM forwarders' counters, one per log (none without `[siem]`).
+    pub fn siem_stats(&self) -> Vec<(Log, ForwarderStats)> {
+        self.forwarders
+            .as_ref()
+            .map(Forwarders::stats)
+            .unwrap_or_default()
     }
 
     /// The configuration.
@@ -1143,6 +1193,18 @@ impl Agent {
                 .audit
                 .as_ref()
                 .and_then(|a| serde_json::to_value(a.status()).ok()),
+            siem: self
+                .siem_stats()
+                .into_iter()
+                .map(|(log, s)| SiemLine {
+                    log: log.as_str().to_owned(),
+                    forwarded: s.forwarded,
+                    backlog: s.backlog,
+                    behind: s.behind,
+                    failures: s.failed_sends.saturating_add(s.failed_connects),
+                    last_error: s.last_error,
+                })
+                .collect(),
             policy_digest: self.engine.status().digest,
             metrics: String::new(),
         };

@@ -17,6 +17,7 @@ use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use probity_siem::SiemSettings;
 use serde::Deserialize;
 use thiserror::Error;
 use toml::Spanned;
@@ -303,6 +304,8 @@ pub struct Config {
     pub engine: EngineFiles,
     /// State directory (events, decision log, status file, audit position).
     pub state_dir: Option<PathBuf>,
+    /// Forwarding the decision and event logs to a SIEM (`[siem]`, the server's table).
+    pub siem: SiemSettings,
 }
 
 // ---------------------------------------------------------------------------------------
@@ -325,6 +328,7 @@ struct Raw {
     audit: RawAudit,
     engine: RawEngine,
     state: RawState,
+    siem: Option<Spanned<SiemSettings>>,
 }
 
 #[derive(Deserialize, Default)]
@@ -829,6 +833,25 @@ impl Config {
             poll_interval: c.millis(&raw.audit.poll_interval_ms, "audit.poll_interval_ms", 1000)?,
         };
 
+        let siem = match raw.siem {
+            Some(table) => {
+                let span = table.span();
+                let siem = table.into_inner();
+                siem.check()
+                    .map_err(|m| c.err(span.clone(), format!("siem: {m}")))?;
+                if siem.address.is_some() && raw.state.dir.is_none() {
+                    return Err(c
+                        .err(
+                            span,
+                            "siem needs [state] dir: the logs it forwards and its delivery cursors live there",
+                        )
+                        .into());
+                }
+                siem
+            }
+            None => SiemSettings::default(),
+        };
+
         Ok(Config {
             origin: file.to_owned(),
             node,
@@ -854,6 +877,7 @@ impl Config {
                 users: raw.engine.users,
             },
             state_dir: raw.state.dir,
+            siem,
         })
     }
 

@@ -60,7 +60,7 @@ pub mod status;
 
 pub use agent::{
     Agent, AgentError, AuditReport, CycleReport, DecisionReport, Progress, build_engine,
-    load_entities, thread_cpu_time,
+    build_engine_with_state, load_entities, thread_cpu_time,
 };
 pub use config::{Config, ConfigError, FirewallMode, Located};
 pub use findings::Finding;

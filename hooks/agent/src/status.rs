@@ -64,6 +64,24 @@ pub struct FindingLine {
     pub since: u64,
 }
 
+/// One SIEM forwarder's counters.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SiemLine {
+    /// `decisions` or `events`.
+    pub log: String,
+    /// Records the receiver has confirmed.
+    pub forwarded: u64,
+    /// Records written but not yet confirmed or not yet sent.
+    pub backlog: u64,
+    /// Whether the backlog is over its warning mark.
+    pub behind: bool,
+    /// Sends and connections that failed (retried).
+    pub failures: u64,
+    /// The last failure.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
+}
+
 /// What the agent writes after each cycle.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Status {
@@ -99,6 +117,9 @@ pub struct Status {
     /// The audit reader, when on.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub audit: Option<serde_json::Value>,
+    /// The SIEM forwarders, one per log (empty without `[siem]`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub siem: Vec<SiemLine>,
     /// The policy set's digest.
     pub policy_digest: String,
     /// The same figures as Prometheus text lines.
@@ -288,6 +309,44 @@ impl Status {
                 a.failed_posts
             );
         }
+        if !self.siem.is_empty() {
+            let _ = writeln!(
+                m,
+                "# HELP probity_agent_siem_forwarded_total Records the SIEM confirmed, per log.\n# TYPE probity_agent_siem_forwarded_total counter"
+            );
+            for l in &self.siem {
+                let _ = writeln!(
+                    m,
+                    "probity_agent_siem_forwarded_total{{node=\"{node}\",log=\"{}\"}} {}",
+                    escape(&l.log),
+                    l.forwarded
+                );
+            }
+            let _ = writeln!(
+                m,
+                "# HELP probity_agent_siem_backlog Records not yet confirmed by the SIEM, per log.\n# TYPE probity_agent_siem_backlog gauge"
+            );
+            for l in &self.siem {
+                let _ = writeln!(
+                    m,
+                    "probity_agent_siem_backlog{{node=\"{node}\",log=\"{}\"}} {}",
+                    escape(&l.log),
+                    l.backlog
+                );
+            }
+            let _ = writeln!(
+                m,
+                "# HELP probity_agent_siem_failures_total Failed sends and connections to the SIEM (retried), per log.\n# TYPE probity_agent_siem_failures_total counter"
+            );
+            for l in &self.siem {
+                let _ = writeln!(
+                    m,
+                    "probity_agent_siem_failures_total{{node=\"{node}\",log=\"{}\"}} {}",
+                    escape(&l.log),
+                    l.failures
+                );
+            }
+        }
         m
     }
 }
@@ -338,6 +397,7 @@ mod tests {
             obligation_failures: 0,
             event_failures: 0,
             alerts: vec![],
+            siem: vec![],
             audit: None,
             policy_digest: "d".into(),
             metrics: String::new(),

@@ -104,8 +104,14 @@ fn config(path: &Path) -> Result<Config> {
     })
 }
 
-fn engine(config: &Config, attach_state: bool) -> Result<probity::Engine> {
-    probity_agent::build_engine(config, None, attach_state).map_err(|e| match e {
+fn engine(
+    config: &Config,
+    attach_state: bool,
+) -> Result<(
+    probity::Engine,
+    Option<std::sync::Arc<probity::state::StateStore>>,
+)> {
+    probity_agent::build_engine_with_state(config, None, attach_state).map_err(|e| match e {
         AgentError::Policies(load) => crate::report(*load),
         other => {
             eprintln!("error: {}", probity_agent::sources::error_chain(&other));
@@ -127,17 +133,23 @@ pub fn agent(args: AgentArgs) -> Result<u8> {
     }
 }
 
-fn start(path: &Path) -> Result<Agent> {
+fn start(path: &Path, forward: bool) -> Result<Agent> {
     let config = config(path)?;
-    let engine = engine(&config, true)?;
-    Agent::new(config, engine).map_err(|e| {
+    let (engine, store) = engine(&config, true)?;
+    let fail = |e: AgentError| -> anyhow::Error {
         eprintln!("error: {}", probity_agent::sources::error_chain(&e));
         Exit(exit::BAD_INPUT).into()
-    })
+    };
+    let mut agent = Agent::new(config, engine).map_err(fail)?;
+    if forward && let Some(store) = &store {
+        agent.forward_to_siem(store).map_err(fail)?;
+    }
+    Ok(agent)
 }
 
 fn once(path: &Path) -> Result<u8> {
-    let mut agent = start(path)?;
+    // One cycle forwards nothing: the running agent forwards what it recorded.
+    let mut agent = start(path, false)?;
     let audit = agent.config().audit.enabled.then(|| agent.poll_audit());
     let report = agent.cycle();
     if let Err(e) = agent.write_status() {
@@ -192,7 +204,7 @@ fn stop_signal() -> Result<mpsc::Receiver<()>> {
 
 fn run(path: &Path) -> Result<u8> {
     let stop = stop_signal()?;
-    let mut agent = start(path)?;
+    let mut agent = start(path, true)?;
     let _watcher = match agent.config().engine.policies {
         Some(_) => Some(
             agent
@@ -212,6 +224,12 @@ fn run(path: &Path) -> Result<u8> {
             .as_ref()
             .map_or("in memory".to_owned(), |d| d.display().to_string())
     );
+    if let Some(address) = &c.siem.address {
+        eprintln!(
+            "probity agent: forwarding the decision and event logs to {address} over {:?}",
+            c.siem.transport
+        );
+    }
     // One JSON line on standard error per finding raised or cleared.
     let mut log = |p: Progress<'_>| {
         let (raised, cleared, errors) = match p {
@@ -231,6 +249,13 @@ fn run(path: &Path) -> Result<u8> {
         }
     };
     agent.run(&stop, &mut log);
+    for (log, s) in agent.stop_forwarding() {
+        eprintln!(
+            "probity agent: the {} forwarder stopped, {} records confirmed by the SIEM",
+            log.as_str(),
+            s.forwarded
+        );
+    }
     eprintln!("probity agent: stopped");
     Ok(exit::ALLOW)
 }
@@ -315,7 +340,7 @@ fn role_of(
     target: &BaselineTarget,
     config: &Config,
 ) -> Result<probity_firewall::baseline::Baseline> {
-    let engine = engine(config, false)?;
+    let (engine, _) = engine(config, false)?;
     let role = target.role.clone().or(config.inventory.role.clone());
     role_baseline(&engine, role.as_deref()).map_err(|e| {
         eprintln!("error: {e}");

@@ -44,86 +44,94 @@ pub struct Config {
     pub log: LogConfig,
     /// Forwarding the audit logs to a SIEM.
     pub siem: SiemConfig,
+    /// Where `alert` obligations of the server's decisions go.
+    pub alerts: AlertsConfig,
 }
 
-/// How the SIEM is reached (`[siem] transport`).
-#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
-#[serde(rename_all = "kebab-case")]
-pub enum SiemTransport {
-    /// Syslog over TCP, octet-counted (RFC 6587): delivery is confirmed by an orderly
-    /// close of the connection.
-    #[default]
-    Tcp,
-    /// Syslog over TLS (RFC 5425).
-    Tls,
-    /// RELP: each record acknowledged by the receiver.
-    Relp,
-    /// RELP over TLS.
-    RelpTls,
+/// `[alerts]`: `alert` obligations of recorded decisions to Alertmanager (API v2)
+/// and/or a webhook, taken from the decision log (see `probity-server.toml`). Off
+/// while neither URL is set.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct AlertsConfig {
+    /// Alertmanager's base URL (`http://host:9093`).
+    pub alertmanager_url: Option<String>,
+    /// A URL that receives each alert as Alertmanager's JSON, one object per post.
+    pub webhook_url: Option<String>,
+    /// How long a decision's alert stays active (seconds): a decision is an event,
+    /// not a state that clears. Default 3600.
+    pub hold_seconds: u64,
+    /// A firing alert is posted again this often (seconds). Default 60.
+    pub refresh_seconds: u64,
+    /// `endsAt` = now + this (seconds), so Alertmanager drops an alert nobody
+    /// refreshes. Default 300.
+    pub expiry_seconds: u64,
+    /// Deadline of a post, in milliseconds. Default 10000.
+    pub timeout_ms: u64,
+    /// PEM CAs for https URLs. Default: Mozilla's roots.
+    pub ca_file: Option<PathBuf>,
 }
 
-impl SiemTransport {
-    fn is_tls(self) -> bool {
-        matches!(self, Self::Tls | Self::RelpTls)
+impl Default for AlertsConfig {
+    fn default() -> Self {
+        Self {
+            alertmanager_url: None,
+            webhook_url: None,
+            hold_seconds: 3600,
+            refresh_seconds: 60,
+            expiry_seconds: 300,
+            timeout_ms: 10_000,
+            ca_file: None,
+        }
+    }
+}
+
+impl AlertsConfig {
+    /// Whether a sink is named.
+    pub fn enabled(&self) -> bool {
+        self.alertmanager_url.is_some() || self.webhook_url.is_some()
+    }
+
+    fn validate(&self, state_dir: Option<&Path>) -> Result<(), ConfigError> {
+        let bad = |m: &str| Err(ConfigError::Invalid(format!("[alerts] {m}")));
+        if !self.enabled() {
+            return Ok(());
+        }
+        if state_dir.is_none() {
+            return bad(
+                "needs integrity.state_dir: alerts are taken from the decision log kept there",
+            );
+        }
+        if self.hold_seconds == 0 || self.refresh_seconds == 0 || self.timeout_ms == 0 {
+            return bad("hold_seconds, refresh_seconds and timeout_ms must be at least 1");
+        }
+        if self.refresh_seconds >= self.expiry_seconds {
+            return bad(
+                "refresh_seconds must be shorter than expiry_seconds, or alerts expire between refreshes",
+            );
+        }
+        Ok(())
     }
 }
 
 /// Forwarding the decision and event logs to a SIEM, at least once (see
-/// `probity-server.toml`). Off while `address` is unset.
-#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
-#[serde(default, deny_unknown_fields)]
-pub struct SiemConfig {
-    /// The receiver, `host:port`; unset: no forwarding.
-    pub address: Option<String>,
-    /// `tcp`, `tls`, `relp` or `relp-tls`.
-    pub transport: SiemTransport,
-    /// PEM CA certificates that may sign the receiver's certificate (TLS transports).
-    pub ca_file: Option<PathBuf>,
-    /// PEM client certificate chain, for receivers that authenticate senders.
-    pub client_cert: Option<PathBuf>,
-    /// PEM key of `client_cert`.
-    pub client_key: Option<PathBuf>,
-    /// The name the receiver's certificate must carry; default the address's host.
-    pub server_name: Option<String>,
-}
+/// `probity-server.toml`); the table the node agent reads too.
+pub use probity_siem::{SiemSettings as SiemConfig, SiemTransport};
 
-impl SiemConfig {
-    fn validate(&self, state_dir: Option<&Path>) -> Result<(), ConfigError> {
-        let bad = |m: String| Err(ConfigError::Invalid(format!("[siem] {m}")));
-        let Some(address) = &self.address else {
-            return Ok(());
-        };
-        let port = address
-            .rsplit_once(':')
-            .map(|(host, port)| (host, port.parse::<u16>()));
-        if !matches!(port, Some((host, Ok(p))) if !host.is_empty() && p != 0) {
-            return bad(format!("address {address:?} is not host:port"));
-        }
-        if state_dir.is_none() {
-            return bad(
-                "needs integrity.state_dir: the logs it forwards and its delivery cursors live there"
-                    .into(),
-            );
-        }
-        if self.transport.is_tls() && self.ca_file.is_none() {
-            return bad("transport = \"tls\" or \"relp-tls\" needs ca_file".into());
-        }
-        if !self.transport.is_tls()
-            && (self.ca_file.is_some()
-                || self.client_cert.is_some()
-                || self.client_key.is_some()
-                || self.server_name.is_some())
-        {
-            return bad(
-                "ca_file, client_cert, client_key and server_name need transport = \"tls\" or \"relp-tls\""
-                    .into(),
-            );
-        }
-        if self.client_cert.is_some() != self.client_key.is_some() {
-            return bad("client_cert and client_key go together".into());
-        }
-        Ok(())
+/// `[siem]`: the table's own checks, and the state directory its logs and cursors
+/// live in.
+fn validate_siem(siem: &SiemConfig, state_dir: Option<&Path>) -> Result<(), ConfigError> {
+    let bad = |m: String| Err(ConfigError::Invalid(format!("[siem] {m}")));
+    if let Err(m) = siem.check() {
+        return bad(m);
     }
+    if siem.address.is_some() && state_dir.is_none() {
+        return bad(
+            "needs integrity.state_dir: the logs it forwards and its delivery cursors live there"
+                .into(),
+        );
+    }
+    Ok(())
 }
 
 /// Durable state (blocklist, manifest registry, event log, decision log) and
@@ -892,7 +900,8 @@ impl Config {
             ));
         }
         self.state.validate(self.integrity.state_dir.as_deref())?;
-        self.siem.validate(self.integrity.state_dir.as_deref())
+        validate_siem(&self.siem, self.integrity.state_dir.as_deref())?;
+        self.alerts.validate(self.integrity.state_dir.as_deref())
     }
 
     /// The socket permission bits.
@@ -972,6 +981,24 @@ mod tests {
         .unwrap();
         c.validate().unwrap();
         assert_eq!(c.state.process_name(), "sidecar:gpu-001");
+    }
+
+    #[test]
+    fn alerts_need_a_state_dir_and_a_refresh_inside_the_expiry() {
+        let c =
+            Config::from_toml("[alerts]\nalertmanager_url = \"http://127.0.0.1:9093\"\n").unwrap();
+        let err = c.validate().unwrap_err().to_string();
+        assert!(err.contains("[alerts] needs integrity.state_dir"), "{err}");
+        let c = Config::from_toml(
+            "[integrity]\nstate_dir = \"/tmp/x\"\n[alerts]\nwebhook_url = \"http://127.0.0.1:1\"\nrefresh_seconds = 300\n",
+        )
+        .unwrap();
+        let err = c.validate().unwrap_err().to_string();
+        assert!(err.contains("shorter than expiry_seconds"), "{err}");
+        // No sink named: nothing to check, nothing started.
+        let c = Config::from_toml("[alerts]\nhold_seconds = 0\n").unwrap();
+        c.validate().unwrap();
+        assert!(!c.alerts.enabled());
     }
 
     #[test]

@@ -110,6 +110,9 @@ pub enum ServeError {
     /// The keyring cannot be opened (HSM, PIN, KEK or its metadata).
     #[error("cannot open the keyring: {0}")]
     Keys(String),
+    /// The alert sinks (`[alerts]`) cannot start.
+    #[error("cannot start the alert sinks: {0}")]
+    Alerts(String),
     /// The SIEM forwarders (`[siem]`) cannot start.
     #[error("cannot forward the audit logs to the SIEM: {0}")]
     Siem(String),

@@ -57,6 +57,7 @@
 //! ```
 
 mod admission;
+pub mod alerts;
 mod api;
 mod caller;
 mod config;
@@ -117,6 +118,8 @@ struct Inner {
     local_logs: std::sync::OnceLock<Arc<probity::state::StateStore>>,
     /// The SIEM forwarders, while serving with `[siem]`.
     forwarders: std::sync::Mutex<Option<forward::Forwarders>>,
+    /// The alert sinks fed from the decision log, while serving with `[alerts]`.
+    alerts: std::sync::Mutex<Option<alerts::DecisionAlerts>>,
 }
 
 impl AppState {
@@ -155,6 +158,7 @@ impl AppState {
                 keys: std::sync::OnceLock::new(),
                 local_logs: std::sync::OnceLock::new(),
                 forwarders: std::sync::Mutex::new(None),
+                alerts: std::sync::Mutex::new(None),
             }),
         }
     }
@@ -234,6 +238,76 @@ impl AppState {
                 .unwrap_or_else(std::sync::PoisonError::into_inner),
             f,
         )
+    }
+
+    pub(crate) fn set_alerts(
+        &self,
+        a: Option<alerts::DecisionAlerts>,
+    ) -> Option<alerts::DecisionAlerts> {
+        std::mem::replace(
+            &mut *self
+                .inner
+                .alerts
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+            a,
+        )
+    }
+
+    /// The alert follower's counters and each sink's (`None` without `[alerts]`).
+    pub fn alert_stats(
+        &self,
+    ) -> Option<(
+        alerts::FollowerStats,
+        Vec<(&'static str, probity_siem::AlerterStats)>,
+    )> {
+        self.inner
+            .alerts
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .as_ref()
+            .map(alerts::DecisionAlerts::stats)
+    }
+
+    /// The alert sinks' counters, appended to the metrics text.
+    fn render_alerts(&self, out: &mut String) {
+        use std::fmt::Write as _;
+        let Some((follower, sinks)) = self.alert_stats() else {
+            return;
+        };
+        let _ = writeln!(
+            out,
+            "# HELP probity_alerts_fired_total Alerts fired from alert obligations of recorded decisions.\n# TYPE probity_alerts_fired_total counter\nprobity_alerts_fired_total {}",
+            follower.fired
+        );
+        let _ = writeln!(
+            out,
+            "# HELP probity_alerts_resolved_total Decision alerts resolved after their hold.\n# TYPE probity_alerts_resolved_total counter\nprobity_alerts_resolved_total {}",
+            follower.resolved
+        );
+        let _ = writeln!(
+            out,
+            "# HELP probity_alerts_dropped_total Alerts an alert sink's full queue refused.\n# TYPE probity_alerts_dropped_total counter\nprobity_alerts_dropped_total {}",
+            follower.dropped
+        );
+        for (name, help, value) in [
+            (
+                "probity_alerts_posted_total",
+                "Alert posts that succeeded, per sink.",
+                (|s: &probity_siem::AlerterStats| s.posted)
+                    as fn(&probity_siem::AlerterStats) -> u64,
+            ),
+            (
+                "probity_alerts_failed_posts_total",
+                "Alert posts that failed (retried), per sink.",
+                |s| s.failed_posts,
+            ),
+        ] {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
+            for (sink, s) in &sinks {
+                let _ = writeln!(out, "{name}{{sink=\"{sink}\"}} {}", value(s));
+            }
+        }
     }
 
     /// Each SIEM forwarder's counters (none without `[siem]`).
@@ -629,6 +703,7 @@ async fn metrics_text(State(state): State<AppState>) -> Response {
         .render(&state.engine().status(), state.is_ready());
     state.render_limits(&mut text);
     state.render_siem(&mut text);
+    state.render_alerts(&mut text);
     if state.keys().is_some() {
         // The key ages read the state backend, which may be etcd over the network.
         let s = state.clone();

@@ -403,6 +403,7 @@ impl Server {
         self.state.set_connections(Arc::clone(&limits.connections));
         // Before retention: what the SIEM has not received is kept.
         start_forwarders(&self.state)?;
+        start_alerts(&self.state)?;
         let retention = spawn_retention(&self.state);
         let rotation = crate::keys::spawn_rotation(&self.state);
         let digests = tokio::spawn(report_digests(self.state.clone()));
@@ -445,9 +446,22 @@ impl Server {
             let _ = stop.send(());
         }
         digests.abort();
+        if let Some(a) = self.state.set_alerts(None) {
+            // Joins the follower thread.
+            let _ = tokio::task::spawn_blocking(move || drop(a)).await;
+        }
         if let Some(f) = self.state.set_forwarders(None) {
             // Each confirms what it sent (within its acknowledgement timeout).
-            let _ = tokio::task::spawn_blocking(move || f.stop()).await;
+            if let Ok(stopped) = tokio::task::spawn_blocking(move || f.stop()).await {
+                for (log, s) in stopped {
+                    tracing::info!(
+                        log = log.as_str(),
+                        forwarded = s.forwarded,
+                        cursor = s.cursor,
+                        "SIEM forwarder stopped"
+                    );
+                }
+            }
         }
         let grace = Duration::from_millis(self.state.config().server.shutdown_grace_ms);
         // The accept loops have ended, so this is the last reference.
@@ -595,6 +609,28 @@ async fn report_digests(state: AppState) {
         }
         tokio::time::sleep(DIGEST_CHECK).await;
     }
+}
+
+/// Starts the alert sinks `[alerts]` names, fed from the decision log.
+fn start_alerts(state: &AppState) -> Result<(), ServeError> {
+    let config = state.config();
+    let (true, Some(dir)) = (config.alerts.enabled(), &config.integrity.state_dir) else {
+        return Ok(());
+    };
+    let Some(store) = state.local_logs() else {
+        return Err(ServeError::Alerts(
+            "no local decision log to take alerts from".into(),
+        ));
+    };
+    let alerts = crate::alerts::DecisionAlerts::start(&config.alerts, Arc::clone(store), dir)
+        .map_err(ServeError::Alerts)?;
+    tracing::info!(
+        alertmanager = ?config.alerts.alertmanager_url,
+        webhook = ?config.alerts.webhook_url,
+        "alert obligations of recorded decisions go to the alert sinks"
+    );
+    state.set_alerts(alerts);
+    Ok(())
 }
 
 /// Starts the SIEM forwarders `[siem]` asks for, one per log.

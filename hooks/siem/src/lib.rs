@@ -10,9 +10,11 @@
 //! * `alert` obligations to Prometheus Alertmanager's API v2 or a webhook, refreshed
 //!   while they hold and resolved when they clear ([`Alerter`]).
 //!
-//! It does not depend on the engine: the engine's log implements [`RecordSource`] and
-//! its state store [`CursorStore`]. Both traits have in-memory and file-backed
-//! implementations for tests and small programs.
+//! Its core does not depend on the engine: a log implements [`RecordSource`] and a
+//! cursor [`CursorStore`], and both traits have in-memory and file-backed
+//! implementations for tests and small programs. The `engine` feature adds the
+//! engine's two hash-chained logs as sources (`engine`), which the server and the node
+//! agent forward through the same [`SiemSettings`] table.
 //!
 //! Code map:
 //! * `record` — [`Record`], [`RecordKind`], [`Severity`];
@@ -21,6 +23,8 @@
 //! * `transport` — TCP/TLS links, octet counting, [`transport::relp`];
 //! * `forwarder` — the forwarding thread, its cursor and counters;
 //! * `alert` — the alerter and its HTTP sinks;
+//! * `settings` — the `[siem]` table ([`SiemSettings`]) both binaries read;
+//! * `engine` (feature `engine`) — the engine's logs as sources, a forwarder per log;
 //! * `time`, `backoff` — RFC 3339 timestamps and retry delays.
 //!
 //! ```no_run
@@ -42,8 +46,11 @@
 
 pub mod alert;
 mod backoff;
+#[cfg(feature = "engine")]
+pub mod engine;
 pub mod forwarder;
 pub mod record;
+pub mod settings;
 pub mod source;
 pub mod syslog;
 pub mod time;
@@ -56,6 +63,7 @@ pub use alert::{
 pub use backoff::Backoff;
 pub use forwarder::{Forwarder, ForwarderConfig, ForwarderError, ForwarderStats, Transport};
 pub use record::{Digest, Record, RecordKind, Severity};
+pub use settings::{SiemSettings, SiemTransport};
 pub use source::{
     CursorError, CursorStore, FileCursor, FileSource, MemoryCursor, MemorySource, RecordSource,
     SourceError,

@@ -8,7 +8,9 @@ use std::time::Duration;
 use probity_agent::CycleReport;
 use serde_json::Value;
 
-use crate::support::{Alertmanager, FakeNode, NODE, agent, engine, eventually, fixture};
+use crate::support::{
+    ActiveNames, Alertmanager, FakeNode, NODE, agent, engine, eventually, fixture,
+};
 
 fn policies(list: &[probity_agent::Finding]) -> BTreeSet<String> {
     list.iter()

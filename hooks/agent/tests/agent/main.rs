@@ -11,4 +11,6 @@
 mod cycle;
 mod elevation;
 mod mutation;
+#[path = "../../../testsupport/services.rs"]
+mod services;
 mod support;

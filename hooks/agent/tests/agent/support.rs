@@ -6,9 +6,7 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
 
 use probity::{Engine, ManualClock};
 use probity_agent::alerts::AlertSinks;
@@ -26,18 +24,6 @@ pub fn fixture_path(area: &str, name: &str) -> PathBuf {
 pub fn fixture(area: &str, name: &str) -> Vec<u8> {
     let p = fixture_path(area, name);
     std::fs::read(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
-}
-
-/// Polls `f` every 20 ms until it gives a value; panics after `limit`.
-pub fn eventually<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Option<T>) -> T {
-    let deadline = Instant::now() + limit;
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 /// Writes an executable shell script and returns its path.
@@ -84,93 +70,16 @@ pub fn extract_ttar(archive: &[u8], dest: &Path) {
     }
 }
 
-/// A child process killed (SIGKILL, by its PID) and reaped when dropped.
-pub struct Proc {
-    pub child: Child,
-    pub name: &'static str,
-    pub log: PathBuf,
+pub use crate::services::{Alertmanager, eventually};
+
+/// What the tests ask Alertmanager.
+pub trait ActiveNames {
+    /// The alert names active now, sorted (`listen` ones with their subject).
+    fn active_names(&mut self) -> Vec<String>;
 }
 
-impl Proc {
-    pub fn assert_running(&mut self) {
-        if let Ok(Some(status)) = self.child.try_wait() {
-            let text = std::fs::read_to_string(&self.log).unwrap_or_default();
-            panic!("{} exited with {status}:\n{text}", self.name);
-        }
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// prometheus-alertmanager on loopback, clustering off, state under `dir`.
-pub struct Alertmanager {
-    proc: Proc,
-    pub url: String,
-}
-
-impl Alertmanager {
-    pub fn start(dir: &Path) -> Alertmanager {
-        let port = free_port();
-        let config = dir.join("alertmanager.yml");
-        std::fs::write(
-            &config,
-            "route:\n  receiver: none\nreceivers:\n  - name: none\n",
-        )
-        .unwrap();
-        let storage = dir.join("alertmanager-data");
-        std::fs::create_dir_all(&storage).unwrap();
-        let log = dir.join("alertmanager.log");
-        let child = Command::new("prometheus-alertmanager")
-            .arg(format!("--config.file={}", config.display()))
-            .arg(format!("--storage.path={}", storage.display()))
-            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
-            .arg("--cluster.listen-address=")
-            .stdin(Stdio::null())
-            .stdout(std::fs::File::create(&log).unwrap())
-            .stderr(std::fs::OpenOptions::new().append(true).open(&log).unwrap())
-            .spawn()
-            .expect("prometheus-alertmanager");
-        let mut proc = Proc {
-            child,
-            name: "prometheus-alertmanager",
-            log,
-        };
-        let url = format!("http://127.0.0.1:{port}");
-        eventually("alertmanager to be ready", Duration::from_secs(30), || {
-            proc.assert_running();
-            let r = ureq::get(&format!("{url}/-/ready")).call().ok()?;
-            (r.status() == 200).then_some(())
-        });
-        Alertmanager { proc, url }
-    }
-
-    /// GET /api/v2/alerts: the active alerts.
-    pub fn alerts(&mut self) -> Vec<Value> {
-        self.proc.assert_running();
-        let body = ureq::get(&format!("{}/api/v2/alerts", self.url))
-            .call()
-            .unwrap()
-            .body_mut()
-            .read_to_string()
-            .unwrap();
-        serde_json::from_str(&body).unwrap()
-    }
-
-    /// The alert names active now, sorted.
-    pub fn active_names(&mut self) -> Vec<String> {
+impl ActiveNames for Alertmanager {
+    fn active_names(&mut self) -> Vec<String> {
         let mut names: Vec<String> = self
             .alerts()
             .iter()
