@@ -2,6 +2,7 @@
 //! configuration error located, the status file, a graceful stop on SIGTERM, and the
 //! baseline checked, refused and applied in a network namespace with a real sshd.
 
+mod elevation;
 mod netns;
 
 use std::os::unix::fs::PermissionsExt;

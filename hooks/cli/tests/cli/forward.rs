@@ -1,142 +1,99 @@
 //! `probity serve` with `[siem]`: the decision log reaches a real rsyslog on loopback
 //! at least once, across a `kill -9` of the server.
 
-use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-const RSYSLOG_MODULES: &str = "/usr/lib/x86_64-linux-gnu/rsyslog";
-
-/// A child killed (SIGKILL, by its PID) and reaped when dropped.
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// Polls `f` every 20 ms until it gives a value; panics after `limit`.
-fn eventually<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Option<T>) -> T {
-    let deadline = Instant::now() + limit;
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-fn assert_running(p: &mut Proc, name: &str, log: &Path) {
-    if let Ok(Some(status)) = p.0.try_wait() {
-        let text = std::fs::read_to_string(log).unwrap_or_default();
-        panic!("{name} exited with {status}:\n{text}");
-    }
-}
-
-/// rsyslogd -n on 127.0.0.1:`port` (imtcp or imrelp), writing RFC 5424 lines with
-/// their structured data to `out`.
-fn start_rsyslog(dir: &Path, port: u16, relp: bool, out: &Path) -> Proc {
-    let work = dir.join("rsyslog-work");
-    let mods = dir.join("rsyslog-modules");
-    std::fs::create_dir_all(&work).unwrap();
-    std::fs::create_dir_all(&mods).unwrap();
-    // Modules (and their helpers) load from -M: point it into the test's directory.
-    for entry in std::fs::read_dir(RSYSLOG_MODULES).unwrap() {
-        let entry = entry.unwrap();
-        let link = mods.join(entry.file_name());
-        if !link.exists() {
-            std::os::unix::fs::symlink(entry.path(), link).unwrap();
-        }
-    }
-    let input = if relp { "imrelp" } else { "imtcp" };
-    let conf = format!(
-        "global(workDirectory=\"{work}\" maxMessageSize=\"64k\")\n\
-         module(load=\"{input}\")\n\
-         input(type=\"{input}\" port=\"{port}\" address=\"127.0.0.1\" ruleset=\"probity\")\n\
-         template(name=\"out\" type=\"string\" string=\"<%PRI%>1 %TIMESTAMP:::date-rfc3339% %HOSTNAME% %APP-NAME% %PROCID% %MSGID% %STRUCTURED-DATA% %msg%\\n\")\n\
-         ruleset(name=\"probity\") {{ action(type=\"omfile\" file=\"{out}\" template=\"out\") }}\n",
-        work = work.display(),
-        out = out.display(),
-    );
-    let conf_path = dir.join("rsyslog.conf");
-    std::fs::write(&conf_path, conf).unwrap();
-    let log = dir.join("rsyslog.stderr");
-    let mut p = Proc(
-        Command::new("rsyslogd")
-            .arg("-n")
-            .arg("-f")
-            .arg(&conf_path)
-            .arg("-i")
-            .arg(dir.join("rsyslog.pid"))
-            .arg("-M")
-            .arg(&mods)
-            .stdin(Stdio::null())
-            .stdout(Stdio::from(std::fs::File::create(&log).unwrap()))
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
-    eventually("rsyslogd to listen", Duration::from_secs(20), || {
-        assert_running(&mut p, "rsyslogd", &log);
-        TcpStream::connect(("127.0.0.1", port)).ok().map(|_| ())
-    });
-    p
-}
+use crate::services::{Proc, Rsyslog, SyslogInput, eventually, free_port, http};
 
 /// `probity serve --config <config>`, its standard error in `log` (appended).
 fn start_server(config: &Path, log: &Path, port: u16) -> Proc {
-    let err = std::fs::OpenOptions::new()
-        .append(true)
-        .create(true)
-        .open(log)
-        .unwrap();
-    let mut p = Proc(
+    let mut p = Proc::spawn(
+        "probity serve",
         Command::new(env!("CARGO_BIN_EXE_probity"))
             .args(["serve", "--config"])
-            .arg(config)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::from(err))
-            .spawn()
-            .unwrap(),
+            .arg(config),
+        log,
     );
     eventually("probity serve to be ready", Duration::from_secs(60), || {
-        assert_running(&mut p, "probity serve", log);
+        p.assert_running();
         http(port, "GET", "/readyz", "").filter(|(status, _)| *status == 200)
     });
     p
 }
 
-/// One HTTP/1.1 exchange on a fresh connection: the status and body, or `None` when
-/// the connection failed.
-fn http(port: u16, method: &str, path: &str, body: &str) -> Option<(u16, String)> {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(20))).ok()?;
-    let req = format!(
-        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    );
-    s.write_all(req.as_bytes()).ok()?;
-    let mut resp = String::new();
-    s.read_to_string(&mut resp).ok()?;
-    let status = resp.split(' ').nth(1)?.parse().ok()?;
-    let body = resp.split_once("\r\n\r\n").map(|(_, b)| b.to_owned())?;
-    Some((status, body))
+/// A CA and a certificate for 127.0.0.1 and `localhost` it signed, made with
+/// openssl in `dir`: (ca, cert, key).
+fn loopback_certificate(dir: &Path) -> (PathBuf, PathBuf, PathBuf) {
+    let run = |args: &[&str]| {
+        let out = Command::new("openssl")
+            .args(args)
+            .current_dir(dir)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "openssl {args:?}: {out:?}");
+    };
+    run(&[
+        "req",
+        "-x509",
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:P-256",
+        "-nodes",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.pem",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=probity test CA",
+    ]);
+    run(&[
+        "req",
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:P-256",
+        "-nodes",
+        "-keyout",
+        "siem.key",
+        "-out",
+        "siem.csr",
+        "-subj",
+        "/CN=localhost",
+    ]);
+    std::fs::write(
+        dir.join("siem.ext"),
+        "subjectAltName=DNS:localhost,IP:127.0.0.1\nextendedKeyUsage=serverAuth\n",
+    )
+    .unwrap();
+    run(&[
+        "x509",
+        "-req",
+        "-in",
+        "siem.csr",
+        "-CA",
+        "ca.pem",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-out",
+        "siem.pem",
+        "-days",
+        "2",
+        "-extfile",
+        "siem.ext",
+    ]);
+    (
+        dir.join("ca.pem"),
+        dir.join("siem.pem"),
+        dir.join("siem.key"),
+    )
 }
 
 /// Asks for workload `i`'s placement: an unknown workload, so a recorded deny. True
@@ -155,20 +112,7 @@ fn decide(port: u16, i: usize) -> bool {
     }
 }
 
-/// The `seq` of every line of rsyslog's file, and the lines.
-fn received(out: &Path) -> (Vec<u64>, String) {
-    let text = std::fs::read_to_string(out).unwrap_or_default();
-    let seqs = text
-        .lines()
-        .filter_map(|l| {
-            let rest = l.split_once(" seq=\"")?.1;
-            rest.split('"').next()?.parse().ok()
-        })
-        .collect();
-    (seqs, text)
-}
-
-fn config(dir: &Path, port: u16, siem_port: u16, transport: &str) -> PathBuf {
+fn config(dir: &Path, port: u16, siem_port: u16, transport: &str, extra: &str) -> PathBuf {
     let path = dir.join("probity-server.toml");
     std::fs::write(
         &path,
@@ -176,7 +120,7 @@ fn config(dir: &Path, port: u16, siem_port: u16, transport: &str) -> PathBuf {
             "[server]\nsocket = \"\"\nlisten = \"127.0.0.1:{port}\"\ninsecure = true\n\
              [integrity]\nstate_dir = \"{}\"\n\
              [limits]\nrecorded_per_second = 100000\nrecorded_burst = 100000\n\
-             [siem]\naddress = \"127.0.0.1:{siem_port}\"\ntransport = \"{transport}\"\n",
+             [siem]\naddress = \"127.0.0.1:{siem_port}\"\ntransport = \"{transport}\"\n{extra}",
             dir.join("state").display()
         ),
     )
@@ -190,10 +134,22 @@ fn every_acknowledged_decision_reaches_the_siem_across_a_kill_9(transport: &str)
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
     let siem_port = free_port();
-    let out = dir.join("received.log");
-    let _rsyslog = start_rsyslog(dir, siem_port, transport == "relp", &out);
+    let (ca, cert, key) = loopback_certificate(dir);
+    let (input, extra) = match transport {
+        "tls" => (
+            SyslogInput::Tls {
+                ca: &ca,
+                cert: &cert,
+                key: &key,
+            },
+            format!("ca_file = \"{}\"\n", ca.display()),
+        ),
+        "relp" => (SyslogInput::Relp, String::new()),
+        _ => (SyslogInput::Tcp, String::new()),
+    };
+    let rsyslog = Rsyslog::start(dir, siem_port, input);
     let port = free_port();
-    let cfg = config(dir, port, siem_port, transport);
+    let cfg = config(dir, port, siem_port, transport, &extra);
     let log = dir.join("probity.stderr");
 
     // First run: a sender streams denies; the server is killed -9 under it.
@@ -217,10 +173,10 @@ fn every_acknowledged_decision_reaches_the_siem_across_a_kill_9(transport: &str)
     eventually(
         "some decisions forwarded before the kill",
         Duration::from_secs(60),
-        || (received(&out).0.len() >= 5).then_some(()),
+        || (rsyslog.received().0.len() >= 5).then_some(()),
     );
-    server.0.kill().unwrap();
-    server.0.wait().unwrap();
+    server.child.kill().unwrap();
+    server.child.wait().unwrap();
     stop.store(true, Ordering::Relaxed);
     let mut acked = sender.join().unwrap();
     assert!(!acked.is_empty());
@@ -238,7 +194,7 @@ fn every_acknowledged_decision_reaches_the_siem_across_a_kill_9(transport: &str)
         "rsyslog to hold every acknowledged decision",
         Duration::from_secs(90),
         || {
-            let (seqs, text) = received(&out);
+            let (seqs, text) = rsyslog.received();
             let all = acked.iter().all(|i| text.contains(&format!("w-{i}\\\"")));
             (all && seqs.iter().max().is_some_and(|m| *m >= total)).then_some((seqs, text))
         },
@@ -284,11 +240,14 @@ fn every_acknowledged_decision_reaches_rsyslog_over_tcp_across_a_kill_9() {
 
 #[test]
 fn every_acknowledged_decision_reaches_rsyslog_over_relp_across_a_kill_9() {
-    if !Path::new(RSYSLOG_MODULES).join("imrelp.so").exists() {
-        eprintln!("imrelp is not installed (Debian package rsyslog-relp): skipped");
-        return;
-    }
     every_acknowledged_decision_reaches_the_siem_across_a_kill_9("relp");
+}
+
+/// RFC 5425: rsyslog's gtls driver with a certificate for 127.0.0.1 from a test CA,
+/// which `ca_file` pins.
+#[test]
+fn every_acknowledged_decision_reaches_rsyslog_over_tls_across_a_kill_9() {
+    every_acknowledged_decision_reaches_the_siem_across_a_kill_9("tls");
 }
 
 /// `[audit] sign = "software"`: the server's checkpoints are signed by the state
@@ -342,4 +301,86 @@ fn the_server_signs_audit_checkpoints_as_audit_configures() {
     assert_eq!(decisions["records"], 5, "{report}");
     assert_eq!(decisions["signed_checkpoints"], 2, "{report}");
     assert_eq!(decisions["unwitnessed"], 1, "{report}");
+}
+
+/// `[alerts]`: a recorded deny whose policy carries `alert` (driver drift) reaches a
+/// real Alertmanager, named after the policy, on the node the policy targets.
+#[test]
+fn an_alert_obligation_of_a_server_decision_reaches_alertmanager() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let mut alertmanager = crate::services::Alertmanager::start(dir);
+    let port = free_port();
+    let path = dir.join("probity-server.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "[server]\nsocket = \"\"\nlisten = \"127.0.0.1:{port}\"\ninsecure = true\n\
+             [policies]\nentities = \"{entities}\"\n\
+             [integrity]\nstate_dir = \"{state}\"\n\
+             [alerts]\nalertmanager_url = \"{am}\"\nhold_seconds = 600\n",
+            entities = crate::root()
+                .join("testdata/entities/cluster.json")
+                .display(),
+            state = dir.join("state").display(),
+            am = alertmanager.url,
+        ),
+    )
+    .unwrap();
+    let mut server = start_server(&path, &dir.join("server.log"), port);
+    let (status, body) = http(
+        port,
+        "POST",
+        "/v1/decide",
+        r#"{"principal": "Workload::\"train-1\"", "action": "schedule", "resource": "Node::\"gpu-drift\""}"#,
+    )
+    .unwrap();
+    assert_eq!(status, 200, "{body}");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["decision"], "deny", "{body}");
+    let alert = eventually("the alert at Alertmanager", Duration::from_secs(60), || {
+        server.assert_running();
+        alertmanager
+            .alerts()
+            .into_iter()
+            .find(|a| a["labels"]["alertname"] == "placement.driver-drift")
+    });
+    assert_eq!(alert["labels"]["node"], "Node::\"gpu-drift\"", "{alert}");
+    assert_eq!(alert["labels"]["severity"], "high", "{alert}");
+    assert_eq!(
+        alert["labels"]["principal"], "Workload::\"train-1\"",
+        "{alert}"
+    );
+    assert_eq!(alert["status"]["state"], "active", "{alert}");
+    let metrics = eventually("the alert counters", Duration::from_secs(30), || {
+        http(port, "GET", "/metrics", "")
+            .map(|(_, b)| b)
+            .filter(|b| b.contains("probity_alerts_posted_total{sink=\"alertmanager\"} 1"))
+    });
+    assert!(
+        metrics.contains("probity_alerts_fired_total 1"),
+        "{metrics}"
+    );
+    // A restart resumes from the cursor: the same record does not fire again.
+    drop(server);
+    let _server = start_server(&path, &dir.join("server.log"), port);
+    let metrics = eventually(
+        "the restarted server's metrics",
+        Duration::from_secs(30),
+        || {
+            http(port, "GET", "/metrics", "")
+                .map(|(_, b)| b)
+                .filter(|b| b.contains("probity_alerts_fired_total"))
+        },
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    let metrics_later = http(port, "GET", "/metrics", "").unwrap().1;
+    assert!(
+        metrics.contains("probity_alerts_fired_total 0"),
+        "{metrics}"
+    );
+    assert!(
+        metrics_later.contains("probity_alerts_fired_total 0"),
+        "{metrics_later}"
+    );
 }

@@ -11,6 +11,8 @@ mod agent;
 mod audit;
 mod forward;
 mod keys;
+#[path = "../../../testsupport/services.rs"]
+mod services;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
