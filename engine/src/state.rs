@@ -1416,7 +1416,7 @@ fn push_str(v: &mut Vec<u8>, s: &str) {
     v.extend_from_slice(s.as_bytes());
 }
 
-fn encode_event(
+pub(crate) fn encode_event(
     time: u64,
     object_id: &str,
     node: Option<&str>,
@@ -1437,7 +1437,7 @@ fn encode_event(
     v
 }
 
-fn decode_event(seq: u64, raw: &[u8]) -> Option<Event> {
+pub(crate) fn decode_event(seq: u64, raw: &[u8]) -> Option<Event> {
     fn string(raw: &[u8], pos: &mut usize) -> Option<String> {
         let len = u32::from_be_bytes(raw.get(*pos..*pos + 4)?.try_into().ok()?) as usize;
         let start = *pos + 4;
