@@ -1,0 +1,134 @@
+#!/usr/bin/env bash
+# Decision latency at a fixed rate of recorded denies, with SIEM forwarding over TLS
+# (RFC 5425, to a real rsyslog on loopback) off and on, in interleaved rounds.
+#
+#   cargo build --release --workspace --bin probity --example loadgen
+#   bash scripts/bench-forwarding.sh [ROUNDS=3] [RATE=5000] [SECONDS=10]
+#
+# Each round starts a fresh server with a fresh state directory, without [siem] and
+# then with it, and drives it with loadgen at RATE denies/s over 8 connections
+# (`train-1` onto the blocked `gpu-blocked`: every answer a recorded deny). Prints
+# loadgen's line per run, then the median p99 of each and their ratio. Every process
+# it starts is stopped by its PID on exit; everything runs on 127.0.0.1.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+repo=$PWD
+rounds=${1:-3}
+rate=${2:-5000}
+seconds=${3:-10}
+probity=$repo/target/release/probity
+loadgen=$repo/target/release/examples/loadgen
+for b in "$probity" "$loadgen"; do
+  [ -x "$b" ] || { echo "build first: $b is missing" >&2; exit 2; }
+done
+
+work=$(mktemp -d)
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+cd "$work"
+
+# A CA and a certificate for 127.0.0.1, for rsyslog's gtls driver.
+openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -keyout ca.key \
+  -out ca.pem -days 2 -subj "/CN=bench CA" 2>/dev/null
+openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -keyout siem.key \
+  -out siem.csr -subj "/CN=localhost" 2>/dev/null
+printf "subjectAltName=DNS:localhost,IP:127.0.0.1\nextendedKeyUsage=serverAuth\n" > siem.ext
+openssl x509 -req -in siem.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out siem.pem \
+  -days 2 -extfile siem.ext 2>/dev/null
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+wait_port() {
+  for _ in $(seq 1 300); do
+    (echo > "/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0
+    sleep 0.1
+  done
+  echo "nothing listens on 127.0.0.1:$1" >&2
+  return 1
+}
+
+siem_port=$(free_port)
+mkdir -p rsyslog-work
+cat > rsyslog.conf <<EOF
+global(workDirectory="$work/rsyslog-work" maxMessageSize="64k"
+       defaultNetstreamDriver="gtls" defaultNetstreamDriverCAFile="$work/ca.pem"
+       defaultNetstreamDriverCertFile="$work/siem.pem" defaultNetstreamDriverKeyFile="$work/siem.key")
+module(load="imtcp")
+input(type="imtcp" port="$siem_port" address="127.0.0.1" ruleset="probity"
+      streamDriver.name="gtls" streamDriver.mode="1" streamDriver.authMode="anon")
+ruleset(name="probity") { action(type="omfile" file="$work/received.log") }
+EOF
+rsyslogd -n -f rsyslog.conf -i "$work/rsyslog.pid" > rsyslog.log 2>&1 &
+pids+=($!)
+wait_port "$siem_port"
+
+cat > request.json <<'JSON'
+{"principal": "Workload::\"train-1\"", "action": "schedule", "resource": "Node::\"gpu-blocked\""}
+JSON
+
+# config NAME PORT FORWARD: a server configuration with its own state directory.
+config() {
+  local siem=""
+  if [ "$3" = on ]; then
+    siem="[siem]
+address = \"127.0.0.1:$siem_port\"
+transport = \"tls\"
+ca_file = \"$work/ca.pem\""
+  fi
+  rm -rf "$work/state-$1"
+  cat > "$work/$1.toml" <<EOF
+[server]
+socket = ""
+listen = "127.0.0.1:$2"
+insecure = true
+[policies]
+entities = "$repo/testdata/entities/cluster.json"
+[integrity]
+state_dir = "$work/state-$1"
+[limits]
+recorded_per_second = 0
+[log]
+level = "warn"
+$siem
+EOF
+}
+
+run() {
+  local name=$1 forward=$2 port
+  port=$(free_port)
+  config "$name" "$port" "$forward"
+  "$probity" serve --config "$work/$name.toml" > "$work/$name.log" 2>&1 &
+  local pid=$!
+  pids+=("$pid")
+  wait_port "$port"
+  local line
+  line=$("$loadgen" --tcp "127.0.0.1:$port" --path /v1/decide --body request.json \
+    --connections 8 --rate "$rate" --duration "$seconds" --requests $((rate * seconds)) \
+    --expect '"deny"')
+  kill -TERM "$pid"
+  wait "$pid" 2>/dev/null || true
+  echo "$forward $line"
+}
+
+results=()
+for r in $(seq 1 "$rounds"); do
+  for forward in off on; do
+    line=$(run "r$r-$forward" "$forward")
+    echo "round $r forwarding $line"
+    results+=("$line")
+  done
+done
+printf '%s\n' "${results[@]}" | python3 -c '
+import re, statistics, sys
+p99 = {"off": [], "on": []}
+for line in sys.stdin:
+    mode = line.split()[0]
+    p99[mode].append(float(re.search(r"p99=([0-9.]+)ms", line).group(1)))
+off, on = statistics.median(p99["off"]), statistics.median(p99["on"])
+print(f"median p99: forwarding off {off:.3f} ms, on {on:.3f} ms, ratio {on / off:.2f}x")
+'
+echo "rsyslog received $(wc -l < "$work/received.log") messages"
