@@ -3,13 +3,14 @@
 # (RFC 5425, to a real rsyslog on loopback) off and on, in interleaved rounds.
 #
 #   cargo build --release --workspace --bin probity --example loadgen
-#   bash scripts/bench-forwarding.sh [ROUNDS=3] [RATE=5000] [SECONDS=10]
+#   [STATE_ROOT=DIR] bash scripts/bench-forwarding.sh [ROUNDS=3] [RATE=5000] [SECONDS=10]
 #
 # Each round starts a fresh server with a fresh state directory, without [siem] and
 # then with it, and drives it with loadgen at RATE denies/s over 8 connections
-# (`train-1` onto the blocked `gpu-blocked`: every answer a recorded deny). Prints
-# loadgen's line per run, then the median p99 of each and their ratio. Every process
-# it starts is stopped by its PID on exit; everything runs on 127.0.0.1.
+# (`rlhf-1` onto `gpu-a1`, outside its dedicated zone: every answer a recorded deny;
+# a run with any other answer fails). Prints loadgen's line per run, then the median
+# p99 of each and their ratio. Every process it starts is stopped by its PID on exit;
+# everything runs on 127.0.0.1.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$PWD
@@ -22,12 +23,18 @@ for b in "$probity" "$loadgen"; do
   [ -x "$b" ] || { echo "build first: $b is missing" >&2; exit 2; }
 done
 
-work=$(mktemp -d)
+# The SIEM's side (rsyslog's files) lives in memory: a real SIEM does not share
+# Probity's disk, and its writes here would slow the fsyncs being measured. The state
+# directories (the decision log, fsynced per group commit) go under STATE_ROOT, by
+# default a directory on the disk of /var/tmp; STATE_ROOT=/dev/shm measures the CPU
+# cost alone.
+work=$(mktemp -d -p /dev/shm)
+state_root=$(mktemp -d -p "${STATE_ROOT:-/var/tmp}")
 pids=()
 cleanup() {
   for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
   wait 2>/dev/null || true
-  rm -rf "$work"
+  rm -rf "$work" "$state_root"
 }
 trap cleanup EXIT
 cd "$work"
@@ -67,7 +74,7 @@ pids+=($!)
 wait_port "$siem_port"
 
 cat > request.json <<'JSON'
-{"principal": "Workload::\"train-1\"", "action": "schedule", "resource": "Node::\"gpu-blocked\""}
+{"principal": "Workload::\"rlhf-1\"", "action": "schedule", "resource": "Node::\"gpu-a1\""}
 JSON
 
 # config NAME PORT FORWARD: a server configuration with its own state directory.
@@ -79,7 +86,7 @@ address = \"127.0.0.1:$siem_port\"
 transport = \"tls\"
 ca_file = \"$work/ca.pem\""
   fi
-  rm -rf "$work/state-$1"
+  rm -rf "$state_root/state-$1"
   cat > "$work/$1.toml" <<EOF
 [server]
 socket = ""
@@ -88,7 +95,7 @@ insecure = true
 [policies]
 entities = "$repo/testdata/entities/cluster.json"
 [integrity]
-state_dir = "$work/state-$1"
+state_dir = "$state_root/state-$1"
 [limits]
 recorded_per_second = 0
 [log]
@@ -127,8 +134,10 @@ import re, statistics, sys
 p99 = {"off": [], "on": []}
 for line in sys.stdin:
     mode = line.split()[0]
+    if re.search(r"errors=([0-9]+)", line).group(1) != "0":
+        sys.exit(f"a run had answers other than a deny: {line.strip()}")
     p99[mode].append(float(re.search(r"p99=([0-9.]+)ms", line).group(1)))
 off, on = statistics.median(p99["off"]), statistics.median(p99["on"])
 print(f"median p99: forwarding off {off:.3f} ms, on {on:.3f} ms, ratio {on / off:.2f}x")
 '
-echo "rsyslog received $(wc -l < "$work/received.log") messages"
+echo "rsyslog received $(cat "$work/received.log" 2>/dev/null | wc -l) messages"
