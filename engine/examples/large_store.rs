@@ -6,12 +6,14 @@
 //! cargo run --release -p probity --example large_store -- write FILE   # the JSON
 //! cargo run --release -p probity --example large_store -- load FILE    # load time, memory
 //! cargo run --release -p probity --example large_store -- upserts FILE [N]
-//! cargo run --release -p probity --example large_store -- mixed FILE [SECONDS] [ROUNDS]
+//! cargo run --release -p probity --example large_store -- mixed FILE [SECONDS] [ROUNDS] [DECIDERS]
+//! cargo run --release -p probity --example large_store -- compare FILE [ROUNDS]
 //! ```
 //!
 //! `upserts` times N one-entity upserts (median, p99); `mixed` measures decisions per
-//! second and their p99 on two threads, alone and beside 8 writers pushing 5,000 fact
-//! updates per second, in interleaved rounds.
+//! second and their p99 on DECIDERS threads (default 2), alone and beside 8 writers pushing 5,000 fact
+//! updates per second, in interleaved rounds; `compare` times the same decision on the
+//! 32-entity test store and on the large one, and the large one's varied mix.
 
 #![allow(
     clippy::unwrap_used,
@@ -50,6 +52,70 @@ fn load(path: &str) -> (Engine, Duration) {
         engine.block_node(&id, "benchmark").unwrap();
     }
     (engine, took)
+}
+
+/// The same decision on the 32-entity test store and on the large one (a copy of the
+/// same workload onto a copy of the same node), interleaved: microseconds per decide,
+/// medians over the rounds, and their ratio.
+fn compare(path: &str, rounds: usize) {
+    const CALLS: usize = 20_000;
+    let small = Engine::builder(large::policies_dir()).build().unwrap();
+    let cluster: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(large::policies_dir().join("../testdata/entities/cluster.json"))
+            .unwrap(),
+    )
+    .unwrap();
+    small.upsert_entities(&cluster).unwrap();
+    let (big, _) = load(path);
+    let request = |principal: &str, node: &str| {
+        probity::Request::new(
+            probity::EntityUid::new("Workload", principal).unwrap(),
+            probity::EntityUid::action("schedule").unwrap(),
+            probity::EntityUid::new("Node", node).unwrap(),
+        )
+    };
+    let cases = [
+        ("small", &small, request("train-1", "gpu-a1")),
+        ("large", &big, request("wl-000007", &large::node_id(13))),
+    ];
+    for (name, engine, r) in &cases {
+        let d = engine.decide(r);
+        assert!(d.is_allowed(), "{name}: {d:?}");
+    }
+    // The mix `mixed` decides: a different workload and node each call, so each
+    // decision reads entities that are not in the CPU's caches.
+    let varied: Vec<Request> = (0..4096)
+        .map(|i| Request::from_json_value(&large::schedule_request(i)).unwrap())
+        .collect();
+    let names = ["small", "large", "large, 4,096 different requests"];
+    let mut times: Vec<Vec<f64>> = vec![Vec::new(); names.len()];
+    for _ in 0..rounds {
+        for (i, (_, engine, r)) in cases.iter().enumerate() {
+            let start = Instant::now();
+            for _ in 0..CALLS {
+                std::hint::black_box(engine.decide(r));
+            }
+            times[i].push(start.elapsed().as_secs_f64() * 1e6 / CALLS as f64);
+        }
+        let start = Instant::now();
+        for r in varied.iter().cycle().take(CALLS) {
+            std::hint::black_box(big.decide(r));
+        }
+        times[2].push(start.elapsed().as_secs_f64() * 1e6 / CALLS as f64);
+    }
+    let mut medians = Vec::new();
+    for (i, name) in names.iter().enumerate() {
+        let t = &mut times[i];
+        t.sort_by(f64::total_cmp);
+        let m = t[t.len() / 2];
+        medians.push(m);
+        println!("{name}: {m:.2} us per decide (rounds {t:.2?})");
+    }
+    println!(
+        "large / small: {:.2}; varied / small: {:.2}",
+        medians[1] / medians[0],
+        medians[2] / medians[0]
+    );
 }
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
@@ -104,23 +170,30 @@ fn main() {
         (Some("mixed"), Some(path)) => {
             let seconds: u64 = args.get(3).and_then(|s| s.parse().ok()).unwrap_or(5);
             let rounds: usize = args.get(4).and_then(|s| s.parse().ok()).unwrap_or(3);
+            let deciders: usize = args.get(5).and_then(|s| s.parse().ok()).unwrap_or(2);
             let (engine, _) = load(path);
             for round in 0..rounds {
                 for writers in [false, true] {
-                    let (rate, p99) = mixed(&engine, writers, Duration::from_secs(seconds));
+                    let span = Duration::from_secs(seconds);
+                    let (rate, p99) = mixed(&engine, deciders, writers, span);
                     println!("round {round} writers={writers}: {rate:.0} decisions/s, p99 {p99:?}");
                 }
             }
         }
+        (Some("compare"), Some(path)) => {
+            let rounds: usize = args.get(3).and_then(|s| s.parse().ok()).unwrap_or(5);
+            compare(path, rounds);
+        }
         _ => {
-            eprintln!("usage: large_store write|load|upserts|mixed FILE [...]");
+            eprintln!("usage: large_store write|load|upserts|mixed|compare FILE [...]");
             std::process::exit(2);
         }
     }
 }
 
-/// Decisions on two threads for `span`, with or without 8 writers at 5,000 updates/s.
-fn mixed(engine: &Engine, writers: bool, span: Duration) -> (f64, Duration) {
+/// Decisions on `deciders` threads for `span`, with or without 8 writers at 5,000
+/// updates/s.
+fn mixed(engine: &Engine, deciders: usize, writers: bool, span: Duration) -> (f64, Duration) {
     let stop = Arc::new(AtomicBool::new(false));
     let written = Arc::new(AtomicU64::new(0));
     let mut writer_threads = Vec::new();
@@ -148,7 +221,7 @@ fn mixed(engine: &Engine, writers: bool, span: Duration) -> (f64, Duration) {
             }));
         }
     }
-    let deciders: Vec<_> = (0..2)
+    let deciders: Vec<_> = (0..deciders)
         .map(|t| {
             let engine = engine.clone();
             let stop = Arc::clone(&stop);
