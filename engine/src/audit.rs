@@ -787,7 +787,10 @@ pub mod fuzzing {
     pub fn stored(raw: &[u8]) {
         match decode_stored(raw) {
             Stored::Chained(link) => {
-                assert_eq!(encode_link(link.seq, &link.prev, &link.hash, link.body), raw);
+                assert_eq!(
+                    encode_link(link.seq, &link.prev, &link.hash, link.body),
+                    raw
+                );
                 decode_bodies(link.body);
             }
             Stored::Unchained(body) => decode_bodies(body),
