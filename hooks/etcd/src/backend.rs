@@ -882,6 +882,16 @@ impl StateBackend for EtcdState {
         self.core.local.prune_decisions(retention, now_ms)
     }
 
+    // The logs are the local store's, so a quiet log is checkpointed by time there, as
+    // with the redb backend alone.
+    fn checkpoint_due(&self) -> Result<Vec<probity::audit::Checkpoint>, StateError> {
+        StateBackend::checkpoint_due(self.core.local.as_ref())
+    }
+
+    fn checkpoint_interval(&self) -> Option<Duration> {
+        StateBackend::checkpoint_interval(self.core.local.as_ref())
+    }
+
     fn key_record(&self, id: &str) -> Result<Option<(Vec<u8>, u64)>, StateError> {
         let client = self.core.client.clone();
         let key = format!("{KEYS}{id}");

@@ -790,3 +790,36 @@ fn served_digests_and_key_metadata_live_in_etcd() {
     assert_eq!(b.events(0).unwrap().len(), 1);
     assert!(b.describe().contains("logs: redb"), "{}", b.describe());
 }
+
+#[test]
+fn a_quiet_log_on_etcd_is_checkpointed_by_time() {
+    use probity::audit::{CheckpointPolicy, Log};
+    let etcd = Etcd::single();
+    runtime().block_on(etcd.wait_healthy(None));
+    let dir = tempfile::tempdir().unwrap();
+    let state = Arc::new(
+        EtcdState::open(
+            etcd.config(),
+            dir.path(),
+            EtcdStateOptions::new(Role::Webhook, "webhook:quiet"),
+        )
+        .unwrap(),
+    );
+    // Far more records than one deny before a checkpoint by count: only time makes it.
+    state.local().set_checkpoint_policy(CheckpointPolicy {
+        every_records: 1_000_000,
+        every: Duration::from_millis(300),
+        anchor: None,
+    });
+    let engine = Engine::from_embedded_defaults().unwrap();
+    engine
+        .attach_state(Arc::clone(&state) as Arc<dyn StateBackend>)
+        .unwrap();
+    let deny = engine.decide(&comply("gpu-quiet"));
+    assert!(!deny.is_allowed(), "{deny:?}");
+    assert_eq!(state.decisions(0, 10).unwrap().len(), 1);
+    let checkpoint = wait_for(WAIT, "a checkpoint of the quiet decision log", || {
+        state.local().checkpoints(Log::Decisions).unwrap().pop()
+    });
+    assert_eq!(checkpoint.seq, 0, "{checkpoint:?}");
+}
