@@ -73,7 +73,7 @@ pub use conventions::{
     CONVENTIONS_ANNOTATION, Conventions, DEFAULT_OBLIGATION_KINDS, VerifiedRead,
 };
 pub use decision::{Decision, DecisionError, Effect, Obligation, Reason, Severity};
-pub use decision_log::Settled;
+pub use decision_log::{Awaiting, Settled};
 pub use diagnostic::SourceDiagnostic;
 pub use engine::{BlockEvent, BlockRecord, Engine, EngineBuilder, PolicyStatus};
 pub use error::{EntityError, LoadError, RequestError, WatchError};

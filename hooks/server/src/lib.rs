@@ -522,9 +522,9 @@ impl AppState {
     }
 
     /// Decides within `caller`'s budget of recorded decisions. A decision that runs
-    /// plugins (deadlines up to seconds) is made on the blocking pool, and one that
-    /// must be recorded first (a deny or obligations, with a state store attached)
-    /// waits for the commit there too: never on the async workers.
+    /// plugins (deadlines up to seconds) is made on the blocking pool; one that must be
+    /// recorded first (a deny or obligations, with a state store attached) awaits its
+    /// commit without holding a worker or a thread.
     pub(crate) async fn decide_async(
         &self,
         caller: &Caller,
@@ -552,12 +552,14 @@ impl AppState {
                 .engine()
                 .decide_deferred_within(&request, || budget.admit(&caller.0))
                 .ok_or_else(|| Self::too_many(caller))?;
-            if settled.is_pending() {
-                tokio::task::spawn_blocking(move || settled.settle())
+            // The commit is awaited here, on the async workers: no thread is parked per
+            // recorded decision. Only records still waiting for room in the log's full
+            // queue need a blocking wait (backpressure), on the blocking pool.
+            match settled.awaitable() {
+                Ok(awaiting) => awaiting.await,
+                Err(settled) => tokio::task::spawn_blocking(move || settled.settle())
                     .await
-                    .unwrap_or_default()
-            } else {
-                settled.settle()
+                    .unwrap_or_default(),
             }
         };
         let decision = decision
