@@ -17,7 +17,7 @@ repo=$PWD
 rounds=${1:-3}
 rate=${2:-5000}
 seconds=${3:-10}
-probity=$repo/target/release/probity
+probity=${PROBITY:-$repo/target/release/probity}
 loadgen=$repo/target/release/examples/loadgen
 for b in "$probity" "$loadgen"; do
   [ -x "$b" ] || { echo "build first: $b is missing" >&2; exit 2; }
@@ -48,15 +48,7 @@ printf "subjectAltName=DNS:localhost,IP:127.0.0.1\nextendedKeyUsage=serverAuth\n
 openssl x509 -req -in siem.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out siem.pem \
   -days 2 -extfile siem.ext 2>/dev/null
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-wait_port() {
-  for _ in $(seq 1 300); do
-    (echo > "/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0
-    sleep 0.1
-  done
-  echo "nothing listens on 127.0.0.1:$1" >&2
-  return 1
-}
+. "$repo/scripts/bench-lib.sh"
 
 siem_port=$(free_port)
 mkdir -p rsyslog-work
