@@ -17,7 +17,7 @@
 //! (which can look beyond the slice) are never cached.
 
 use std::collections::HashMap;
-use std::hash::{BuildHasher, Hash};
+use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -29,6 +29,7 @@ use crate::engine::{BlockRecord, Engine, Snapshot};
 
 use crate::request::{EntityUid, Request};
 use crate::slice::Dependency;
+use crate::store::Stored;
 
 /// How many decisions a [`DecisionCache`] holds by default.
 pub const DEFAULT_DECISION_CACHE_ENTRIES: usize = 65_536;
@@ -39,15 +40,21 @@ const MIN_PER_THREAD: usize = 64;
 
 const SHARDS: usize = 16;
 
+/// Most request texts a [`DecisionCache`] keeps one `Arc` of.
+const MAX_INTERNED_REQUESTS: usize = 4_096;
+
 /// Decisions of [`Engine::decide_each`] kept for reuse while their facts hold.
 pub struct DecisionCache {
     /// What every entry was decided under; a different policy set, owned entities or
     /// blocklist empties the cache. Held (not just compared) so that an address is
     /// never reused while an entry names it.
     world: Mutex<Option<World>>,
-    shards: Box<[Mutex<HashMap<Key, Entry>>]>,
+    shards: Box<[Mutex<ShardMap>]>,
     per_shard: usize,
     hasher: std::collections::hash_map::RandomState,
+    /// One `Arc` per request text, so that a hit compares requests by address rather
+    /// than by their text (a few hundred bytes, once per node otherwise).
+    requests: Mutex<std::collections::HashSet<Arc<str>>>,
     hits: AtomicU64,
     misses: AtomicU64,
 }
@@ -66,37 +73,62 @@ impl World {
     }
 }
 
-#[derive(Clone)]
-struct Key {
-    /// The request without its resource, canonical: principal, action, context and
-    /// the request's own entities.
-    request: Arc<str>,
-    /// `request`'s hash, computed once per fan-out: a lookup then hashes only the
-    /// resource, not the whole request text again for every node.
+/// A question to the cache: the request without its resource (canonical text:
+/// principal, action, context and the request's own entities, with its hash made once
+/// per fan-out) and the resource. Borrowed, so a hit clones nothing.
+struct Key<'a> {
+    request: &'a Arc<str>,
     request_hash: u64,
-    resource: EntityUID,
-}
-
-impl PartialEq for Key {
-    fn eq(&self, other: &Self) -> bool {
-        self.request_hash == other.request_hash
-            && self.resource == other.resource
-            && (Arc::ptr_eq(&self.request, &other.request) || self.request == other.request)
-    }
-}
-
-impl Eq for Key {}
-
-impl Hash for Key {
-    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
-        self.request_hash.hash(state);
-        self.resource.hash(state);
-    }
+    resource: &'a EntityUID,
 }
 
 struct Entry {
-    deps: Box<[Dependency]>,
-    decision: Decision,
+    request: Arc<str>,
+    resource: EntityUID,
+    /// The resource's own stored entity, checked directly: no other entry shares it.
+    own: Option<Dependency>,
+    /// The other entities the decision read (a zone, the cluster, a namespace): many
+    /// entries share their versions, so a fan-out checks each version once.
+    shared: Box<[Dependency]>,
+    decision: Arc<Decision>,
+}
+
+impl Entry {
+    fn answers(&self, key: &Key<'_>) -> bool {
+        self.resource == *key.resource
+            && (Arc::ptr_eq(&self.request, key.request) || self.request == *key.request)
+    }
+}
+
+/// A shard's map, keyed by the entry's hash, made once per lookup with the cache's
+/// keyed hasher (so the scheduler's node names cannot aim at one bucket). Two keys
+/// with the same 64-bit hash take turns in the slot: [`Entry::answers`] tells them
+/// apart, and a lost entry is only a miss.
+type ShardMap = HashMap<u64, Entry, std::hash::BuildHasherDefault<Prehashed>>;
+
+/// A [`std::hash::Hasher`] for keys that are already hashes.
+#[derive(Default)]
+struct Prehashed(u64);
+
+impl std::hash::Hasher for Prehashed {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(b);
+        }
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
+
+    fn write_usize(&mut self, n: usize) {
+        // Addresses (the memo's keys): their low bits are alignment, mix them up.
+        self.0 = (n as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15).rotate_left(32);
+    }
 }
 
 impl Default for DecisionCache {
@@ -120,9 +152,12 @@ impl DecisionCache {
     pub fn with_capacity(entries: usize) -> Self {
         Self {
             world: Mutex::new(None),
-            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+            shards: (0..SHARDS)
+                .map(|_| Mutex::new(ShardMap::default()))
+                .collect(),
             per_shard: entries.div_ceil(SHARDS).max(1),
             hasher: std::collections::hash_map::RandomState::new(),
+            requests: Mutex::new(std::collections::HashSet::new()),
             hits: AtomicU64::new(0),
             misses: AtomicU64::new(0),
         }
@@ -167,55 +202,91 @@ impl DecisionCache {
         });
     }
 
-    fn shard(&self, key: &Key) -> Option<&Mutex<HashMap<Key, Entry>>> {
-        let h = self.hasher.hash_one(&key.resource);
-        self.shards.get((h as usize) % SHARDS)
+    /// The cache's one `Arc` of `text`.
+    fn intern(&self, text: String) -> Arc<str> {
+        let mut requests = self.requests.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(known) = requests.get(text.as_str()) {
+            return Arc::clone(known);
+        }
+        // A bounded set: an entry whose text was let go still answers, by comparing
+        // the text.
+        if requests.len() >= MAX_INTERNED_REQUESTS {
+            requests.clear();
+        }
+        let text: Arc<str> = Arc::from(text);
+        requests.insert(Arc::clone(&text));
+        text
     }
 
-    fn get(&self, key: &Key, snapshot: &Snapshot, memo: &mut Memo) -> Option<Decision> {
+    fn hash(&self, key: &Key<'_>) -> u64 {
+        self.hasher.hash_one((key.request_hash, key.resource))
+    }
+
+    fn shard(&self, hash: u64) -> Option<&Mutex<ShardMap>> {
+        self.shards.get((hash >> 56) as usize % SHARDS)
+    }
+
+    fn get(&self, key: &Key<'_>, hash: u64, snapshot: &Snapshot, memo: &mut Memo) -> Option<Arc<Decision>> {
         let shard = self
-            .shard(key)?
+            .shard(hash)?
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        let entry = shard.get(key)?;
-        entry
-            .deps
-            .iter()
-            .all(|d| match &d.version {
+        let entry = shard.get(&hash).filter(|e| e.answers(key))?;
+        let own_holds = entry
+            .own
+            .as_ref()
+            .is_none_or(|d| d.holds(&snapshot.store));
+        (own_holds
+            && entry.shared.iter().all(|d| match &d.version {
                 // Many entries depend on the same version of a zone, the cluster or a
                 // namespace: its store lookup is made once per fan-out, not once per
-                // node. The address identifies the version while the entry holds it.
+                // node. The address identifies the version: the memo holds it, so the
+                // address cannot be reused before the fan-out ends.
                 Some(version) => {
                     let at = Arc::as_ptr(version) as *const () as usize;
                     match memo.get(&at) {
-                        Some((uid, holds)) if *uid == d.uid => *holds,
-                        _ => {
+                        Some((_, holds)) => *holds,
+                        None => {
                             let holds = d.holds(&snapshot.store);
-                            memo.insert(at, (d.uid.clone(), holds));
+                            memo.insert(at, (Arc::clone(version), holds));
                             holds
                         }
                     }
                 }
                 None => d.holds(&snapshot.store),
-            })
-            .then(|| entry.decision.clone())
+            }))
+        .then(|| Arc::clone(&entry.decision))
     }
 
-    fn put(&self, key: Key, mut deps: Vec<Dependency>, decision: Decision) {
+    fn put(&self, key: &Key<'_>, hash: u64, deps: Vec<Dependency>, decision: Arc<Decision>) {
         // An ancestor is often also reached through an attribute: check it once.
         let mut seen = std::collections::HashSet::with_capacity(deps.len());
-        deps.retain(|d| seen.insert(d.uid.clone()));
-        let Some(shard) = self.shard(&key) else {
+        let mut own = None;
+        let mut shared = Vec::with_capacity(deps.len());
+        for d in deps {
+            if !seen.insert(d.uid.clone()) {
+                continue;
+            }
+            if d.uid == *key.resource {
+                own = Some(d);
+            } else {
+                shared.push(d);
+            }
+        }
+        let Some(shard) = self.shard(hash) else {
             return;
         };
         let mut shard = shard.lock().unwrap_or_else(PoisonError::into_inner);
-        if shard.len() >= self.per_shard && !shard.contains_key(&key) {
+        if shard.len() >= self.per_shard && !shard.contains_key(&hash) {
             shard.clear();
         }
         shard.insert(
-            key,
+            hash,
             Entry {
-                deps: deps.into_boxed_slice(),
+                request: Arc::clone(key.request),
+                resource: key.resource.clone(),
+                own,
+                shared: shared.into_boxed_slice(),
                 decision,
             },
         );
@@ -230,59 +301,66 @@ impl Engine {
     /// are in the order of `resources`.
     ///
     /// With `cache`, a decision whose facts did not change since it was made is
-    /// reused (see the module documentation).
+    /// reused (see the module documentation); the answers are shared with the cache,
+    /// hence the `Arc`.
     pub fn decide_each(
         &self,
         request: &Request,
         resources: &[EntityUid],
         cache: Option<&DecisionCache>,
-    ) -> Vec<Decision> {
+    ) -> Vec<Arc<Decision>> {
         let snapshot = self.snapshot_now();
         let prepared = match self.prepare(&snapshot, request) {
             Ok(p) => p,
-            Err(denied) => return vec![denied; resources.len()],
+            Err(denied) => return vec![Arc::new(denied); resources.len()],
         };
         let cacheable = cache.filter(|_| self.cacheable(&snapshot, request));
         let fingerprint: Option<Arc<str>> = cacheable.map(|c| {
             c.enter(&snapshot);
-            Arc::from(fingerprint(request))
+            c.intern(fingerprint(request))
         });
         let request_hash = fingerprint.as_deref().map_or(0, |fp| {
             std::hash::BuildHasher::hash_one(&FINGERPRINT_HASHER, fp)
         });
-        let decide_one = |resource: &EntityUid, memo: &mut Memo| -> Decision {
+        let decide_one = |resource: &EntityUid, memo: &mut Memo| -> Arc<Decision> {
             let (Some(cache), Some(fp)) = (cacheable, &fingerprint) else {
-                return self.decide_prepared(&snapshot, request, &prepared, resource, None);
+                return Arc::new(self.decide_prepared(
+                    &snapshot, request, &prepared, resource, None,
+                ));
             };
             let key = Key {
-                request: Arc::clone(fp),
+                request: fp,
                 request_hash,
-                resource: resource.0.as_ref().clone(),
+                resource: resource.0.as_ref(),
             };
-            if let Some(hit) = cache.get(&key, &snapshot, memo) {
+            let hash = cache.hash(&key);
+            if let Some(hit) = cache.get(&key, hash, &snapshot, memo) {
                 cache.hits.fetch_add(1, Ordering::Relaxed);
                 return hit;
             }
             cache.misses.fetch_add(1, Ordering::Relaxed);
             let mut deps = Vec::new();
-            let decision =
-                self.decide_prepared(&snapshot, request, &prepared, resource, Some(&mut deps));
-            cache.put(key, deps, decision.clone());
+            let decision = Arc::new(self.decide_prepared(
+                &snapshot,
+                request,
+                &prepared,
+                resource,
+                Some(&mut deps),
+            ));
+            cache.put(&key, hash, deps, Arc::clone(&decision));
             decision
         };
         let threads = std::thread::available_parallelism()
             .map_or(1, std::num::NonZeroUsize::get)
             .min(resources.len() / MIN_PER_THREAD)
             .max(1);
-        if threads == 1 {
-            let mut memo = Memo::default();
-            return resources.iter().map(|r| decide_one(r, &mut memo)).collect();
-        }
-        let chunk = resources.len().div_ceil(threads);
+        let chunk = resources.len().div_ceil(threads).max(1);
+        let mut parts = resources.chunks(chunk);
+        // The calling thread decides the first part itself: one thread fewer to start.
+        let first = parts.next().unwrap_or_default();
         std::thread::scope(|scope| {
             let decide_one = &decide_one;
-            let handles: Vec<_> = resources
-                .chunks(chunk)
+            let handles: Vec<_> = parts
                 .map(|part| {
                     scope.spawn(move || {
                         let mut memo = Memo::default();
@@ -292,22 +370,26 @@ impl Engine {
                     })
                 })
                 .collect();
-            handles
-                .into_iter()
-                .flat_map(|h| {
-                    h.join().unwrap_or_else(|_| {
-                        vec![Decision::error("a decision thread failed"); chunk]
-                    })
-                })
-                .take(resources.len())
-                .collect()
+            let mut memo = Memo::default();
+            let mut out: Vec<Arc<Decision>> = Vec::with_capacity(resources.len());
+            out.extend(first.iter().map(|r| decide_one(r, &mut memo)));
+            for (h, part) in handles.into_iter().zip(resources.chunks(chunk).skip(1)) {
+                match h.join() {
+                    Ok(decided) => out.extend(decided),
+                    Err(_) => out.extend(
+                        part.iter()
+                            .map(|_| Arc::new(Decision::error("a decision thread failed"))),
+                    ),
+                }
+            }
+            out
         })
     }
 }
 
 /// Dependency checks already made in one fan-out, by the address of the version they
-/// checked (with the entity it was checked for): whether it is still the store's.
-type Memo = HashMap<usize, (EntityUID, bool)>;
+/// checked (held, so the address stays its own): whether it is still the store's.
+type Memo = HashMap<usize, (Arc<Stored>, bool), std::hash::BuildHasherDefault<Prehashed>>;
 
 /// Hashes request fingerprints (in process only: the cache is never persisted).
 const FINGERPRINT_HASHER: std::hash::BuildHasherDefault<std::collections::hash_map::DefaultHasher> =

@@ -63,7 +63,7 @@ fn each_answer_is_the_single_decision_in_order_on_one_thread_or_many() {
             let one = request
                 .clone()
                 .with_resource(EntityUid::new("Node", id).unwrap());
-            assert_eq!(got, &engine.decide_dry_run(&one), "{id}");
+            assert_eq!(**got, engine.decide_dry_run(&one), "{id}");
         }
     }
     let each = engine.decide_each(&schedule("train-1"), &uids(&ids), None);
@@ -162,4 +162,32 @@ fn a_bad_request_is_one_deny_per_resource() {
                 .contains("Settings entities come from the engine")
     }));
     assert!(engine.decide_each(&bad, &[], None).is_empty());
+}
+
+#[test]
+fn cached_answers_keep_their_order_when_the_fan_out_is_split_over_threads() {
+    let engine = loaded();
+    // Enough nodes for every core to take a part; every third one too hot.
+    let nodes: Vec<Value> = (0..400)
+        .map(|i| {
+            node(
+                &format!("m{i:03}"),
+                json!({"hottestGpuTempC": if i % 3 == 0 { 85 } else { 50 }}),
+            )
+        })
+        .collect();
+    engine.upsert_entities(&Value::Array(nodes)).unwrap();
+    let ids: Vec<String> = (0..400).map(|i| format!("m{i:03}")).collect();
+    let resources = uids(&ids);
+    let request = schedule("train-1");
+    let uncached = engine.decide_each(&request, &resources, None);
+    let cache = DecisionCache::default();
+    let cold = engine.decide_each(&request, &resources, Some(&cache));
+    let warm = engine.decide_each(&request, &resources, Some(&cache));
+    assert_eq!(uncached, cold);
+    assert_eq!(uncached, warm);
+    assert_eq!((cache.hits(), cache.misses()), (400, 400));
+    for (i, d) in warm.iter().enumerate() {
+        assert_eq!(d.is_allowed(), i % 3 != 0, "m{i:03}");
+    }
 }
