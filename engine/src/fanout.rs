@@ -15,6 +15,13 @@
 //! rest is the same. A node whose facts were updated is decided afresh; the other
 //! nine hundred and ninety-nine are not. Decisions that read the clock or run plugins
 //! (which can look beyond the slice) are never cached.
+//!
+//! A whole fan-out asked again (the mutating webhook asks the same pod spec over every
+//! node, the extender the same candidates) is cheaper still: the cache keeps its answers
+//! with, for each stored entity they read, which answers read it, and the store's change
+//! log (`Store::changed_since`) names what changed since. Only the answers that read a
+//! changed entity are decided again; a fan-out the log cannot bring up to date (too old,
+//! another policy set or blocklist, a quarter of it touched) is decided in full.
 
 use std::collections::HashMap;
 use std::hash::BuildHasher;
@@ -29,7 +36,7 @@ use crate::engine::{BlockRecord, Engine, Snapshot};
 
 use crate::request::{EntityUid, Request};
 use crate::slice::Dependency;
-use crate::store::Stored;
+use crate::store::{StoreVersion, Stored};
 
 /// How many decisions a [`DecisionCache`] holds by default.
 pub const DEFAULT_DECISION_CACHE_ENTRIES: usize = 65_536;
@@ -43,6 +50,9 @@ const SHARDS: usize = 16;
 /// Most request texts a [`DecisionCache`] keeps one `Arc` of.
 const MAX_INTERNED_REQUESTS: usize = 4_096;
 
+/// Most whole fan-outs a [`DecisionCache`] remembers (the last ones asked).
+const MAX_FANOUTS: usize = 32;
+
 /// Decisions of [`Engine::decide_each`] kept for reuse while their facts hold.
 pub struct DecisionCache {
     /// What every entry was decided under; a different policy set, owned entities or
@@ -55,8 +65,41 @@ pub struct DecisionCache {
     /// One `Arc` per request text, so that a hit compares requests by address rather
     /// than by their text (a few hundred bytes, once per node otherwise).
     requests: Mutex<std::collections::HashSet<Arc<str>>>,
+    /// The last fan-outs asked, newest first: a fan-out asked again is brought up to
+    /// date from the store's change log rather than looked up node by node.
+    fanouts: Mutex<std::collections::VecDeque<Arc<Fanout>>>,
     hits: AtomicU64,
     misses: AtomicU64,
+}
+
+/// A fan-out asked before: the request and resources, and, once it has been asked
+/// twice, its answers (most fan-outs are asked once: each pod is its own question).
+struct Fanout {
+    request: Arc<str>,
+    resources: Box<[EntityUID]>,
+    answers: Mutex<Option<Answers>>,
+}
+
+/// A fan-out's answers at one version of the store, with, for each stored entity a
+/// decision read, the positions of the decisions that read it: a later fan-out decides
+/// again only the resources whose decisions read an entity changed since.
+struct Answers {
+    world: World,
+    at: StoreVersion,
+    decisions: Vec<Arc<Decision>>,
+    readers: HashMap<EntityUID, Vec<u32>>,
+}
+
+impl Fanout {
+    fn is(&self, request: &Arc<str>, resources: &[EntityUid]) -> bool {
+        (Arc::ptr_eq(&self.request, request) || self.request == *request)
+            && self.resources.len() == resources.len()
+            && self
+                .resources
+                .iter()
+                .zip(resources)
+                .all(|(a, b)| a == b.0.as_ref())
+    }
 }
 
 struct World {
@@ -66,6 +109,14 @@ struct World {
 }
 
 impl World {
+    fn of(snapshot: &Snapshot) -> Self {
+        Self {
+            bundle: Arc::clone(&snapshot.bundle),
+            owned: Arc::clone(&snapshot.owned),
+            blocked: Arc::clone(&snapshot.blocked),
+        }
+    }
+
     fn is(&self, snapshot: &Snapshot) -> bool {
         Arc::ptr_eq(&self.bundle, &snapshot.bundle)
             && Arc::ptr_eq(&self.owned, &snapshot.owned)
@@ -91,6 +142,16 @@ struct Entry {
     /// entries share their versions, so a fan-out checks each version once.
     shared: Box<[Dependency]>,
     decision: Arc<Decision>,
+}
+
+impl<'a> Key<'a> {
+    fn new(request: &'a Arc<str>, request_hash: u64, resource: &'a EntityUid) -> Self {
+        Self {
+            request,
+            request_hash,
+            resource: resource.0.as_ref(),
+        }
+    }
 }
 
 impl Entry {
@@ -127,7 +188,9 @@ impl std::hash::Hasher for Prehashed {
 
     fn write_usize(&mut self, n: usize) {
         // Addresses (the memo's keys): their low bits are alignment, mix them up.
-        self.0 = (n as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15).rotate_left(32);
+        self.0 = (n as u64)
+            .wrapping_mul(0x9E37_79B9_7F4A_7C15)
+            .rotate_left(32);
     }
 }
 
@@ -158,6 +221,7 @@ impl DecisionCache {
             per_shard: entries.div_ceil(SHARDS).max(1),
             hasher: std::collections::hash_map::RandomState::new(),
             requests: Mutex::new(std::collections::HashSet::new()),
+            fanouts: Mutex::new(std::collections::VecDeque::new()),
             hits: AtomicU64::new(0),
             misses: AtomicU64::new(0),
         }
@@ -195,11 +259,54 @@ impl DecisionCache {
         for shard in self.shards.iter() {
             shard.lock().unwrap_or_else(PoisonError::into_inner).clear();
         }
-        *world = Some(World {
-            bundle: Arc::clone(&snapshot.bundle),
-            owned: Arc::clone(&snapshot.owned),
-            blocked: Arc::clone(&snapshot.blocked),
-        });
+        self.fanouts
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clear();
+        *world = Some(World::of(snapshot));
+    }
+
+    /// The fan-out of `request` over `resources` if it was asked before; if not, it is
+    /// remembered as asked (the newest), and `None`.
+    fn fanout(&self, request: &Arc<str>, resources: &[EntityUid]) -> Option<Arc<Fanout>> {
+        let mut fanouts = self.fanouts.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(i) = fanouts.iter().position(|f| f.is(request, resources)) {
+            let found = fanouts.remove(i)?;
+            fanouts.push_front(Arc::clone(&found));
+            return Some(found);
+        }
+        fanouts.truncate(MAX_FANOUTS.saturating_sub(1));
+        fanouts.push_front(Arc::new(Fanout {
+            request: Arc::clone(request),
+            resources: resources.iter().map(|r| r.0.as_ref().clone()).collect(),
+            answers: Mutex::new(None),
+        }));
+        None
+    }
+
+    /// The stored entities `decision` read, if the entry for `key` holds that very
+    /// decision (so its dependencies are the ones this decision was made from).
+    fn read_by(
+        &self,
+        key: &Key<'_>,
+        hash: u64,
+        decision: &Arc<Decision>,
+    ) -> Option<Vec<EntityUID>> {
+        let shard = self
+            .shard(hash)?
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let entry = shard
+            .get(&hash)
+            .filter(|e| e.answers(key) && Arc::ptr_eq(&e.decision, decision))?;
+        Some(
+            entry
+                .own
+                .iter()
+                .chain(entry.shared.iter())
+                .map(|d| d.uid.clone())
+                .collect(),
+        )
     }
 
     /// The cache's one `Arc` of `text`.
@@ -226,16 +333,19 @@ impl DecisionCache {
         self.shards.get((hash >> 56) as usize % SHARDS)
     }
 
-    fn get(&self, key: &Key<'_>, hash: u64, snapshot: &Snapshot, memo: &mut Memo) -> Option<Arc<Decision>> {
+    fn get(
+        &self,
+        key: &Key<'_>,
+        hash: u64,
+        snapshot: &Snapshot,
+        memo: &mut Memo,
+    ) -> Option<Arc<Decision>> {
         let shard = self
             .shard(hash)?
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
         let entry = shard.get(&hash).filter(|e| e.answers(key))?;
-        let own_holds = entry
-            .own
-            .as_ref()
-            .is_none_or(|d| d.holds(&snapshot.store));
+        let own_holds = entry.own.as_ref().is_none_or(|d| d.holds(&snapshot.store));
         (own_holds
             && entry.shared.iter().all(|d| match &d.version {
                 // Many entries depend on the same version of a zone, the cluster or a
@@ -324,9 +434,9 @@ impl Engine {
         });
         let decide_one = |resource: &EntityUid, memo: &mut Memo| -> Arc<Decision> {
             let (Some(cache), Some(fp)) = (cacheable, &fingerprint) else {
-                return Arc::new(self.decide_prepared(
-                    &snapshot, request, &prepared, resource, None,
-                ));
+                return Arc::new(
+                    self.decide_prepared(&snapshot, request, &prepared, resource, None),
+                );
             };
             let key = Key {
                 request: fp,
@@ -350,6 +460,31 @@ impl Engine {
             cache.put(&key, hash, deps, Arc::clone(&decision));
             decision
         };
+        let fanout = cacheable
+            .zip(fingerprint.as_ref())
+            .and_then(|(cache, fp)| cache.fanout(fp, resources).map(|f| (cache, fp, f)));
+        if let Some((cache, fp, fanout)) = &fanout {
+            let mut answers = fanout
+                .answers
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            if let Some(known) = answers.as_mut() {
+                let updated = bring_up_to_date(known, &snapshot, resources, |r, memo| {
+                    let decision = decide_one(r, memo);
+                    let key = Key::new(fp, request_hash, r);
+                    let read = cache.read_by(&key, cache.hash(&key), &decision)?;
+                    Some((decision, read))
+                });
+                if let Some(decided) = updated {
+                    let reused = resources.len().saturating_sub(decided) as u64;
+                    cache.hits.fetch_add(reused, Ordering::Relaxed);
+                    return known.decisions.clone();
+                }
+                // Cannot be told from the log, or too much changed: decided in full
+                // below, and remembered again.
+                *answers = None;
+            }
+        }
         let threads = std::thread::available_parallelism()
             .map_or(1, std::num::NonZeroUsize::get)
             .min(resources.len() / MIN_PER_THREAD)
@@ -358,7 +493,7 @@ impl Engine {
         let mut parts = resources.chunks(chunk);
         // The calling thread decides the first part itself: one thread fewer to start.
         let first = parts.next().unwrap_or_default();
-        std::thread::scope(|scope| {
+        let decisions = std::thread::scope(|scope| {
             let decide_one = &decide_one;
             let handles: Vec<_> = parts
                 .map(|part| {
@@ -383,8 +518,83 @@ impl Engine {
                 }
             }
             out
-        })
+        });
+        // Asked before: remember the answers with what each read, to bring them up to
+        // date next time.
+        if let Some((cache, fp, fanout)) = &fanout {
+            let mut readers: HashMap<EntityUID, Vec<u32>> = HashMap::new();
+            let complete = resources
+                .iter()
+                .zip(&decisions)
+                .zip(0u32..)
+                .all(|((r, d), p)| {
+                    let key = Key::new(fp, request_hash, r);
+                    cache
+                        .read_by(&key, cache.hash(&key), d)
+                        .is_some_and(|read| {
+                            for uid in read {
+                                readers.entry(uid).or_default().push(p);
+                            }
+                            true
+                        })
+                });
+            if complete {
+                *fanout
+                    .answers
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner) = Some(Answers {
+                    world: World::of(&snapshot),
+                    at: snapshot.store.version(),
+                    decisions: decisions.clone(),
+                    readers,
+                });
+            }
+        }
+        decisions
     }
+}
+
+/// Brings `known` up to date with `snapshot`: the resources whose decisions read an
+/// entity changed since are decided again by `decide` (which says what the new decision
+/// read); how many were is returned. `None` when the change cannot be told (another policy set or blocklist, the
+/// log does not reach back, a concurrent caller's older snapshot) or when so much
+/// changed that a full fan-out over the cores is cheaper; `known` is then unusable.
+fn bring_up_to_date(
+    known: &mut Answers,
+    snapshot: &Snapshot,
+    resources: &[EntityUid],
+    mut decide: impl FnMut(&EntityUid, &mut Memo) -> Option<(Arc<Decision>, Vec<EntityUID>)>,
+) -> Option<usize> {
+    if !known.world.is(snapshot) {
+        return None;
+    }
+    let changed = snapshot.store.changed_since(known.at)?;
+    let mut positions: Vec<u32> = changed
+        .iter()
+        .filter_map(|uid| known.readers.get(uid))
+        .flatten()
+        .copied()
+        .collect();
+    positions.sort_unstable();
+    positions.dedup();
+    if positions.len() > resources.len() / 4 {
+        return None;
+    }
+    let mut memo = Memo::default();
+    let decided = positions.len();
+    for p in positions {
+        let resource = resources.get(p as usize)?;
+        let (decision, read) = decide(resource, &mut memo)?;
+        for uid in read {
+            let readers = known.readers.entry(uid).or_default();
+            if let Err(at) = readers.binary_search(&p) {
+                readers.insert(at, p);
+            }
+        }
+        *known.decisions.get_mut(p as usize)? = decision;
+    }
+    known.at = snapshot.store.version();
+    Some(decided)
 }
 
 /// Dependency checks already made in one fan-out, by the address of the version they

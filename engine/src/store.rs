@@ -291,12 +291,79 @@ fn collect_refs<'a>(v: &'a Value, out: &mut Vec<&'a EntityUID>, depth: usize) {
 }
 
 /// The store itself: cheap to clone (a snapshot is a pointer to a shared tree).
-#[derive(Debug, Clone, Default)]
+///
+/// It also keeps a short log of what changed: each insert or remove is a new version,
+/// and the last [`CHANGE_LOG_LEN`] of them name the entity they changed, so a reader
+/// that saw one version can learn what is different in a later one without comparing
+/// every entity ([`Store::changed_since`]). A store made afresh starts a new lineage:
+/// versions are comparable only within one.
+#[derive(Debug, Clone)]
 pub(crate) struct Store {
     entities: OrdMap<Key, Arc<Stored>>,
+    lineage: u64,
+    version: u64,
+    changes: imbl::Vector<(u64, Key)>,
+}
+
+/// Changes a [`Store`] remembers.
+pub(crate) const CHANGE_LOG_LEN: usize = 4_096;
+
+impl Default for Store {
+    fn default() -> Self {
+        static LINEAGES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+        Self {
+            entities: OrdMap::new(),
+            lineage: LINEAGES.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            version: 0,
+            changes: imbl::Vector::new(),
+        }
+    }
+}
+
+/// Where a [`Store`] stood: its lineage and version.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct StoreVersion {
+    lineage: u64,
+    version: u64,
 }
 
 impl Store {
+    /// Where this store stands now.
+    pub fn version(&self) -> StoreVersion {
+        StoreVersion {
+            lineage: self.lineage,
+            version: self.version,
+        }
+    }
+
+    /// The entities changed (inserted, replaced or removed) since `then`, a version of
+    /// this store's lineage no later than this one; `None` when that cannot be told
+    /// (another lineage, or further back than the log reaches). An entity changed
+    /// twice may be named twice.
+    pub fn changed_since(&self, then: StoreVersion) -> Option<Vec<EntityUID>> {
+        if then.lineage != self.lineage || then.version > self.version {
+            return None;
+        }
+        let missing = self.version - then.version;
+        if missing > self.changes.len() as u64 {
+            return None;
+        }
+        let first = self.changes.len() - missing as usize;
+        self.changes
+            .iter()
+            .skip(first)
+            .map(|(_, k)| k.uid())
+            .collect()
+    }
+
+    fn log(&mut self, key: Key) {
+        self.version += 1;
+        if self.changes.len() >= CHANGE_LOG_LEN {
+            self.changes.pop_front();
+        }
+        self.changes.push_back((self.version, key));
+    }
+
     /// Number of entities.
     pub fn len(&self) -> usize {
         self.entities.len()
@@ -316,13 +383,21 @@ impl Store {
     /// is not stored; schemas declare a few dozen types.)
     pub fn insert(&mut self, uid: EntityUID, stored: Arc<Stored>) {
         if let Some(key) = Key::make(&uid) {
-            self.entities.insert(key, stored);
+            self.entities.insert(key.clone(), stored);
+            self.log(key);
         }
     }
 
     /// Removes one entity; whether it was there.
     pub fn remove(&mut self, uid: &EntityUID) -> bool {
-        Key::find(uid).is_some_and(|k| self.entities.remove(&k).is_some())
+        let Some(key) = Key::find(uid) else {
+            return false;
+        };
+        let removed = self.entities.remove(&key).is_some();
+        if removed {
+            self.log(key);
+        }
+        removed
     }
 
     /// Every entity, by type (in the order types were first stored), then id.
@@ -838,6 +913,33 @@ mod tests {
             &arcs(&[uid("Zone", "z")]),
             &HashMap::new()
         ));
+    }
+
+    #[test]
+    fn the_change_log_names_what_changed_since_a_version_within_its_reach() {
+        let mut s = Store::default();
+        s.insert(uid("Node", "a"), stored(&[]));
+        let then = s.version();
+        assert_eq!(s.changed_since(then), Some(vec![]));
+        let mut later = s.clone();
+        later.insert(uid("Node", "b"), stored(&[]));
+        assert!(later.remove(&uid("Node", "a")));
+        assert!(!later.remove(&uid("Node", "never")));
+        assert_eq!(
+            later.changed_since(then),
+            Some(vec![uid("Node", "b"), uid("Node", "a")])
+        );
+        // The older store cannot tell about a later version, nor another lineage.
+        assert_eq!(s.changed_since(later.version()), None);
+        assert_eq!(Store::default().changed_since(then), None);
+        // Beyond the log's reach it says so rather than naming a part.
+        for i in 0..CHANGE_LOG_LEN {
+            later.insert(uid("Node", &format!("n{i}")), stored(&[]));
+        }
+        assert_eq!(later.changed_since(then), None);
+        let recent = later.version();
+        later.insert(uid("Node", "last"), stored(&[]));
+        assert_eq!(later.changed_since(recent), Some(vec![uid("Node", "last")]));
     }
 
     #[test]

@@ -191,3 +191,63 @@ fn cached_answers_keep_their_order_when_the_fan_out_is_split_over_threads() {
         assert_eq!(d.is_allowed(), i % 3 != 0, "m{i:03}");
     }
 }
+
+#[test]
+fn a_fan_out_brought_up_to_date_from_the_change_log_answers_as_one_decided_afresh() {
+    let engine = loaded();
+    let zones = ["zone-a", "zone-rlhf", "zone-hot"];
+    let make = |i: usize, temp: i64| {
+        let mut n = node(&format!("c{i:03}"), json!({"hottestGpuTempC": temp}));
+        n["attrs"]["zone"] = json!({"__entity": {"type": "Zone", "id": zones[i % 3]}});
+        n["parents"] = json!([{"type": "Zone", "id": zones[i % 3]}]);
+        n
+    };
+    engine
+        .upsert_entities(&Value::Array((0..150).map(|i| make(i, 50)).collect()))
+        .unwrap();
+    // 160 resources: the last ten are not stored yet.
+    let ids: Vec<String> = (0..160).map(|i| format!("c{i:03}")).collect();
+    let resources = uids(&ids);
+    let cache = DecisionCache::default();
+    let request = schedule("train-1");
+    let mut seed: u64 = 0x9E37_79B9_7F4A_7C15;
+    let mut next = |bound: usize| {
+        seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+        (seed >> 33) as usize % bound
+    };
+    for round in 0..40 {
+        // A few changes a round: temperatures, a node appearing or going, a zone's power.
+        for _ in 0..1 + next(3) {
+            match next(6) {
+                0 => engine
+                    .remove_entities(&uids(&[format!("c{:03}", next(160))]))
+                    .unwrap(),
+                1 => {
+                    let z = zones[next(3)];
+                    let draw = if next(2) == 0 { 39_500 } else { 20_000 };
+                    engine
+                        .upsert_entities(&json!([{"uid": {"type": "Zone", "id": z},
+                            "parents": [{"type": "Cluster", "id": "onprem"}],
+                            "attrs": {"cluster": {"__entity": {"type": "Cluster", "id": "onprem"}},
+                                      "powerDrawW": draw, "powerCeilingW": 40_000}}]))
+                        .unwrap();
+                }
+                _ => {
+                    let temp = if next(3) == 0 {
+                        88
+                    } else {
+                        50 + next(20) as i64
+                    };
+                    engine
+                        .upsert_entities(&json!([make(next(160), temp)]))
+                        .unwrap();
+                }
+            }
+        }
+        let cached = engine.decide_each(&request, &resources, Some(&cache));
+        let afresh = engine.decide_each(&request, &resources, None);
+        assert_eq!(cached, afresh, "round {round}");
+    }
+    // Most answers were reused, not decided again.
+    assert!(cache.hits() > cache.misses(), "{cache:?}");
+}
