@@ -4,7 +4,7 @@
 # 1,000 reviews/s with a 1,000-node store.
 #
 #   cargo build --release --workspace --bin probity --example loadgen
-#   [PROBITY=BINARY] bash scripts/bench-admission.sh [ROUNDS=3] [RATE=1000] [SECONDS=10] [UPDATES=100]
+#   [PROBITY=BINARY] [PATHS="validate mutate"] bash scripts/bench-admission.sh [ROUNDS=3] [RATE=1000] [SECONDS=10] [UPDATES=100]
 #
 # One server (TLS on a loopback port, with a throwaway CA made here; the admin socket in
 # the work directory) holds the 1,000 nodes (copies of the fixture's gpu-a1 in 20 zones)
@@ -137,7 +137,7 @@ pids+=("$writer")
 p99s_validate=()
 p99s_mutate=()
 for r in $(seq 1 "$rounds"); do
-  for path in validate mutate; do
+  for path in ${PATHS:-validate mutate}; do
     line=$("$loadgen" --tcp "127.0.0.1:$port" --tls-ca ca.crt --path "/v1/admission/$path" \
       --body review.json --connections 4 --rate "$rate" --duration "$seconds" \
       --requests $((rate * seconds)) --expect '"allowed":true')
@@ -151,9 +151,9 @@ for r in $(seq 1 "$rounds"); do
   done
 done
 kill -0 "$writer" 2>/dev/null || { echo "the writer stopped:" >&2; cat writer.log >&2; exit 1; }
-python3 - "${p99s_validate[*]}" "${p99s_mutate[*]}" <<'PY'
+python3 - "${p99s_validate[*]:-}" "${p99s_mutate[*]:-}" <<'PY'
 import statistics, sys
-v = [float(x) for x in sys.argv[1].split()]
-m = [float(x) for x in sys.argv[2].split()]
-print(f"median p99: validate {statistics.median(v):.3f} ms, mutate {statistics.median(m):.3f} ms")
+for name, arg in (("validate", sys.argv[1]), ("mutate", sys.argv[2])):
+    if arg.split():
+        print(f"median p99 {name}: {statistics.median(float(x) for x in arg.split()):.3f} ms")
 PY

@@ -180,6 +180,34 @@ struct Shared {
     sealing: Option<Sealing>,
     /// Who hears of reloads ([`Engine::reload_events`]).
     reload_events: ReloadSubscribers,
+    /// The last answer of [`Engine::entities_by_reference`], for the store version it
+    /// was read from: the mutating webhook asks it for every pod.
+    by_reference: Mutex<Option<ByReferenceAnswer>>,
+}
+
+struct ByReferenceAnswer {
+    at: store::StoreVersion,
+    type_name: String,
+    attr: String,
+    answer: Arc<EntitiesByReference>,
+}
+
+/// The stored entities of one type, each with the entity one of its attributes refers
+/// to ([`Engine::entities_by_reference`]).
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct EntitiesByReference {
+    /// The entities, in id order.
+    pub uids: Vec<EntityUid>,
+    /// For each of `uids`, the id of the entity its attribute refers to (`None` when it
+    /// has no such reference).
+    pub targets: Vec<Option<String>>,
+}
+
+impl EntitiesByReference {
+    /// Whether an entity with this id is among them.
+    pub fn contains_id(&self, id: &str) -> bool {
+        self.uids.binary_search_by(|u| u.id().cmp(id)).is_ok()
+    }
 }
 
 /// The policy engine. Cheap to clone: clones share one state.
@@ -378,6 +406,7 @@ impl Engine {
                 decision_log: std::sync::OnceLock::new(),
                 sealing,
                 reload_events: ReloadSubscribers::default(),
+                by_reference: Mutex::new(None),
             }),
         })
     }
@@ -1131,23 +1160,30 @@ impl Engine {
     }
 
     /// The stored entities of type `type_name`, in id order, each with the id of the
-    /// entity its attribute `attr` refers to (`None` when it has no such reference):
-    /// how a host groups resources (nodes by zone) without materializing them.
-    pub fn entities_by_reference(
-        &self,
-        type_name: &str,
-        attr: &str,
-    ) -> Vec<(EntityUid, Option<String>)> {
+    /// entity its attribute `attr` refers to: how a host groups resources (nodes by
+    /// zone) without materializing them. The answer is shared until the store changes.
+    pub fn entities_by_reference(&self, type_name: &str, attr: &str) -> Arc<EntitiesByReference> {
         let current = self.shared.current.load();
+        let at = current.store.version();
+        let mut last = self
+            .shared
+            .by_reference
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some(known) = last
+            .as_ref()
+            .filter(|k| k.at == at && k.type_name == type_name && k.attr == attr)
+        {
+            return Arc::clone(&known.answer);
+        }
         let (Some(ty), Some(name)) = (store::entity_type(type_name), store::AttrId::of(attr))
         else {
-            return Vec::new();
+            return Arc::default();
         };
-        current
-            .store
-            .of_type(&ty)
-            .map(|(uid, stored)| {
-                let target = stored
+        let mut answer = EntitiesByReference::default();
+        for (uid, stored) in current.store.of_type(&ty) {
+            let target =
+                stored
                     .attrs
                     .iter()
                     .find(|(id, _)| *id == name)
@@ -1157,9 +1193,19 @@ impl Engine {
                         ) => Some(<str as ToOwned>::to_owned(u.eid().as_ref())),
                         _ => None,
                     });
-                (EntityUid(cedar_policy::EntityUid::from(uid)), target)
-            })
-            .collect()
+            answer
+                .uids
+                .push(EntityUid(cedar_policy::EntityUid::from(uid)));
+            answer.targets.push(target);
+        }
+        let answer = Arc::new(answer);
+        *last = Some(ByReferenceAnswer {
+            at,
+            type_name: type_name.to_owned(),
+            attr: attr.to_owned(),
+            answer: Arc::clone(&answer),
+        });
+        answer
     }
 
     /// Whether the store holds `uid` (without materializing it).
@@ -1882,6 +1928,7 @@ impl Engine {
                     decision_log: std::sync::OnceLock::new(),
                     sealing: None,
                     reload_events: ReloadSubscribers::default(),
+                    by_reference: Mutex::new(None),
                 }),
             },
         };

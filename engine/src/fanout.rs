@@ -556,8 +556,8 @@ impl Engine {
 
 /// Brings `known` up to date with `snapshot`: the resources whose decisions read an
 /// entity changed since are decided again by `decide` (which says what the new decision
-/// read); how many were is returned. `None` when the change cannot be told (another policy set or blocklist, the
-/// log does not reach back, a concurrent caller's older snapshot) or when so much
+/// read); how many were is returned. `None` when the change cannot be told (another
+/// policy set or blocklist, the log does not reach back) or when so much
 /// changed that a full fan-out over the cores is cheaper; `known` is then unusable.
 fn bring_up_to_date(
     known: &mut Answers,
@@ -567,6 +567,11 @@ fn bring_up_to_date(
 ) -> Option<usize> {
     if !known.world.is(snapshot) {
         return None;
+    }
+    if known.at.is_later_than(snapshot.store.version()) {
+        // A caller that started later brought them further: answers of a state that
+        // was current after this question was asked.
+        return Some(0);
     }
     let changed = snapshot.store.changed_since(known.at)?;
     let mut positions: Vec<u32> = changed

@@ -327,6 +327,13 @@ pub(crate) struct StoreVersion {
     version: u64,
 }
 
+impl StoreVersion {
+    /// Whether this is a later version of the same store as `other`.
+    pub fn is_later_than(self, other: Self) -> bool {
+        self.lineage == other.lineage && self.version > other.version
+    }
+}
+
 impl Store {
     /// Where this store stands now.
     pub fn version(&self) -> StoreVersion {

@@ -251,3 +251,33 @@ fn a_fan_out_brought_up_to_date_from_the_change_log_answers_as_one_decided_afres
     // Most answers were reused, not decided again.
     assert!(cache.hits() > cache.misses(), "{cache:?}");
 }
+
+#[test]
+fn nodes_by_zone_are_shared_until_the_store_changes() {
+    let engine = loaded();
+    let first = engine.entities_by_reference("Node", "zone");
+    let again = engine.entities_by_reference("Node", "zone");
+    assert!(std::sync::Arc::ptr_eq(&first, &again));
+    let at = |answer: &probity::EntitiesByReference, id: &str| {
+        let i = answer.uids.iter().position(|u| u.id() == id).unwrap();
+        answer.targets[i].clone()
+    };
+    assert_eq!(at(&first, "gpu-a1").as_deref(), Some("zone-a"));
+    assert!(first.contains_id("gpu-a1") && !first.contains_id("gpu-zz"));
+    // Another question is answered afresh, not from the last answer.
+    let zones = engine.entities_by_reference("Zone", "cluster");
+    assert_eq!(at(&zones, "zone-a").as_deref(), Some("onprem"));
+    // A node moves: the next answer sees it.
+    let mut moved = node("gpu-a1", json!({}));
+    moved["attrs"]["zone"] = json!({"__entity": {"type": "Zone", "id": "zone-hot"}});
+    moved["parents"] = json!([{"type": "Zone", "id": "zone-hot"}]);
+    engine.upsert_entities(&json!([moved])).unwrap();
+    let after = engine.entities_by_reference("Node", "zone");
+    assert_eq!(at(&after, "gpu-a1").as_deref(), Some("zone-hot"));
+    assert!(
+        engine
+            .entities_by_reference("NoSuchType", "zone")
+            .uids
+            .is_empty()
+    );
+}

@@ -111,20 +111,20 @@ pub(crate) fn affinity_expressions(
     let engine = state.engine();
     let node_type = engine.blocklist_type().unwrap_or_else(|| "Node".to_owned());
     let nodes = engine.entities_by_reference(&node_type, "zone");
-    let uids: Vec<EntityUid> = nodes.iter().map(|(u, _)| u.clone()).collect();
     let request = workload.request("schedule", None)?;
-    let decisions = engine.decide_each(&request, &uids, Some(state.decision_cache()));
-    let stored: BTreeSet<String> = nodes.iter().map(|(u, _)| u.id().to_owned()).collect();
+    let decisions = engine.decide_each(&request, &nodes.uids, Some(state.decision_cache()));
     // zone -> (allowed nodes, refused nodes); nodes without a zone under "".
-    let mut zones: BTreeMap<String, (usize, Vec<String>)> = BTreeMap::new();
+    let mut zones: BTreeMap<&str, (usize, Vec<&str>)> = BTreeMap::new();
     let mut allowed_total = 0;
-    for ((uid, zone), d) in nodes.iter().zip(&decisions) {
-        let entry = zones.entry(zone.clone().unwrap_or_default()).or_default();
+    for ((uid, zone), d) in nodes.uids.iter().zip(&nodes.targets).zip(&decisions) {
+        let entry = zones
+            .entry(zone.as_deref().unwrap_or_default())
+            .or_default();
         if d.is_allowed() {
             entry.0 += 1;
             allowed_total += 1;
         } else {
-            entry.1.push(uid.id().to_owned());
+            entry.1.push(uid.id());
         }
     }
     let mut warnings = Vec::new();
@@ -132,26 +132,26 @@ pub(crate) fn affinity_expressions(
     let mut refused_nodes: BTreeSet<String> = engine
         .blocked_nodes()
         .into_keys()
-        .filter(|n| !stored.contains(n))
+        .filter(|n| !nodes.contains_id(n))
         .collect();
-    if nodes.is_empty() {
+    if nodes.uids.is_empty() {
         if refused_nodes.is_empty() {
             return Ok((exprs, warnings));
         }
     } else if allowed_total == 0 {
         warnings.push(format!(
             "probity: none of the {} nodes Probity knows may take this pod; it is not constrained here, and the validating webhook and the scheduler extender refuse each node",
-            nodes.len()
+            nodes.uids.len()
         ));
         return Ok((exprs, warnings));
     }
-    let closed: Vec<&String> = zones
+    let closed: Vec<&&str> = zones
         .iter()
         .filter(|(z, (allowed, _))| !z.is_empty() && *allowed == 0)
         .map(|(z, _)| z)
         .collect();
     if !closed.is_empty() {
-        let open: Vec<&String> = zones
+        let open: Vec<&&str> = zones
             .iter()
             .filter(|(z, (allowed, _))| !z.is_empty() && *allowed > 0)
             .map(|(z, _)| z)
@@ -160,7 +160,7 @@ pub(crate) fn affinity_expressions(
     }
     for (zone, (allowed, refused)) in &zones {
         if zone.is_empty() || *allowed > 0 {
-            refused_nodes.extend(refused.iter().cloned());
+            refused_nodes.extend(refused.iter().map(|n| (*n).to_owned()));
         }
     }
     if !refused_nodes.is_empty() {
