@@ -134,14 +134,24 @@ PY
 writer=$!
 pids+=("$writer")
 
+# Let the server settle under the writer before measuring (SETTLE seconds, default 0).
+sleep "${SETTLE:-0}"
+
+# The decision cache's misses so far (decisions made afresh), from the server's metrics.
+misses() {
+  curl -s --unix-socket "$work/probity.sock" http://localhost/metrics |
+    awk '$1 == "probity_decision_cache_misses_total" {print $2}'
+}
+
 p99s_validate=()
 p99s_mutate=()
 for r in $(seq 1 "$rounds"); do
   for path in ${PATHS:-validate mutate}; do
+    before=$(misses)
     line=$("$loadgen" --tcp "127.0.0.1:$port" --tls-ca ca.crt --path "/v1/admission/$path" \
       --body review.json --connections 4 --rate "$rate" --duration "$seconds" \
       --requests $((rate * seconds)) --expect '"allowed":true')
-    echo "round $r $path: $line"
+    echo "round $r $path: $line decided_afresh=$(( $(misses) - before ))"
     case "$line" in
       *" errors=0 "*) ;;
       *) echo "round $r $path: a review failed or did not allow" >&2; exit 1 ;;

@@ -270,6 +270,23 @@ impl AppState {
     }
 
     /// The alert sinks' counters, appended to the metrics text.
+    /// The placement decision cache's counters: many misses while nothing changes mean
+    /// the scheduler's questions are not being reused.
+    fn render_decision_cache(&self, out: &mut String) {
+        use std::fmt::Write as _;
+        let cache = self.decision_cache();
+        let _ = writeln!(
+            out,
+            "# HELP probity_decision_cache_hits_total Placement decisions reused from the decision cache.\n# TYPE probity_decision_cache_hits_total counter\nprobity_decision_cache_hits_total {}",
+            cache.hits()
+        );
+        let _ = writeln!(
+            out,
+            "# HELP probity_decision_cache_misses_total Placement decisions made afresh (not cached, or a fact they read changed).\n# TYPE probity_decision_cache_misses_total counter\nprobity_decision_cache_misses_total {}",
+            cache.misses()
+        );
+    }
+
     fn render_alerts(&self, out: &mut String) {
         use std::fmt::Write as _;
         let Some((follower, sinks)) = self.alert_stats() else {
@@ -704,6 +721,7 @@ async fn metrics_text(State(state): State<AppState>) -> Response {
         .metrics()
         .render(&state.engine().status(), state.is_ready());
     state.render_limits(&mut text);
+    state.render_decision_cache(&mut text);
     state.render_siem(&mut text);
     state.render_alerts(&mut text);
     if state.keys().is_some() {

@@ -67,6 +67,27 @@ async fn the_extender_filters_a_blocked_node_and_a_hot_zone_with_their_reasons()
 }
 
 #[tokio::test]
+async fn the_same_filter_asked_again_is_answered_from_the_decision_cache_and_counted() {
+    let s = state();
+    let sent = ["gpu-a1", "gpu-blocked", "gpu-hot1", "gpu-h1", "gpu-spike"];
+    let body = args(gpu_pod("t", "batch", 1), &sent);
+    let (_, first) = filter(&s, &body).await;
+    let (_, again) = filter(&s, &body).await;
+    assert_eq!(first, again);
+    let (_, metrics) = call(&s, Method::GET, "/metrics", None, None).await;
+    let text = metrics.as_str().unwrap();
+    // The five nodes are decided once, then reused.
+    assert!(
+        text.contains("probity_decision_cache_misses_total 5\n"),
+        "{text}"
+    );
+    assert!(
+        text.contains("probity_decision_cache_hits_total 5\n"),
+        "{text}"
+    );
+}
+
+#[tokio::test]
 async fn the_extender_reads_the_upstream_encoding_and_answers_in_kind() {
     let s = state();
     // The upstream compatibility string, with our node names in its NodeList.
