@@ -284,31 +284,6 @@ impl DecisionCache {
         None
     }
 
-    /// The stored entities `decision` read, if the entry for `key` holds that very
-    /// decision (so its dependencies are the ones this decision was made from).
-    fn read_by(
-        &self,
-        key: &Key<'_>,
-        hash: u64,
-        decision: &Arc<Decision>,
-    ) -> Option<Vec<EntityUID>> {
-        let shard = self
-            .shard(hash)?
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        let entry = shard
-            .get(&hash)
-            .filter(|e| e.answers(key) && Arc::ptr_eq(&e.decision, decision))?;
-        Some(
-            entry
-                .own
-                .iter()
-                .chain(entry.shared.iter())
-                .map(|d| d.uid.clone())
-                .collect(),
-        )
-    }
-
     /// The cache's one `Arc` of `text`.
     fn intern(&self, text: String) -> Arc<str> {
         let mut requests = self.requests.lock().unwrap_or_else(PoisonError::into_inner);
@@ -339,6 +314,7 @@ impl DecisionCache {
         hash: u64,
         snapshot: &Snapshot,
         memo: &mut Memo,
+        reads: Option<&mut Vec<EntityUID>>,
     ) -> Option<Arc<Decision>> {
         let shard = self
             .shard(hash)?
@@ -365,7 +341,18 @@ impl DecisionCache {
                 }
                 None => d.holds(&snapshot.store),
             }))
-        .then(|| Arc::clone(&entry.decision))
+        .then(|| {
+            if let Some(reads) = reads {
+                reads.extend(
+                    entry
+                        .own
+                        .iter()
+                        .chain(entry.shared.iter())
+                        .map(|d| d.uid.clone()),
+                );
+            }
+            Arc::clone(&entry.decision)
+        })
     }
 
     fn put(&self, key: &Key<'_>, hash: u64, deps: Vec<Dependency>, decision: Arc<Decision>) {
@@ -432,21 +419,19 @@ impl Engine {
         let request_hash = fingerprint.as_deref().map_or(0, |fp| {
             std::hash::BuildHasher::hash_one(&FINGERPRINT_HASHER, fp)
         });
-        let decide_one = |resource: &EntityUid, memo: &mut Memo| -> Arc<Decision> {
+        // One resource's decision, and, when `reads` is asked for, the stored entities
+        // it read (a fan-out asked before remembers them).
+        let decide_one = |resource: &EntityUid, memo: &mut Memo, reads: bool| -> Decided {
             let (Some(cache), Some(fp)) = (cacheable, &fingerprint) else {
-                return Arc::new(
-                    self.decide_prepared(&snapshot, request, &prepared, resource, None),
-                );
+                let decision = self.decide_prepared(&snapshot, request, &prepared, resource, None);
+                return (Arc::new(decision), Vec::new());
             };
-            let key = Key {
-                request: fp,
-                request_hash,
-                resource: resource.0.as_ref(),
-            };
+            let key = Key::new(fp, request_hash, resource);
             let hash = cache.hash(&key);
-            if let Some(hit) = cache.get(&key, hash, &snapshot, memo) {
+            let mut read = Vec::new();
+            if let Some(hit) = cache.get(&key, hash, &snapshot, memo, reads.then_some(&mut read)) {
                 cache.hits.fetch_add(1, Ordering::Relaxed);
-                return hit;
+                return (hit, read);
             }
             cache.misses.fetch_add(1, Ordering::Relaxed);
             let mut deps = Vec::new();
@@ -457,23 +442,23 @@ impl Engine {
                 resource,
                 Some(&mut deps),
             ));
+            if reads {
+                read.extend(deps.iter().map(|d| d.uid.clone()));
+            }
             cache.put(&key, hash, deps, Arc::clone(&decision));
-            decision
+            (decision, read)
         };
         let fanout = cacheable
             .zip(fingerprint.as_ref())
-            .and_then(|(cache, fp)| cache.fanout(fp, resources).map(|f| (cache, fp, f)));
-        if let Some((cache, fp, fanout)) = &fanout {
+            .and_then(|(cache, fp)| cache.fanout(fp, resources).map(|f| (cache, f)));
+        if let Some((cache, fanout)) = &fanout {
             let mut answers = fanout
                 .answers
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner);
             if let Some(known) = answers.as_mut() {
                 let updated = bring_up_to_date(known, &snapshot, resources, |r, memo| {
-                    let decision = decide_one(r, memo);
-                    let key = Key::new(fp, request_hash, r);
-                    let read = cache.read_by(&key, cache.hash(&key), &decision)?;
-                    Some((decision, read))
+                    decide_one(r, memo, true)
                 });
                 if let Some(decided) = updated {
                     let reused = resources.len().saturating_sub(decided) as u64;
@@ -485,6 +470,7 @@ impl Engine {
                 *answers = None;
             }
         }
+        let reads = fanout.is_some();
         let threads = std::thread::available_parallelism()
             .map_or(1, std::num::NonZeroUsize::get)
             .min(resources.len() / MIN_PER_THREAD)
@@ -493,66 +479,64 @@ impl Engine {
         let mut parts = resources.chunks(chunk);
         // The calling thread decides the first part itself: one thread fewer to start.
         let first = parts.next().unwrap_or_default();
-        let decisions = std::thread::scope(|scope| {
+        let decided: Vec<Decided> = std::thread::scope(|scope| {
             let decide_one = &decide_one;
             let handles: Vec<_> = parts
                 .map(|part| {
                     scope.spawn(move || {
                         let mut memo = Memo::default();
                         part.iter()
-                            .map(|r| decide_one(r, &mut memo))
+                            .map(|r| decide_one(r, &mut memo, reads))
                             .collect::<Vec<_>>()
                     })
                 })
                 .collect();
             let mut memo = Memo::default();
-            let mut out: Vec<Arc<Decision>> = Vec::with_capacity(resources.len());
-            out.extend(first.iter().map(|r| decide_one(r, &mut memo)));
+            let mut out: Vec<Decided> = Vec::with_capacity(resources.len());
+            out.extend(first.iter().map(|r| decide_one(r, &mut memo, reads)));
             for (h, part) in handles.into_iter().zip(resources.chunks(chunk).skip(1)) {
                 match h.join() {
-                    Ok(decided) => out.extend(decided),
-                    Err(_) => out.extend(
-                        part.iter()
-                            .map(|_| Arc::new(Decision::error("a decision thread failed"))),
-                    ),
+                    Ok(part_decided) => out.extend(part_decided),
+                    Err(_) => out.extend(part.iter().map(|_| {
+                        (
+                            Arc::new(Decision::error("a decision thread failed")),
+                            Vec::new(),
+                        )
+                    })),
                 }
             }
             out
         });
+        let mut decisions = Vec::with_capacity(decided.len());
+        let mut readers: HashMap<EntityUID, Vec<u32>> = HashMap::new();
+        for ((decision, read), p) in decided.into_iter().zip(0u32..) {
+            for uid in read {
+                let at = readers.entry(uid).or_default();
+                if at.last() != Some(&p) {
+                    at.push(p);
+                }
+            }
+            decisions.push(decision);
+        }
         // Asked before: remember the answers with what each read, to bring them up to
         // date next time.
-        if let Some((cache, fp, fanout)) = &fanout {
-            let mut readers: HashMap<EntityUID, Vec<u32>> = HashMap::new();
-            let complete = resources
-                .iter()
-                .zip(&decisions)
-                .zip(0u32..)
-                .all(|((r, d), p)| {
-                    let key = Key::new(fp, request_hash, r);
-                    cache
-                        .read_by(&key, cache.hash(&key), d)
-                        .is_some_and(|read| {
-                            for uid in read {
-                                readers.entry(uid).or_default().push(p);
-                            }
-                            true
-                        })
-                });
-            if complete {
-                *fanout
-                    .answers
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner) = Some(Answers {
-                    world: World::of(&snapshot),
-                    at: snapshot.store.version(),
-                    decisions: decisions.clone(),
-                    readers,
-                });
-            }
+        if let Some((_, fanout)) = &fanout {
+            *fanout
+                .answers
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner) = Some(Answers {
+                world: World::of(&snapshot),
+                at: snapshot.store.version(),
+                decisions: decisions.clone(),
+                readers,
+            });
         }
         decisions
     }
 }
+
+/// A decision, with the stored entities it read when they were asked for.
+type Decided = (Arc<Decision>, Vec<EntityUID>);
 
 /// Brings `known` up to date with `snapshot`: the resources whose decisions read an
 /// entity changed since are decided again by `decide` (which says what the new decision
@@ -563,7 +547,7 @@ fn bring_up_to_date(
     known: &mut Answers,
     snapshot: &Snapshot,
     resources: &[EntityUid],
-    mut decide: impl FnMut(&EntityUid, &mut Memo) -> Option<(Arc<Decision>, Vec<EntityUID>)>,
+    mut decide: impl FnMut(&EntityUid, &mut Memo) -> Decided,
 ) -> Option<usize> {
     if !known.world.is(snapshot) {
         return None;
@@ -589,7 +573,7 @@ fn bring_up_to_date(
     let decided = positions.len();
     for p in positions {
         let resource = resources.get(p as usize)?;
-        let (decision, read) = decide(resource, &mut memo)?;
+        let (decision, read) = decide(resource, &mut memo);
         for uid in read {
             let readers = known.readers.entry(uid).or_default();
             if let Err(at) = readers.binary_search(&p) {
