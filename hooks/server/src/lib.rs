@@ -111,6 +111,8 @@ struct Inner {
     connections: std::sync::OnceLock<Arc<limits::Connections>>,
     /// Placement decisions reused while their facts hold (extender, mutating webhook).
     decisions: probity::DecisionCache,
+    /// The mutating webhook's last node affinity, with the decisions it came from.
+    affinity: std::sync::Mutex<Option<placement::AffinityMemo>>,
     /// The keyring, once opened on the state backend.
     keys: std::sync::OnceLock<keys::KeyService>,
     /// The local store that holds the decision and event logs (redb, or the etcd
@@ -155,6 +157,7 @@ impl AppState {
                 decisions: probity::DecisionCache::with_capacity(
                     probity::DEFAULT_DECISION_CACHE_ENTRIES,
                 ),
+                affinity: std::sync::Mutex::new(None),
                 keys: std::sync::OnceLock::new(),
                 local_logs: std::sync::OnceLock::new(),
                 forwarders: std::sync::Mutex::new(None),
@@ -206,6 +209,10 @@ impl AppState {
 
     pub(crate) fn decision_cache(&self) -> &probity::DecisionCache {
         &self.inner.decisions
+    }
+
+    pub(crate) fn affinity_memo(&self) -> &std::sync::Mutex<Option<placement::AffinityMemo>> {
+        &self.inner.affinity
     }
 
     pub(crate) fn io(&self) -> &limits::IoPool {

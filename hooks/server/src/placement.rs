@@ -113,10 +113,62 @@ pub(crate) fn affinity_expressions(
     let nodes = engine.entities_by_reference(&node_type, "zone");
     let request = workload.request("schedule", None)?;
     let decisions = engine.decide_each(&request, &nodes.uids, Some(state.decision_cache()));
+    // The same nodes and the very same decisions (shared with the decision cache, so
+    // compared by address) give the same affinity: the usual case between two changes
+    // of the store, when a deployment's pods arrive one after another.
+    let memo = state.affinity_memo();
+    if let Some(known) = memo
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .as_ref()
+        .filter(|m| m.is_for(&nodes, &decisions))
+    {
+        return Ok(known.affinity.clone());
+    }
+    let affinity = affinity_from(cfg, engine, &nodes, &decisions);
+    *memo
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(AffinityMemo {
+        nodes,
+        decisions,
+        affinity: affinity.clone(),
+    });
+    Ok(affinity)
+}
+
+/// The mutating webhook's last answer and what it came from.
+pub(crate) struct AffinityMemo {
+    nodes: std::sync::Arc<probity::EntitiesByReference>,
+    decisions: Vec<std::sync::Arc<probity::Decision>>,
+    affinity: (Vec<Value>, Vec<String>),
+}
+
+impl AffinityMemo {
+    fn is_for(
+        &self,
+        nodes: &std::sync::Arc<probity::EntitiesByReference>,
+        decisions: &[std::sync::Arc<probity::Decision>],
+    ) -> bool {
+        std::sync::Arc::ptr_eq(&self.nodes, nodes)
+            && self.decisions.len() == decisions.len()
+            && self
+                .decisions
+                .iter()
+                .zip(decisions)
+                .all(|(a, b)| std::sync::Arc::ptr_eq(a, b))
+    }
+}
+
+fn affinity_from(
+    cfg: &crate::config::AdmissionConfig,
+    engine: &probity::Engine,
+    nodes: &probity::EntitiesByReference,
+    decisions: &[std::sync::Arc<probity::Decision>],
+) -> (Vec<Value>, Vec<String>) {
     // zone -> (allowed nodes, refused nodes); nodes without a zone under "".
     let mut zones: BTreeMap<&str, (usize, Vec<&str>)> = BTreeMap::new();
     let mut allowed_total = 0;
-    for ((uid, zone), d) in nodes.uids.iter().zip(&nodes.targets).zip(&decisions) {
+    for ((uid, zone), d) in nodes.uids.iter().zip(&nodes.targets).zip(decisions) {
         let entry = zones
             .entry(zone.as_deref().unwrap_or_default())
             .or_default();
@@ -136,14 +188,14 @@ pub(crate) fn affinity_expressions(
         .collect();
     if nodes.uids.is_empty() {
         if refused_nodes.is_empty() {
-            return Ok((exprs, warnings));
+            return (exprs, warnings);
         }
     } else if allowed_total == 0 {
         warnings.push(format!(
             "probity: none of the {} nodes Probity knows may take this pod; it is not constrained here, and the validating webhook and the scheduler extender refuse each node",
             nodes.uids.len()
         ));
-        return Ok((exprs, warnings));
+        return (exprs, warnings);
     }
     let closed: Vec<&&str> = zones
         .iter()
@@ -169,7 +221,7 @@ pub(crate) fn affinity_expressions(
             json!({"key": cfg.hostname_label, "operator": "NotIn", "values": refused_nodes}),
         );
     }
-    Ok((exprs, warnings))
+    (exprs, warnings)
 }
 
 /// The scheduler's question, read: the pod and the node names it sent.

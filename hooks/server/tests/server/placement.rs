@@ -515,3 +515,40 @@ async fn a_threshold_edited_in_a_live_policy_directory_changes_the_patch() {
     let edited = affinity_of(&out);
     assert!(!edited.to_string().contains("gpu-drift"), "{edited}");
 }
+
+#[tokio::test]
+async fn the_same_pod_again_after_a_node_heats_up_gets_a_patch_that_keeps_it_off_that_node() {
+    let s = state();
+    let review = mutate_review(gpu_pod("t", "batch", 1));
+    let mutate = |s: probity_server::AppState| {
+        let review = review.clone();
+        async move {
+            let (_, out) = call(
+                &s,
+                Method::POST,
+                "/v1/admission/mutate",
+                Some(&review),
+                None,
+            )
+            .await;
+            affinity_of(&out).to_string()
+        }
+    };
+    let before = mutate(s.clone()).await;
+    // Asked again with nothing changed: the same patch (from the memo).
+    assert_eq!(mutate(s.clone()).await, before);
+    assert!(!before.contains("gpu-a1"), "{before}");
+    // gpu-a1 heats up: the very next review names it.
+    let mut hot = crate::cluster()
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["uid"]["id"] == "gpu-a1")
+        .unwrap()
+        .clone();
+    hot["attrs"]["hottestGpuTempC"] = json!(95);
+    s.engine().upsert_entities(&json!([hot])).unwrap();
+    let after = mutate(s.clone()).await;
+    assert!(after.contains("gpu-a1"), "{after}");
+    assert_ne!(after, before);
+}
