@@ -51,7 +51,7 @@ const SHARDS: usize = 16;
 const MAX_INTERNED_REQUESTS: usize = 4_096;
 
 /// Most whole fan-outs a [`DecisionCache`] remembers (the last ones asked).
-const MAX_FANOUTS: usize = 32;
+const MAX_FANOUTS: usize = 16;
 
 /// Decisions of [`Engine::decide_each`] kept for reuse while their facts hold.
 pub struct DecisionCache {
@@ -72,11 +72,13 @@ pub struct DecisionCache {
     misses: AtomicU64,
 }
 
-/// A fan-out asked before: the request and resources, and, once it has been asked
-/// twice, its answers (most fan-outs are asked once: each pod is its own question).
+/// A fan-out asked before: the request and a keyed hash of its resources, and, once it
+/// has been asked twice, its answers (most fan-outs are asked once: each pod is its own
+/// question, so what is kept of them is small).
 struct Fanout {
     request: Arc<str>,
-    resources: Box<[EntityUID]>,
+    resources_hash: u64,
+    resources_len: usize,
     answers: Mutex<Option<Answers>>,
 }
 
@@ -85,15 +87,24 @@ struct Fanout {
 /// again only the resources whose decisions read an entity changed since.
 struct Answers {
     world: World,
+    /// The resources exactly: answers are used only for this very list.
+    resources: Box<[EntityUID]>,
     at: StoreVersion,
     decisions: Vec<Arc<Decision>>,
     readers: HashMap<EntityUID, Vec<u32>>,
 }
 
 impl Fanout {
-    fn is(&self, request: &Arc<str>, resources: &[EntityUid]) -> bool {
-        (Arc::ptr_eq(&self.request, request) || self.request == *request)
-            && self.resources.len() == resources.len()
+    fn is(&self, request: &Arc<str>, resources_hash: u64, resources_len: usize) -> bool {
+        self.resources_hash == resources_hash
+            && self.resources_len == resources_len
+            && (Arc::ptr_eq(&self.request, request) || self.request == *request)
+    }
+}
+
+impl Answers {
+    fn are_for(&self, resources: &[EntityUid]) -> bool {
+        self.resources.len() == resources.len()
             && self
                 .resources
                 .iter()
@@ -269,8 +280,19 @@ impl DecisionCache {
     /// The fan-out of `request` over `resources` if it was asked before; if not, it is
     /// remembered as asked (the newest), and `None`.
     fn fanout(&self, request: &Arc<str>, resources: &[EntityUid]) -> Option<Arc<Fanout>> {
+        let resources_hash = {
+            let mut h = self.hasher.build_hasher();
+            for r in resources {
+                std::hash::Hash::hash(r.0.as_ref(), &mut h);
+            }
+            std::hash::Hasher::finish(&h)
+        };
+        let resources_len = resources.len();
         let mut fanouts = self.fanouts.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(i) = fanouts.iter().position(|f| f.is(request, resources)) {
+        if let Some(i) = fanouts
+            .iter()
+            .position(|f| f.is(request, resources_hash, resources_len))
+        {
             let found = fanouts.remove(i)?;
             fanouts.push_front(Arc::clone(&found));
             return Some(found);
@@ -278,7 +300,8 @@ impl DecisionCache {
         fanouts.truncate(MAX_FANOUTS.saturating_sub(1));
         fanouts.push_front(Arc::new(Fanout {
             request: Arc::clone(request),
-            resources: resources.iter().map(|r| r.0.as_ref().clone()).collect(),
+            resources_hash,
+            resources_len,
             answers: Mutex::new(None),
         }));
         None
@@ -526,6 +549,7 @@ impl Engine {
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner) = Some(Answers {
                 world: World::of(&snapshot),
+                resources: resources.iter().map(|r| r.0.as_ref().clone()).collect(),
                 at: snapshot.store.version(),
                 decisions: decisions.clone(),
                 readers,
@@ -541,7 +565,8 @@ type Decided = (Arc<Decision>, Vec<EntityUID>);
 /// Brings `known` up to date with `snapshot`: the resources whose decisions read an
 /// entity changed since are decided again by `decide` (which says what the new decision
 /// read); how many were is returned. `None` when the change cannot be told (another
-/// policy set or blocklist, the log does not reach back) or when so much
+/// policy set or blocklist, the log does not reach back, another list of resources
+/// with the same hash) or when so much
 /// changed that a full fan-out over the cores is cheaper; `known` is then unusable.
 fn bring_up_to_date(
     known: &mut Answers,
@@ -549,7 +574,7 @@ fn bring_up_to_date(
     resources: &[EntityUid],
     mut decide: impl FnMut(&EntityUid, &mut Memo) -> Decided,
 ) -> Option<usize> {
-    if !known.world.is(snapshot) {
+    if !known.world.is(snapshot) || !known.are_for(resources) {
         return None;
     }
     if known.at.is_later_than(snapshot.store.version()) {
