@@ -34,6 +34,11 @@ pids=()
 cleanup() {
   for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
   wait 2>/dev/null || true
+  # The server logs warnings only: show any, they may explain a slow round.
+  if [ -s "$work/probity.log" ]; then
+    echo "server log (last lines):" >&2
+    tail -n 20 "$work/probity.log" >&2
+  fi
   rm -rf "$work"
 }
 trap cleanup EXIT

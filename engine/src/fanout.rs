@@ -432,7 +432,11 @@ impl Engine {
         let snapshot = self.snapshot_now();
         let prepared = match self.prepare(&snapshot, request) {
             Ok(p) => p,
-            Err(denied) => return vec![Arc::new(denied); resources.len()],
+            Err(denied) => {
+                // One deny for all: the same request was malformed for every resource.
+                let denied = Arc::new(denied);
+                return resources.iter().map(|_| Arc::clone(&denied)).collect();
+            }
         };
         let cacheable = cache.filter(|_| self.cacheable(&snapshot, request));
         let fingerprint: Option<Arc<str>> = cacheable.map(|c| {

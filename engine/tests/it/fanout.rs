@@ -246,7 +246,11 @@ fn a_fan_out_brought_up_to_date_from_the_change_log_answers_as_one_decided_afres
             }
         }
         // Two lists of the same nodes take turns: each is its own fan-out.
-        let asked = if round % 3 == 2 { &reversed } else { &resources };
+        let asked = if round % 3 == 2 {
+            &reversed
+        } else {
+            &resources
+        };
         let cached = engine.decide_each(&request, asked, Some(&cache));
         let afresh = engine.decide_each(&request, asked, None);
         assert_eq!(cached, afresh, "round {round}");
