@@ -50,6 +50,9 @@ const SHARDS: usize = 16;
 /// Most request texts a [`DecisionCache`] keeps one `Arc` of.
 const MAX_INTERNED_REQUESTS: usize = 4_096;
 
+/// Most entities a remembered fan-out lists per resource before it is rebuilt.
+const MAX_READERS_PER_RESOURCE: usize = 8;
+
 /// Most whole fan-outs a [`DecisionCache`] remembers (the last ones asked).
 const MAX_FANOUTS: usize = 16;
 
@@ -59,6 +62,10 @@ pub struct DecisionCache {
     /// blocklist empties the cache. Held (not just compared) so that an address is
     /// never reused while an entry names it.
     world: Mutex<Option<World>>,
+    /// Counts the changes of `world`: an entry answers only callers that entered the
+    /// same one (a caller still deciding under the previous world may store a decision
+    /// after the change; it is never served under the new one).
+    generation: AtomicU64,
     shards: Box<[Mutex<ShardMap>]>,
     per_shard: usize,
     hasher: std::collections::hash_map::RandomState,
@@ -142,9 +149,13 @@ struct Key<'a> {
     request: &'a Arc<str>,
     request_hash: u64,
     resource: &'a EntityUID,
+    /// The generation the caller entered (see [`DecisionCache::generation`]).
+    generation: u64,
 }
 
 struct Entry {
+    /// The cache's generation when the decision was made.
+    generation: u64,
     request: Arc<str>,
     resource: EntityUID,
     /// The resource's own stored entity, checked directly: no other entry shares it.
@@ -156,18 +167,25 @@ struct Entry {
 }
 
 impl<'a> Key<'a> {
-    fn new(request: &'a Arc<str>, request_hash: u64, resource: &'a EntityUid) -> Self {
+    fn new(
+        request: &'a Arc<str>,
+        request_hash: u64,
+        resource: &'a EntityUid,
+        generation: u64,
+    ) -> Self {
         Self {
             request,
             request_hash,
             resource: resource.0.as_ref(),
+            generation,
         }
     }
 }
 
 impl Entry {
     fn answers(&self, key: &Key<'_>) -> bool {
-        self.resource == *key.resource
+        self.generation == key.generation
+            && self.resource == *key.resource
             && (Arc::ptr_eq(&self.request, key.request) || self.request == *key.request)
     }
 }
@@ -226,6 +244,7 @@ impl DecisionCache {
     pub fn with_capacity(entries: usize) -> Self {
         Self {
             world: Mutex::new(None),
+            generation: AtomicU64::new(0),
             shards: (0..SHARDS)
                 .map(|_| Mutex::new(ShardMap::default()))
                 .collect(),
@@ -262,11 +281,13 @@ impl DecisionCache {
     }
 
     /// Empties the cache if `snapshot` was not what its entries were decided under.
-    fn enter(&self, snapshot: &Snapshot) {
+    /// Returns the generation the caller's entries belong to.
+    fn enter(&self, snapshot: &Snapshot) -> u64 {
         let mut world = self.world.lock().unwrap_or_else(PoisonError::into_inner);
         if world.as_ref().is_some_and(|w| w.is(snapshot)) {
-            return;
+            return self.generation.load(Ordering::Relaxed);
         }
+        let generation = self.generation.fetch_add(1, Ordering::Relaxed) + 1;
         for shard in self.shards.iter() {
             shard.lock().unwrap_or_else(PoisonError::into_inner).clear();
         }
@@ -275,6 +296,7 @@ impl DecisionCache {
             .unwrap_or_else(PoisonError::into_inner)
             .clear();
         *world = Some(World::of(snapshot));
+        generation
     }
 
     /// The fan-out of `request` over `resources` if it was asked before; if not, it is
@@ -354,10 +376,10 @@ impl DecisionCache {
                 Some(version) => {
                     let at = Arc::as_ptr(version) as *const () as usize;
                     match memo.get(&at) {
-                        Some((_, holds)) => *holds,
-                        None => {
+                        Some((_, uid, holds)) if *uid == d.uid => *holds,
+                        _ => {
                             let holds = d.holds(&snapshot.store);
-                            memo.insert(at, (Arc::clone(version), holds));
+                            memo.insert(at, (Arc::clone(version), d.uid.clone(), holds));
                             holds
                         }
                     }
@@ -403,6 +425,7 @@ impl DecisionCache {
         shard.insert(
             hash,
             Entry {
+                generation: key.generation,
                 request: Arc::clone(key.request),
                 resource: key.resource.clone(),
                 own,
@@ -422,7 +445,9 @@ impl Engine {
     ///
     /// With `cache`, a decision whose facts did not change since it was made is
     /// reused (see the module documentation); the answers are shared with the cache,
-    /// hence the `Arc`.
+    /// hence the `Arc`. A repeated fan-out that a concurrent caller has already
+    /// brought to a later store version is answered at that version: all answers are
+    /// still of one snapshot, one current after the call began.
     pub fn decide_each(
         &self,
         request: &Request,
@@ -439,10 +464,8 @@ impl Engine {
             }
         };
         let cacheable = cache.filter(|_| self.cacheable(&snapshot, request));
-        let fingerprint: Option<Arc<str>> = cacheable.map(|c| {
-            c.enter(&snapshot);
-            c.intern(fingerprint(request))
-        });
+        let generation = cacheable.map_or(0, |c| c.enter(&snapshot));
+        let fingerprint: Option<Arc<str>> = cacheable.map(|c| c.intern(fingerprint(request)));
         let request_hash = fingerprint.as_deref().map_or(0, |fp| {
             std::hash::BuildHasher::hash_one(&FINGERPRINT_HASHER, fp)
         });
@@ -453,7 +476,7 @@ impl Engine {
                 let decision = self.decide_prepared(&snapshot, request, &prepared, resource, None);
                 return (Arc::new(decision), Vec::new());
             };
-            let key = Key::new(fp, request_hash, resource);
+            let key = Key::new(fp, request_hash, resource, generation);
             let hash = cache.hash(&key);
             let mut read = Vec::new();
             if let Some(hit) = cache.get(&key, hash, &snapshot, memo, reads.then_some(&mut read)) {
@@ -506,6 +529,7 @@ impl Engine {
         let mut parts = resources.chunks(chunk);
         // The calling thread decides the first part itself: one thread fewer to start.
         let first = parts.next().unwrap_or_default();
+        let failed = std::sync::atomic::AtomicBool::new(false);
         let decided: Vec<Decided> = std::thread::scope(|scope| {
             let decide_one = &decide_one;
             let handles: Vec<_> = parts
@@ -525,6 +549,7 @@ impl Engine {
                 match h.join() {
                     Ok(part_decided) => out.extend(part_decided),
                     Err(_) => out.extend(part.iter().map(|_| {
+                        failed.store(true, Ordering::Relaxed);
                         (
                             Arc::new(Decision::error("a decision thread failed")),
                             Vec::new(),
@@ -546,8 +571,9 @@ impl Engine {
             decisions.push(decision);
         }
         // Asked before: remember the answers with what each read, to bring them up to
-        // date next time.
-        if let Some((_, fanout)) = &fanout {
+        // date next time (not answers a failed thread left: they read nothing, so
+        // nothing would ever decide them again).
+        if let Some((_, fanout)) = fanout.as_ref().filter(|_| !failed.load(Ordering::Relaxed)) {
             *fanout
                 .answers
                 .lock()
@@ -612,12 +638,19 @@ fn bring_up_to_date(
         *known.decisions.get_mut(p as usize)? = decision;
     }
     known.at = snapshot.store.version();
+    // Entities an answer no longer reads stay listed (a harmless extra check); when they
+    // outgrow the answers, the next call decides in full and lists them afresh.
+    if known.readers.len() > MAX_READERS_PER_RESOURCE * resources.len().max(1) {
+        return None;
+    }
     Some(decided)
 }
 
 /// Dependency checks already made in one fan-out, by the address of the version they
-/// checked (held, so the address stays its own): whether it is still the store's.
-type Memo = HashMap<usize, (Arc<Stored>, bool), std::hash::BuildHasherDefault<Prehashed>>;
+/// checked (held, so the address stays its own), with the entity it was checked for:
+/// whether it is still the store's.
+type Memo =
+    HashMap<usize, (Arc<Stored>, EntityUID, bool), std::hash::BuildHasherDefault<Prehashed>>;
 
 /// Hashes request fingerprints (in process only: the cache is never persisted).
 const FINGERPRINT_HASHER: std::hash::BuildHasherDefault<std::collections::hash_map::DefaultHasher> =
@@ -645,4 +678,39 @@ fn fingerprint(request: &Request) -> String {
         out.push_str(&e.to_string());
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_decision_stored_under_the_previous_world_is_never_served_under_the_new_one() {
+        let engine = Engine::from_embedded_defaults().unwrap();
+        let cache = DecisionCache::default();
+        let before = engine.snapshot_now();
+        let old = cache.enter(&before);
+        // A block changes the world: the cache empties and moves to a new generation.
+        engine.block_node("gpu-a1", "test").unwrap();
+        let after = engine.snapshot_now();
+        let new = cache.enter(&after);
+        assert_ne!(old, new);
+        // A caller still deciding under the old world stores its answer late...
+        let request: Arc<str> = Arc::from("train-1 onto a node");
+        let node = EntityUid::new("Node", "gpu-a1").unwrap();
+        let stale = Key::new(&request, 7, &node, old);
+        let hash = cache.hash(&stale);
+        cache.put(
+            &stale,
+            hash,
+            Vec::new(),
+            Arc::new(Decision::error("decided before the block")),
+        );
+        // ...and a caller of the new world does not get it; one of the old world does.
+        let current = Key::new(&request, 7, &node, new);
+        assert_eq!(cache.hash(&current), hash);
+        let mut memo = Memo::default();
+        assert!(cache.get(&current, hash, &after, &mut memo, None).is_none());
+        assert!(cache.get(&stale, hash, &before, &mut memo, None).is_some());
+    }
 }

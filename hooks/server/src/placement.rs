@@ -113,24 +113,27 @@ pub(crate) fn affinity_expressions(
     let nodes = engine.entities_by_reference(&node_type, "zone");
     let request = workload.request("schedule", None)?;
     let decisions = engine.decide_each(&request, &nodes.uids, Some(state.decision_cache()));
-    // The same nodes and the very same decisions (shared with the decision cache, so
-    // compared by address) give the same affinity: the usual case between two changes
-    // of the store, when a deployment's pods arrive one after another.
+    let blocked: BTreeSet<String> = engine.blocked_nodes().into_keys().collect();
+    // The same nodes, the very same decisions (shared with the decision cache, so
+    // compared by address) and the same blocklist give the same affinity: the usual
+    // case between two changes of the store, when a deployment's pods arrive one after
+    // another.
     let memo = state.affinity_memo();
     if let Some(known) = memo
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
         .as_ref()
-        .filter(|m| m.is_for(&nodes, &decisions))
+        .filter(|m| m.is_for(&nodes, &decisions, &blocked))
     {
         return Ok(known.affinity.clone());
     }
-    let affinity = affinity_from(cfg, engine, &nodes, &decisions);
+    let affinity = affinity_from(cfg, &nodes, &decisions, &blocked);
     *memo
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(AffinityMemo {
         nodes,
         decisions,
+        blocked,
         affinity: affinity.clone(),
     });
     Ok(affinity)
@@ -140,6 +143,7 @@ pub(crate) fn affinity_expressions(
 pub(crate) struct AffinityMemo {
     nodes: std::sync::Arc<probity::EntitiesByReference>,
     decisions: Vec<std::sync::Arc<probity::Decision>>,
+    blocked: BTreeSet<String>,
     affinity: (Vec<Value>, Vec<String>),
 }
 
@@ -148,8 +152,10 @@ impl AffinityMemo {
         &self,
         nodes: &std::sync::Arc<probity::EntitiesByReference>,
         decisions: &[std::sync::Arc<probity::Decision>],
+        blocked: &BTreeSet<String>,
     ) -> bool {
-        std::sync::Arc::ptr_eq(&self.nodes, nodes)
+        self.blocked == *blocked
+            && std::sync::Arc::ptr_eq(&self.nodes, nodes)
             && self.decisions.len() == decisions.len()
             && self
                 .decisions
@@ -161,9 +167,9 @@ impl AffinityMemo {
 
 fn affinity_from(
     cfg: &crate::config::AdmissionConfig,
-    engine: &probity::Engine,
     nodes: &probity::EntitiesByReference,
     decisions: &[std::sync::Arc<probity::Decision>],
+    blocked: &BTreeSet<String>,
 ) -> (Vec<Value>, Vec<String>) {
     // zone -> (allowed nodes, refused nodes); nodes without a zone under "".
     let mut zones: BTreeMap<&str, (usize, Vec<&str>)> = BTreeMap::new();
@@ -181,10 +187,10 @@ fn affinity_from(
     }
     let mut warnings = Vec::new();
     let mut exprs = Vec::new();
-    let mut refused_nodes: BTreeSet<String> = engine
-        .blocked_nodes()
-        .into_keys()
+    let mut refused_nodes: BTreeSet<String> = blocked
+        .iter()
         .filter(|n| !nodes.contains_id(n))
+        .cloned()
         .collect();
     if nodes.uids.is_empty() {
         if refused_nodes.is_empty() {

@@ -552,3 +552,31 @@ async fn the_same_pod_again_after_a_node_heats_up_gets_a_patch_that_keeps_it_off
     assert!(after.contains("gpu-a1"), "{after}");
     assert_ne!(after, before);
 }
+
+#[tokio::test]
+async fn with_no_node_stored_a_new_block_still_reaches_the_next_patch() {
+    // Before agents report, the store holds no node: the affinity is the blocklist's.
+    let engine = probity::Engine::from_embedded_defaults().unwrap();
+    let s = probity_server::AppState::new(engine, Config::default());
+    let review = mutate_review(gpu_pod("t", "batch", 1));
+    let patch = |s: probity_server::AppState| {
+        let review = review.clone();
+        async move {
+            let (_, out) = call(
+                &s,
+                Method::POST,
+                "/v1/admission/mutate",
+                Some(&review),
+                None,
+            )
+            .await;
+            affinity_of(&out).to_string()
+        }
+    };
+    s.engine().block_node("n1", "test").unwrap();
+    let first = patch(s.clone()).await;
+    assert!(first.contains("n1") && !first.contains("n2"), "{first}");
+    s.engine().block_node("n2", "test").unwrap();
+    let second = patch(s.clone()).await;
+    assert!(second.contains("n1") && second.contains("n2"), "{second}");
+}
