@@ -16,6 +16,7 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 use smol_str::SmolStr;
 
+use crate::conformance::TypeDescriptions;
 use crate::conventions::Conventions;
 use crate::decision::Severity;
 use crate::diagnostic::SourceDiagnostic;
@@ -130,6 +131,8 @@ pub(crate) struct Bundle {
     pub meta: HashMap<PolicyId, Arc<PolicyMeta>>,
     /// Which facts the engine owns, from the schema's `@owned` annotations.
     pub origins: FactOrigins,
+    /// Each entity type's description for the conformance check, made once.
+    pub descriptions: TypeDescriptions,
     /// The names the engine acts on (obligation kinds, the verified read).
     pub conventions: Arc<Conventions>,
     /// The blocklist's entity type and attribute, parsed.
@@ -248,7 +251,10 @@ impl Bundle {
         }
 
         let mut settings = Vec::new();
-        if let (Some(schema), true) = (&schema, problems.is_empty()) {
+        let descriptions = schema.as_ref().map(|s| TypeDescriptions::new(s.as_ref()));
+        if let (Some(schema), Some(descriptions), true) =
+            (&schema, &descriptions, problems.is_empty())
+        {
             let result = Validator::new(schema.clone()).validate(&policies, ValidationMode::Strict);
             for err in result.validation_errors() {
                 let Some((file_index, span)) = origin.get(err.policy_id()) else {
@@ -271,7 +277,7 @@ impl Bundle {
                 problems.push(d);
             }
             if let Some(config) = &config {
-                let converter = Converter::new(schema.as_ref(), &origins);
+                let converter = Converter::new(schema.as_ref(), &origins, descriptions);
                 for item in config.entities_json().as_array().into_iter().flatten() {
                     match converter.entity(item) {
                         Ok(c) => settings.push((c.uid, Arc::new(c.stored))),
@@ -298,8 +304,8 @@ impl Bundle {
             }
         }
 
-        match (schema, problems.is_empty()) {
-            (Some(schema), true) => {
+        match (schema, descriptions, problems.is_empty()) {
+            (Some(schema), Some(descriptions), true) => {
                 let by_action = slice_by_action(&policies, &schema);
                 Ok(Self {
                     literals: literals_by_action(&policies, &by_action),
@@ -310,6 +316,7 @@ impl Bundle {
                         Some((crate::store::entity_type(&b.entity_type)?, b.attr.clone()))
                     }),
                     origins,
+                    descriptions,
                     conventions: Arc::new(conventions),
                     policies,
                     schema,
@@ -339,6 +346,11 @@ impl Bundle {
     /// The entity literals of the policies that can apply to `action`.
     pub fn literals_for(&self, action: &EntityUid) -> &[ast::EntityUID] {
         self.literals.get(action).unwrap_or(&self.all_literals)
+    }
+
+    /// The store's converter for entities under this policy set.
+    pub fn converter(&self) -> Converter<'_> {
+        Converter::new(self.validator_schema(), &self.origins, &self.descriptions)
     }
 
     /// The schema in Cedar's internal form, for the store's converter.

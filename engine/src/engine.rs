@@ -161,6 +161,8 @@ struct WriteState {
     finished: HashMap<u64, Result<usize, EntityError>>,
     next: u64,
     busy: bool,
+    /// Writers waiting on `done`: with none, a commit makes no wake-up call.
+    waiting: usize,
 }
 
 struct Shared {
@@ -629,7 +631,7 @@ impl Engine {
         items: &[Value],
     ) -> Result<HashMap<EntityUID, Arc<Stored>>, String> {
         let bundle = &snapshot.bundle;
-        let converter = Converter::new(bundle.validator_schema(), &bundle.origins);
+        let converter = bundle.converter();
         let mut out: HashMap<EntityUID, Arc<Stored>> = HashMap::with_capacity(items.len());
         for (i, item) in items.iter().enumerate() {
             let at = |uid: &EntityUID| format!("request entities[{i}] ({uid})");
@@ -930,7 +932,9 @@ impl Engine {
                 return result;
             }
             if st.busy {
+                st.waiting += 1;
                 st = writes.done.wait(st).unwrap_or_else(PoisonError::into_inner);
+                st.waiting -= 1;
                 continue;
             }
             st.busy = true;
@@ -943,7 +947,9 @@ impl Engine {
             };
             st = writes.state.lock().unwrap_or_else(PoisonError::into_inner);
             st.finished.extend(results);
-            writes.done.notify_all();
+            if st.waiting > 0 {
+                writes.done.notify_all();
+            }
         }
     }
 
@@ -1076,7 +1082,7 @@ impl Engine {
         loop {
             let snapshot = self.shared.current.load_full();
             let bundle = Arc::clone(&snapshot.bundle);
-            let converter = Converter::new(bundle.validator_schema(), &bundle.origins);
+            let converter = bundle.converter();
             let mut converted = Vec::with_capacity(items.len());
             for (i, item) in items.iter().enumerate() {
                 let c = converter
@@ -1896,7 +1902,7 @@ impl Engine {
                 Some(EntityOwner::Api | EntityOwner::Keyring)
             )
         });
-        let converter = Converter::new(bundle.validator_schema(), &bundle.origins);
+        let converter = bundle.converter();
         for (i, item) in api.iter().enumerate() {
             let c = converter
                 .entity(item)
@@ -2010,11 +2016,12 @@ struct BusyGuard<'a>(&'a Writes);
 
 impl Drop for BusyGuard<'_> {
     fn drop(&mut self) {
-        self.0
-            .state
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .busy = false;
+        let mut st = self.0.state.lock().unwrap_or_else(PoisonError::into_inner);
+        st.busy = false;
+        if std::thread::panicking() && st.waiting > 0 {
+            // The leader's own commit will not come: let a waiter lead.
+            self.0.done.notify_all();
+        }
     }
 }
 
@@ -2046,7 +2053,7 @@ fn rejected(index: usize, uid: Option<String>, problem: String) -> EntityError {
 
 /// Converts entity JSON items; later items with the same uid replace earlier ones.
 fn convert_all(bundle: &Bundle, items: &[Value]) -> Result<Vec<Converted>, EntityError> {
-    let converter = Converter::new(bundle.validator_schema(), &bundle.origins);
+    let converter = bundle.converter();
     let mut out: Vec<Converted> = Vec::with_capacity(items.len());
     let mut at: HashMap<EntityUID, usize> = HashMap::with_capacity(items.len());
     for (i, item) in items.iter().enumerate() {
@@ -2058,15 +2065,11 @@ fn convert_all(bundle: &Bundle, items: &[Value]) -> Result<Vec<Converted>, Entit
                 owner: owner.as_str(),
             });
         }
+        // The converter reads the same `uid` the check above did, so what it
+        // returns is never an owned type's.
         let c = converter
             .entity(item)
             .map_err(|(uid, e)| rejected(i, uid, e))?;
-        if let Some(owner) = bundle.origins.owner_of(&c.uid.entity_type().to_string()) {
-            return Err(EntityError::Reserved {
-                uid: c.uid.to_string(),
-                owner: owner.as_str(),
-            });
-        }
         match at.get(&c.uid) {
             Some(&j) => {
                 if let Some(slot) = out.get_mut(j) {
@@ -2133,7 +2136,7 @@ fn stream_convert(
         }
     }
     let mut de = serde_json::Deserializer::from_reader(reader);
-    let converter = Converter::new(bundle.validator_schema(), &bundle.origins);
+    let converter = bundle.converter();
     let result = de
         .deserialize_seq(Items { converter, bundle })
         .map_err(|e| EntityError::Json {

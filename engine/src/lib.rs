@@ -45,6 +45,7 @@ struct ReadmeDoctests;
 pub mod audit;
 mod bundle;
 mod clock;
+mod conformance;
 mod conventions;
 mod decision;
 mod decision_log;

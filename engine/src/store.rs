@@ -24,16 +24,16 @@ use std::sync::Arc;
 use cedar_policy_core::ast::{
     self, EntityType, EntityUID, Literal, Name, PartialValue, RestrictedExpr, Value, ValueKind,
 };
-use cedar_policy_core::entities::conformance::EntitySchemaConformanceChecker;
 use cedar_policy_core::entities::json::CedarValueJson;
 use cedar_policy_core::evaluator::RestrictedEvaluator;
 use cedar_policy_core::extensions::Extensions;
+use cedar_policy_core::validator::ValidatorSchema;
 use cedar_policy_core::validator::types::{EntityKind, Type};
-use cedar_policy_core::validator::{CoreSchema, ValidatorSchema};
 use imbl::OrdMap;
 use serde_json::{Map, Value as Json};
 use smol_str::SmolStr;
 
+use crate::conformance::TypeDescriptions;
 use crate::facts::FactOrigins;
 
 /// Most nesting of sets and records in one attribute value.
@@ -293,7 +293,8 @@ fn collect_refs<'a>(v: &'a Value, out: &mut Vec<&'a EntityUID>, depth: usize) {
 /// The store itself: cheap to clone (a snapshot is a pointer to a shared tree).
 ///
 /// It also keeps a short log of what changed: each insert or remove is a new version,
-/// and the last [`CHANGE_LOG_LEN`] of them name the entity they changed, so a reader
+/// and at least the last [`CHANGE_LOG_LEN`] of them (at most twice as many) name the
+/// entity they changed, so a reader
 /// that saw one version can learn what is different in a later one without comparing
 /// every entity ([`Store::changed_since`]). A store made afresh starts a new lineage:
 /// versions are comparable only within one.
@@ -365,8 +366,10 @@ impl Store {
 
     fn log(&mut self, key: Key) {
         self.version += 1;
-        if self.changes.len() >= CHANGE_LOG_LEN {
-            self.changes.pop_front();
+        // Trimmed in one cut when twice as long: one pop per insert copied the
+        // log's shared front chunk on every write.
+        if self.changes.len() >= 2 * CHANGE_LOG_LEN {
+            self.changes = self.changes.skip(self.changes.len() - CHANGE_LOG_LEN);
         }
         self.changes.push_back((self.version, key));
     }
@@ -561,9 +564,28 @@ pub(crate) fn value_json(v: &Value) -> Json {
 }
 
 /// Converts entity JSON into store records, directed by the schema.
+/// Whether `value` displays as exactly `text`, without building the string.
+fn displays_as(value: &impl std::fmt::Display, text: &str) -> bool {
+    struct Prefix<'t>(&'t str);
+    impl std::fmt::Write for Prefix<'_> {
+        fn write_str(&mut self, s: &str) -> std::fmt::Result {
+            match self.0.strip_prefix(s) {
+                Some(rest) => {
+                    self.0 = rest;
+                    Ok(())
+                }
+                None => Err(std::fmt::Error),
+            }
+        }
+    }
+    let mut rest = Prefix(text);
+    std::fmt::write(&mut rest, format_args!("{value}")).is_ok() && rest.0.is_empty()
+}
+
 pub(crate) struct Converter<'a> {
     schema: &'a ValidatorSchema,
     origins: &'a FactOrigins,
+    descriptions: &'a TypeDescriptions,
 }
 
 /// One converted entity.
@@ -576,8 +598,16 @@ pub(crate) struct Converted {
 }
 
 impl<'a> Converter<'a> {
-    pub fn new(schema: &'a ValidatorSchema, origins: &'a FactOrigins) -> Self {
-        Self { schema, origins }
+    pub fn new(
+        schema: &'a ValidatorSchema,
+        origins: &'a FactOrigins,
+        descriptions: &'a TypeDescriptions,
+    ) -> Self {
+        Self {
+            schema,
+            origins,
+            descriptions,
+        }
     }
 
     /// Reads one Cedar entity JSON object. The error says what is wrong and where
@@ -608,13 +638,14 @@ impl<'a> Converter<'a> {
             .origins
             .blocklist
             .as_ref()
-            .filter(|b| b.entity_type == entity_type.to_string())
+            .filter(|b| displays_as(entity_type, &b.entity_type))
             .map(|b| b.attr.clone());
         let mut claimed_block = None;
         let mut attrs: Vec<(AttrId, Value)> = Vec::new();
         match obj.get("attrs") {
             None | Some(Json::Null) => {}
             Some(Json::Object(map)) => {
+                attrs.reserve_exact(map.len());
                 for (name, v) in map {
                     if blocklist_attr.as_deref() == Some(name.as_str()) {
                         match v {
@@ -703,10 +734,9 @@ impl<'a> Converter<'a> {
                 .as_ref()
                 .map(|a| (a, claimed_block.unwrap_or(false))),
         );
-        let core_schema = CoreSchema::new(self.schema);
-        EntitySchemaConformanceChecker::new(&core_schema, Extensions::all_available())
-            .validate_entity(&probe)
-            .map_err(|e| named(e.to_string()))?;
+        self.descriptions
+            .check(self.schema, &probe)
+            .map_err(named)?;
         Ok(Converted {
             uid,
             stored,
@@ -940,13 +970,34 @@ mod tests {
         assert_eq!(s.changed_since(later.version()), None);
         assert_eq!(Store::default().changed_since(then), None);
         // Beyond the log's reach it says so rather than naming a part.
-        for i in 0..CHANGE_LOG_LEN {
+        for i in 0..2 * CHANGE_LOG_LEN {
             later.insert(uid("Node", &format!("n{i}")), stored(&[]));
         }
         assert_eq!(later.changed_since(then), None);
+        // It reaches at least the last CHANGE_LOG_LEN changes, named in order.
+        let back = later.changed_since(StoreVersion {
+            lineage: later.lineage,
+            version: later.version - CHANGE_LOG_LEN as u64,
+        });
+        let back = back.expect("the last CHANGE_LOG_LEN changes are logged");
+        assert_eq!(back.len(), CHANGE_LOG_LEN);
+        assert_eq!(
+            back.last(),
+            Some(&uid("Node", &format!("n{}", 2 * CHANGE_LOG_LEN - 1)))
+        );
         let recent = later.version();
         later.insert(uid("Node", "last"), stored(&[]));
         assert_eq!(later.changed_since(recent), Some(vec![uid("Node", "last")]));
+    }
+
+    #[test]
+    fn displays_as_compares_the_whole_text() {
+        let ty = entity_type("k8s::Node").unwrap();
+        assert!(displays_as(&ty, "k8s::Node"));
+        assert!(!displays_as(&ty, "k8s::Nod"));
+        assert!(!displays_as(&ty, "k8s::Node2"));
+        assert!(!displays_as(&ty, "Node"));
+        assert!(!displays_as(&ty, ""));
     }
 
     #[test]

@@ -372,7 +372,8 @@ mod tests {
         .unwrap()
         .0;
         let origins = crate::facts::FactOrigins::default();
-        let converter = store::Converter::new(schema.as_ref(), &origins);
+        let descriptions = crate::conformance::TypeDescriptions::new(schema.as_ref());
+        let converter = store::Converter::new(schema.as_ref(), &origins, &descriptions);
         let mut s = Store::default();
         for item in items.as_array().unwrap() {
             let c = converter.entity(item).map_err(|e| e.1).unwrap();
