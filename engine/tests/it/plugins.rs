@@ -166,7 +166,13 @@ fn a_looping_plugin_is_a_timeout_deny() {
 
 #[test]
 fn a_memory_bomb_hits_the_memory_limit() {
-    let (_tmp, engine) = engine_with("memory-bomb", "comply", "memory_mib = 16");
+    // A generous deadline, so that on a loaded machine (a debug build of the host grows
+    // memory slowly) only the memory limit can stop the bomb.
+    let (_tmp, engine) = engine_with(
+        "memory-bomb",
+        "comply",
+        "memory_mib = 16\ntimeout_ms = 5000",
+    );
     let d = engine.decide(&comply("gpu-a1", json!([1])));
     assert_eq!(
         failure(&d, "memory-bomb"),
