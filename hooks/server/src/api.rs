@@ -64,6 +64,28 @@ pub(crate) async fn authorize(
     let request = caller
         .manage_request(api, operation, node)
         .map_err(|e| ApiError::BadRequest(e.to_string()))?;
+    // An allow that carries no obligation is never recorded, so it may come from the
+    // decision cache, which reuses an answer only while the facts it read are unchanged
+    // (node agents' updates and reports repeat the same question thousands of times a
+    // second). A deny, or an allow with obligations, is decided again below and
+    // recorded as every decision is.
+    let start = std::time::Instant::now();
+    let cached = if state.engine().runs_plugins(&request) {
+        Vec::new() // plugins run on the blocking pool, below
+    } else {
+        state.engine().decide_each(
+            &request,
+            std::slice::from_ref(request.resource()),
+            Some(state.decision_cache()),
+        )
+    };
+    if let Some(decision) = cached.first()
+        && decision.is_allowed()
+        && decision.obligations.is_empty()
+    {
+        state.metrics().record_decision(decision, start.elapsed());
+        return Ok(());
+    }
     let decision = state.decide_async(caller, request).await?;
     if decision.is_allowed() {
         Ok(())

@@ -932,3 +932,52 @@ async fn concurrent_blocks_and_unblocks_leave_memory_disk_and_api_in_agreement()
     let listed: Vec<&String> = api["nodes"].as_object().unwrap().keys().collect();
     assert_eq!(listed, memory.keys().collect::<Vec<_>>());
 }
+
+#[tokio::test]
+async fn a_permission_answered_from_the_cache_ends_when_the_caller_leaves_its_group() {
+    let s = state();
+    let metric = |text: &str, name: &str| -> u64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
+            .unwrap()
+    };
+    for id in ["z1", "z2", "z3"] {
+        let (status, _) = call(
+            &s,
+            Method::POST,
+            "/v1/entities",
+            Some(&zone(id)),
+            Some("uid:0"),
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK);
+    }
+    // The same permission, asked three times while zones changed: decided once.
+    let (_, metrics) = call(&s, Method::GET, "/metrics", None, None).await;
+    let text = metrics.as_str().unwrap();
+    assert_eq!(
+        metric(text, "probity_decision_cache_hits_total"),
+        2,
+        "{text}"
+    );
+    // uid:0 leaves the admins: the cached allow must not outlive it.
+    let without = json!([
+        {"uid": {"type": "ApiCaller", "id": "uid:0"}, "attrs": {}, "parents": []},
+        {"uid": {"type": "ApiGroup", "id": "admins"}, "attrs": {}, "parents": []},
+        {"uid": {"type": "Api", "id": "entities"}, "attrs": {}, "parents": []},
+    ]);
+    s.engine()
+        .replace_owned_entities(probity::EntityOwner::Api, &without)
+        .unwrap();
+    let (status, body) = call(
+        &s,
+        Method::POST,
+        "/v1/entities",
+        Some(&zone("z4")),
+        Some("uid:0"),
+    )
+    .await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
+    let (status, _) = call(&s, Method::GET, "/v1/entities/Zone/z4", None, None).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+}
