@@ -585,13 +585,21 @@ impl EtcdClient {
     /// Discards the history before `revision` (the whole cluster's, not only Probity's keys),
     /// waiting until it is physically gone. Watches that start before it get
     /// [`crate::WatchMessage::Compacted`].
+    ///
+    /// Idempotent: a history already compacted at or past `revision` is success, which is
+    /// also what a retry sees after an attempt whose answer was lost.
     pub async fn compact(&self, revision: i64) -> Result<(), EtcdError> {
-        self.run(Operation::Compact, "", Retry::Always, |mut c| async move {
-            c.compact(revision, Some(CompactionOptions::new().with_physical()))
-                .await
-        })
-        .await
-        .map(|_| ())
+        let result = self
+            .run(Operation::Compact, "", Retry::Always, |mut c| async move {
+                c.compact(revision, Some(CompactionOptions::new().with_physical()))
+                    .await
+            })
+            .await;
+        match result {
+            Ok(_) => Ok(()),
+            Err(EtcdError::Request { source, .. }) if is_compacted(&source) => Ok(()),
+            Err(e) => Err(e),
+        }
     }
 
     /// Asks one endpoint (by its URL as configured) for its status, without failover.
