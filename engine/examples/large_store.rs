@@ -4,6 +4,7 @@
 //!
 //! ```sh
 //! cargo run --release -p probity --example large_store -- write FILE   # the JSON
+//! cargo run --release -p probity --example large_store -- lines DIR    # request bodies
 //! cargo run --release -p probity --example large_store -- load FILE    # load time, memory
 //! cargo run --release -p probity --example large_store -- upserts FILE [N]
 //! cargo run --release -p probity --example large_store -- mixed FILE [SECONDS] [ROUNDS] [DECIDERS]
@@ -11,9 +12,11 @@
 //! ```
 //!
 //! `upserts` times N one-entity upserts (median, p99); `mixed` measures decisions per
-//! second and their p99 on DECIDERS threads (default 2), alone and beside 8 writers pushing 5,000 fact
-//! updates per second, in interleaved rounds; `compare` times the same decision on the
-//! 32-entity test store and on the large one, and the large one's varied mix.
+//! second and their p99 on DECIDERS threads (default 2), alone and beside 8 writers
+//! pushing 5,000 fact updates per second (each at 625/s, their schedules 200 us apart),
+//! in interleaved rounds; with `WAKE_ONLY=1` the writers wake on the same schedule and
+//! write nothing, the floor the scheduler alone sets. `compare` times the same decision
+//! on the 32-entity test store and on the large one, and the large one's varied mix.
 
 #![allow(
     clippy::unwrap_used,
@@ -118,6 +121,17 @@ fn compare(path: &str, rounds: usize) {
     );
 }
 
+/// Writer `w`'s updates: each of its 1,000 nodes at two temperatures, so every write
+/// changes a fact.
+fn writer_updates(w: usize) -> Vec<serde_json::Value> {
+    (0..2000usize)
+        .map(|i| {
+            let node = (w * 1000 + i % 1000) % large::NODES;
+            large::node_update(node, (i / 1000) as i64)
+        })
+        .collect()
+}
+
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
     sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
 }
@@ -125,6 +139,21 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     match (args.get(1).map(String::as_str), args.get(2)) {
+        (Some("lines"), Some(dir)) => {
+            // For the server's writers benchmark (scripts/bench-writers.sh): the same
+            // decisions and node updates `mixed` makes, one JSON body per line.
+            let dir = std::path::Path::new(dir);
+            let decide: Vec<String> = (0..4096)
+                .map(|i| large::schedule_request(i).to_string())
+                .collect();
+            std::fs::write(dir.join("decide.jsonl"), decide.join("\n")).unwrap();
+            let updates: Vec<String> = (0..8usize)
+                .flat_map(writer_updates)
+                .map(|u| u.to_string())
+                .collect();
+            std::fs::write(dir.join("updates.jsonl"), updates.join("\n")).unwrap();
+            println!("wrote decide.jsonl and updates.jsonl to {}", dir.display());
+        }
         (Some("write"), Some(path)) => {
             let text = serde_json::to_vec(&large::store()).unwrap();
             std::fs::write(path, &text).unwrap();
@@ -185,7 +214,7 @@ fn main() {
             compare(path, rounds);
         }
         _ => {
-            eprintln!("usage: large_store write|load|upserts|mixed|compare FILE [...]");
+            eprintln!("usage: large_store write|lines|load|upserts|mixed|compare FILE [...]");
             std::process::exit(2);
         }
     }
@@ -202,19 +231,28 @@ fn mixed(engine: &Engine, deciders: usize, writers: bool, span: Duration) -> (f6
             let engine = engine.clone();
             let stop = Arc::clone(&stop);
             let written = Arc::clone(&written);
+            // Made before the clock starts, so the writers' threads spend their CPU on
+            // the engine's work, not on building JSON.
+            let updates = writer_updates(w);
+            let wake_only = std::env::var_os("WAKE_ONLY").is_some();
             writer_threads.push(std::thread::spawn(move || {
-                // 625 updates/s each: one every 1.6 ms, paced from a schedule.
+                // 625 updates/s each: one every 1.6 ms, paced from a schedule that starts
+                // 200 us after the previous writer's, so the 5,000/s arrive evenly, not in
+                // bursts of eight.
                 let start = Instant::now();
                 let mut i = 0u64;
                 while !stop.load(Ordering::Relaxed) {
-                    let due = start + Duration::from_micros(1600 * i);
+                    let due = start + Duration::from_micros(200 * w as u64 + 1600 * i);
                     if let Some(wait) = due.checked_duration_since(Instant::now()) {
                         std::thread::sleep(wait);
                     }
-                    let node = (w * 1000 + (i as usize % 1000)) % large::NODES;
-                    engine
-                        .upsert_entities(&large::node_update(node, i as i64))
-                        .unwrap();
+                    if !wake_only {
+                        engine
+                            .upsert_entities(&updates[i as usize % updates.len()])
+                            .unwrap();
+                    } else {
+                        std::hint::black_box(&updates[i as usize % updates.len()]);
+                    }
                     written.fetch_add(1, Ordering::Relaxed);
                     i += 1;
                 }

@@ -16,7 +16,8 @@
 //! ```
 //!
 //! Options: `--tcp ADDR` or `--unix PATH`; `--tls-ca PEM` (TLS to `localhost`);
-//! `--path`, `--body FILE`, `--connections N` (default 1), `--rate R` (default 0:
+//! `--path`, `--body FILE` or `--bodies FILE` (one JSON body per line, taken in turn),
+//! `--connections N` (default 1), `--rate R` (default 0:
 //! closed loop), `--requests N` (default 100000), `--duration SECS` (default 10),
 //! `--warmup N` requests per connection not counted (default 100),
 //! `--expect TEXT` (a response must contain it), `--threads N` (client threads, default 1).
@@ -48,6 +49,8 @@ struct Opts {
     tls_ca: Option<PathBuf>,
     path: String,
     body: Bytes,
+    /// With `--bodies`: the requests' bodies, taken in turn.
+    bodies: Arc<Vec<Bytes>>,
     connections: usize,
     rate: f64,
     requests: u64,
@@ -64,6 +67,7 @@ fn opts() -> Opts {
         tls_ca: None,
         path: "/v1/decide".into(),
         body: Bytes::new(),
+        bodies: Arc::new(Vec::new()),
         connections: 1,
         rate: 0.0,
         requests: 100_000,
@@ -82,6 +86,11 @@ fn opts() -> Opts {
             "--tls-ca" => o.tls_ca = Some(v.into()),
             "--path" => o.path = v,
             "--body" => o.body = Bytes::from(std::fs::read(&v).expect("--body file")),
+            "--bodies" => {
+                let text = std::fs::read_to_string(&v).expect("--bodies file");
+                let lines = text.lines().filter(|l| !l.trim().is_empty());
+                o.bodies = Arc::new(lines.map(|l| Bytes::from(l.to_owned())).collect());
+            }
             "--connections" => o.connections = v.parse().expect("--connections"),
             "--rate" => o.rate = v.parse().expect("--rate"),
             "--requests" => o.requests = v.parse().expect("--requests"),
@@ -141,12 +150,17 @@ async fn connect(o: &Opts) -> Sender {
     }
 }
 
-/// Sends one request; true if it succeeded as expected.
-async fn one(s: &mut Sender, o: &Opts) -> bool {
+/// Sends one request (the `seq`th, which picks its body from `--bodies`); true if it
+/// succeeded as expected.
+async fn one(s: &mut Sender, o: &Opts, seq: u64) -> bool {
+    let body = match o.bodies.len() {
+        0 => o.body.clone(),
+        n => o.bodies[(seq % n as u64) as usize].clone(),
+    };
     let req = hyper::Request::post(o.path.as_str())
         .header("host", "localhost")
         .header("content-type", "application/json")
-        .body(Full::new(o.body.clone()))
+        .body(Full::new(body))
         .unwrap();
     if s.ready().await.is_err() {
         return false;
@@ -232,10 +246,12 @@ async fn run(o: Opts) {
     let sent = Arc::new(AtomicU64::new(0));
     // Warm up and connect first, so the measurement sees steady state.
     let mut senders = Vec::new();
+    let mut warmed = 0u64;
     for _ in 0..o.connections {
         let mut s = connect(&o).await;
         for _ in 0..o.warmup {
-            one(&mut s, &o).await;
+            one(&mut s, &o, warmed).await;
+            warmed += 1;
         }
         senders.push(s);
     }
@@ -255,7 +271,8 @@ async fn run(o: Opts) {
             let mut n: u32 = 0;
             loop {
                 let now = Instant::now();
-                if now >= deadline || sent.fetch_add(1, Ordering::Relaxed) >= o.requests {
+                let seq = sent.fetch_add(1, Ordering::Relaxed);
+                if now >= deadline || seq >= o.requests {
                     break;
                 }
                 let t0 = match (per_conn_interval, offset) {
@@ -267,7 +284,7 @@ async fn run(o: Opts) {
                     }
                     _ => now,
                 };
-                if !one(&mut s, &o).await {
+                if !one(&mut s, &o, warmed + seq).await {
                     errors.fetch_add(1, Ordering::Relaxed);
                 }
                 lat.push(t0.elapsed().as_micros() as u32);
