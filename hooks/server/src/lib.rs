@@ -109,7 +109,8 @@ struct Inner {
     log_usage: std::sync::Mutex<Option<probity::state::LogUsage>>,
     /// The listeners' connection counts, once serving.
     connections: std::sync::OnceLock<Arc<limits::Connections>>,
-    /// Placement decisions reused while their facts hold (extender, mutating webhook).
+    /// Decisions reused while their facts hold (extender, mutating webhook, and the
+    /// `manage` authorization's allows).
     decisions: probity::DecisionCache,
     /// The mutating webhook's last node affinity, with the decisions it came from.
     affinity: std::sync::Mutex<Option<placement::AffinityMemo>>,
@@ -284,12 +285,12 @@ impl AppState {
         let cache = self.decision_cache();
         let _ = writeln!(
             out,
-            "# HELP probity_decision_cache_hits_total Placement decisions reused from the decision cache.\n# TYPE probity_decision_cache_hits_total counter\nprobity_decision_cache_hits_total {}",
+            "# HELP probity_decision_cache_hits_total Decisions reused from the decision cache (placement, and manage authorizations that allow).\n# TYPE probity_decision_cache_hits_total counter\nprobity_decision_cache_hits_total {}",
             cache.hits()
         );
         let _ = writeln!(
             out,
-            "# HELP probity_decision_cache_misses_total Placement decisions made afresh (not cached, or a fact they read changed).\n# TYPE probity_decision_cache_misses_total counter\nprobity_decision_cache_misses_total {}",
+            "# HELP probity_decision_cache_misses_total Decisions through the decision cache made afresh (not cached, or a fact they read changed).\n# TYPE probity_decision_cache_misses_total counter\nprobity_decision_cache_misses_total {}",
             cache.misses()
         );
     }
