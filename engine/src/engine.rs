@@ -941,8 +941,13 @@ impl Engine {
             let batch = std::mem::take(&mut st.queue);
             drop(st);
             let results = {
-                // Clears `busy` even if a write panics, so others are not stranded.
-                let _busy = BusyGuard(writes);
+                // Clears `busy` even if a write panics, and then answers the batch's other
+                // writers, so none is stranded or left leading empty batches.
+                let others = batch.iter().map(|(t, _)| *t).filter(|t| *t != ticket);
+                let _busy = BusyGuard {
+                    writes,
+                    batch: others.collect(),
+                };
                 self.apply(batch)
             };
             st = writes.state.lock().unwrap_or_else(PoisonError::into_inner);
@@ -2012,15 +2017,34 @@ fn load_bundle(
     Ok(bundle)
 }
 
-struct BusyGuard<'a>(&'a Writes);
+/// The write queue's leader while it applies a batch.
+struct BusyGuard<'a> {
+    writes: &'a Writes,
+    /// The other writers' tickets in the batch.
+    batch: Vec<u64>,
+}
 
 impl Drop for BusyGuard<'_> {
     fn drop(&mut self) {
-        let mut st = self.0.state.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut st = self
+            .writes
+            .state
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         st.busy = false;
-        if std::thread::panicking() && st.waiting > 0 {
-            // The leader's own commit will not come: let a waiter lead.
-            self.0.done.notify_all();
+        if std::thread::panicking() {
+            // The batch's commit will not come: its writers get an error, not a wait.
+            for ticket in self.batch.drain(..) {
+                st.finished.insert(
+                    ticket,
+                    Err(EntityError::Invalid {
+                        detail: "the engine failed while applying this write's batch; the live snapshot did not change".into(),
+                    }),
+                );
+            }
+            if st.waiting > 0 {
+                self.writes.done.notify_all();
+            }
         }
     }
 }
@@ -2347,5 +2371,73 @@ impl Facts<'_> {
             EvalResult::Bool(b) => b.to_string(),
             other => other.to_string(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+    use super::*;
+    use std::sync::mpsc;
+    use std::time::{Duration, Instant};
+
+    #[test]
+    fn a_write_that_panics_leaves_no_other_writer_of_its_batch_waiting() {
+        let policies = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../policies");
+        let engine = Engine::builder(policies).build().unwrap();
+        let (started, has_started) = mpsc::channel();
+        let (release, released) = mpsc::channel::<()>();
+        let (done, finished) = mpsc::channel();
+        // The first writer leads and holds the queue until released.
+        let e = engine.clone();
+        let d = done.clone();
+        std::thread::spawn(move || {
+            let r = e.write(Box::new(move |_| {
+                started.send(()).unwrap();
+                released.recv().ok();
+                Ok(0)
+            }));
+            d.send(("first", r.map_err(|e| e.to_string()))).unwrap();
+        });
+        has_started.recv().unwrap();
+        // Two more queue behind it, so the next leader takes both in one batch, and one
+        // of them panics. The leader (either) runs that write and panics; the other must
+        // get an error, not wait for ever.
+        let e = engine.clone();
+        let d = done.clone();
+        std::thread::spawn(move || {
+            let r = e.write(Box::new(|_| panic!("a write that panics")));
+            d.send(("panicking", r.map_err(|e| e.to_string()))).unwrap();
+        });
+        let e = engine.clone();
+        let d = done.clone();
+        std::thread::spawn(move || {
+            let r = e.write(Box::new(|_| Ok(7)));
+            d.send(("fine", r.map_err(|e| e.to_string()))).unwrap();
+        });
+        drop(done);
+        let queued = Instant::now();
+        while engine.shared.writes.state.lock().unwrap().queue.len() < 2 {
+            assert!(queued.elapsed() < Duration::from_secs(30), "never queued");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        release.send(()).unwrap();
+        let first = finished.recv_timeout(Duration::from_secs(30)).unwrap();
+        assert_eq!(first, ("first", Ok(0)));
+        let (_, answer) = finished
+            .recv_timeout(Duration::from_secs(30))
+            .expect("the batch's other writer was stranded");
+        assert_eq!(
+            answer,
+            Err("entities rejected: the engine failed while applying this write's batch; the live snapshot did not change".to_owned())
+        );
+        // The leader panicked and sends nothing.
+        assert_eq!(
+            finished.recv_timeout(Duration::from_secs(30)),
+            Err(mpsc::RecvTimeoutError::Disconnected)
+        );
+        // The queue still works.
+        assert_eq!(engine.write(Box::new(|_| Ok(3))).unwrap(), 3);
     }
 }
