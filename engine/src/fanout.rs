@@ -498,8 +498,11 @@ impl Engine {
             cache.put(&key, hash, deps, Arc::clone(&decision));
             (decision, read)
         };
+        // A question about one resource is its own entry: there is no fan-out to
+        // remember, and remembering it would push real fan-outs out.
         let fanout = cacheable
             .zip(fingerprint.as_ref())
+            .filter(|_| resources.len() > 1)
             .and_then(|(cache, fp)| cache.fanout(fp, resources).map(|f| (cache, f)));
         if let Some((cache, fanout)) = &fanout {
             let mut answers = fanout

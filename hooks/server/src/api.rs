@@ -76,7 +76,7 @@ pub(crate) async fn authorize(
         state.engine().decide_each(
             &request,
             std::slice::from_ref(request.resource()),
-            Some(state.decision_cache()),
+            Some(state.authorization_cache()),
         )
     };
     if let Some(decision) = cached.first()

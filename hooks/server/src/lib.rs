@@ -81,6 +81,10 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use probity::{Decision, Engine, Request};
 
+/// Answers the authorization cache keeps: a question is one caller, one operation and at
+/// most one node, so a few thousand cover every agent of a large cluster.
+const AUTHORIZATION_CACHE_ENTRIES: usize = 4_096;
+
 pub use caller::{Caller, IdentityError, certificate_common_name, certificate_identity};
 pub use config::{
     AdmissionConfig, AuthConfig, Config, ConfigError, DEFAULT_SOCKET, DecisionLogConfig,
@@ -109,9 +113,12 @@ struct Inner {
     log_usage: std::sync::Mutex<Option<probity::state::LogUsage>>,
     /// The listeners' connection counts, once serving.
     connections: std::sync::OnceLock<Arc<limits::Connections>>,
-    /// Decisions reused while their facts hold (extender, mutating webhook, and the
-    /// `manage` authorization's allows).
+    /// Placement decisions reused while their facts hold (extender, mutating webhook).
     decisions: probity::DecisionCache,
+    /// The `manage` authorizations' answers, reused the same way. Apart from placement's,
+    /// so that callers' questions (one per node agent, and `node` values a caller
+    /// chooses) never push the scheduler's fan-outs out.
+    authorizations: probity::DecisionCache,
     /// The mutating webhook's last node affinity, with the decisions it came from.
     affinity: std::sync::Mutex<Option<placement::AffinityMemo>>,
     /// The keyring, once opened on the state backend.
@@ -158,6 +165,7 @@ impl AppState {
                 decisions: probity::DecisionCache::with_capacity(
                     probity::DEFAULT_DECISION_CACHE_ENTRIES,
                 ),
+                authorizations: probity::DecisionCache::with_capacity(AUTHORIZATION_CACHE_ENTRIES),
                 affinity: std::sync::Mutex::new(None),
                 keys: std::sync::OnceLock::new(),
                 local_logs: std::sync::OnceLock::new(),
@@ -210,6 +218,10 @@ impl AppState {
 
     pub(crate) fn decision_cache(&self) -> &probity::DecisionCache {
         &self.inner.decisions
+    }
+
+    pub(crate) fn authorization_cache(&self) -> &probity::DecisionCache {
+        &self.inner.authorizations
     }
 
     pub(crate) fn affinity_memo(&self) -> &std::sync::Mutex<Option<placement::AffinityMemo>> {
@@ -277,24 +289,35 @@ impl AppState {
             .map(alerts::DecisionAlerts::stats)
     }
 
-    /// The alert sinks' counters, appended to the metrics text.
-    /// The placement decision cache's counters: many misses while nothing changes mean
+    /// The decision caches' counters: many placement misses while nothing changes mean
     /// the scheduler's questions are not being reused.
     fn render_decision_cache(&self, out: &mut String) {
         use std::fmt::Write as _;
         let cache = self.decision_cache();
         let _ = writeln!(
             out,
-            "# HELP probity_decision_cache_hits_total Decisions reused from the decision cache (placement, and manage authorizations that allow).\n# TYPE probity_decision_cache_hits_total counter\nprobity_decision_cache_hits_total {}",
+            "# HELP probity_decision_cache_hits_total Placement decisions reused from the decision cache.\n# TYPE probity_decision_cache_hits_total counter\nprobity_decision_cache_hits_total {}",
             cache.hits()
         );
         let _ = writeln!(
             out,
-            "# HELP probity_decision_cache_misses_total Decisions through the decision cache made afresh (not cached, or a fact they read changed).\n# TYPE probity_decision_cache_misses_total counter\nprobity_decision_cache_misses_total {}",
+            "# HELP probity_decision_cache_misses_total Placement decisions made afresh (not cached, or a fact they read changed).\n# TYPE probity_decision_cache_misses_total counter\nprobity_decision_cache_misses_total {}",
             cache.misses()
+        );
+        let auth = self.authorization_cache();
+        let _ = writeln!(
+            out,
+            "# HELP probity_authorization_cache_hits_total API authorizations answered from their cache.\n# TYPE probity_authorization_cache_hits_total counter\nprobity_authorization_cache_hits_total {}",
+            auth.hits()
+        );
+        let _ = writeln!(
+            out,
+            "# HELP probity_authorization_cache_misses_total API authorizations decided afresh (a deny is then decided again and recorded).\n# TYPE probity_authorization_cache_misses_total counter\nprobity_authorization_cache_misses_total {}",
+            auth.misses()
         );
     }
 
+    /// The alert sinks' counters, appended to the metrics text.
     fn render_alerts(&self, out: &mut String) {
         use std::fmt::Write as _;
         let Some((follower, sinks)) = self.alert_stats() else {

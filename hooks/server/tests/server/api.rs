@@ -952,12 +952,23 @@ async fn a_permission_answered_from_the_cache_ends_when_the_caller_leaves_its_gr
         .await;
         assert_eq!(status, StatusCode::OK);
     }
-    // The same permission, asked three times while zones changed: decided once.
+    // The same permission, asked three times while zones changed: decided once, in a
+    // cache of its own (the scheduler's is untouched).
     let (_, metrics) = call(&s, Method::GET, "/metrics", None, None).await;
     let text = metrics.as_str().unwrap();
     assert_eq!(
-        metric(text, "probity_decision_cache_hits_total"),
+        metric(text, "probity_authorization_cache_hits_total"),
         2,
+        "{text}"
+    );
+    assert_eq!(
+        metric(text, "probity_authorization_cache_misses_total"),
+        1,
+        "{text}"
+    );
+    assert_eq!(
+        metric(text, "probity_decision_cache_misses_total"),
+        0,
         "{text}"
     );
     // uid:0 leaves the admins: the cached allow must not outlive it.
