@@ -563,7 +563,6 @@ pub(crate) fn value_json(v: &Value) -> Json {
         .unwrap_or(Json::Null)
 }
 
-/// Converts entity JSON into store records, directed by the schema.
 /// Whether `value` displays as exactly `text`, without building the string.
 fn displays_as(value: &impl std::fmt::Display, text: &str) -> bool {
     struct Prefix<'t>(&'t str);
@@ -582,6 +581,7 @@ fn displays_as(value: &impl std::fmt::Display, text: &str) -> bool {
     std::fmt::write(&mut rest, format_args!("{value}")).is_ok() && rest.0.is_empty()
 }
 
+/// Converts entity JSON into store records, directed by the schema.
 pub(crate) struct Converter<'a> {
     schema: &'a ValidatorSchema,
     origins: &'a FactOrigins,

@@ -587,7 +587,8 @@ impl EtcdClient {
     /// [`crate::WatchMessage::Compacted`].
     ///
     /// Idempotent: a history already compacted at or past `revision` is success, which is
-    /// also what a retry sees after an attempt whose answer was lost.
+    /// also what a retry sees after an attempt whose answer was lost. (On that path the
+    /// physical removal may still be under way when this returns.)
     pub async fn compact(&self, revision: i64) -> Result<(), EtcdError> {
         let result = self
             .run(Operation::Compact, "", Retry::Always, |mut c| async move {
