@@ -455,6 +455,27 @@ impl Engine {
         cache: Option<&DecisionCache>,
     ) -> Vec<Arc<Decision>> {
         let snapshot = self.snapshot_now();
+        let cacheable = cache.filter(|_| self.cacheable(&snapshot, request));
+        let generation = cacheable.map_or(0, |c| c.enter(&snapshot));
+        let fingerprint: Option<Arc<str>> = cacheable.map(|c| c.intern(fingerprint(request)));
+        let request_hash = fingerprint.as_deref().map_or(0, |fp| {
+            std::hash::BuildHasher::hash_one(&FINGERPRINT_HASHER, fp)
+        });
+        // One resource remembered: answered before the request is prepared (parsing its
+        // context against the schema costs more than the lookup). Only without request
+        // entities, whose checks read the store beyond what the entry remembers; the
+        // rest of preparing depends on the request (the fingerprint) and the policy set
+        // (the generation) alone.
+        if let ([resource], Some(cache), Some(fp)) = (resources, cacheable, &fingerprint)
+            && request.entities.is_empty()
+        {
+            let key = Key::new(fp, request_hash, resource, generation);
+            let hash = cache.hash(&key);
+            if let Some(hit) = cache.get(&key, hash, &snapshot, &mut Memo::default(), None) {
+                cache.hits.fetch_add(1, Ordering::Relaxed);
+                return vec![hit];
+            }
+        }
         let prepared = match self.prepare(&snapshot, request) {
             Ok(p) => p,
             Err(denied) => {
@@ -463,12 +484,6 @@ impl Engine {
                 return resources.iter().map(|_| Arc::clone(&denied)).collect();
             }
         };
-        let cacheable = cache.filter(|_| self.cacheable(&snapshot, request));
-        let generation = cacheable.map_or(0, |c| c.enter(&snapshot));
-        let fingerprint: Option<Arc<str>> = cacheable.map(|c| c.intern(fingerprint(request)));
-        let request_hash = fingerprint.as_deref().map_or(0, |fp| {
-            std::hash::BuildHasher::hash_one(&FINGERPRINT_HASHER, fp)
-        });
         // One resource's decision, and, when `reads` is asked for, the stored entities
         // it read (a fan-out asked before remembers them).
         let decide_one = |resource: &EntityUid, memo: &mut Memo, reads: bool| -> Decided {
@@ -524,8 +539,8 @@ impl Engine {
             }
         }
         let reads = fanout.is_some();
-        let threads = std::thread::available_parallelism()
-            .map_or(1, std::num::NonZeroUsize::get)
+        let threads = crate::available_cores()
+            .get()
             .min(resources.len() / MIN_PER_THREAD)
             .max(1);
         let chunk = resources.len().div_ceil(threads).max(1);

@@ -70,6 +70,15 @@ pub mod trust;
 mod watch;
 
 pub use clock::{Clock, ManualClock, SystemClock};
+
+/// The cores this process may use, asked once: `available_parallelism` reads the
+/// cgroup's files on every call, which cost a fan-out of one resource (every cached
+/// authorization) more than the decision itself.
+pub(crate) fn available_cores() -> std::num::NonZeroUsize {
+    static CORES: std::sync::OnceLock<std::num::NonZeroUsize> = std::sync::OnceLock::new();
+    *CORES
+        .get_or_init(|| std::thread::available_parallelism().unwrap_or(std::num::NonZeroUsize::MIN))
+}
 pub use conventions::{
     CONVENTIONS_ANNOTATION, Conventions, DEFAULT_OBLIGATION_KINDS, VerifiedRead,
 };

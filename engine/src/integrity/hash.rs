@@ -49,7 +49,7 @@ impl Default for HashOptions<'_> {
     fn default() -> Self {
         Self {
             chunk_size: DEFAULT_CHUNK_SIZE,
-            threads: std::thread::available_parallelism().unwrap_or(NonZeroUsize::MIN),
+            threads: crate::available_cores(),
             progress: None,
         }
     }

@@ -118,6 +118,30 @@ fn a_request_may_add_a_fact_the_store_does_not_hold() {
 }
 
 #[test]
+fn a_request_entity_the_store_gained_after_its_answer_was_cached_is_refused() {
+    let engine = Engine::from_embedded_defaults().unwrap();
+    load_cluster(&engine);
+    let cache = probity::DecisionCache::default();
+    let mut w = stored("train-1");
+    w["uid"]["id"] = json!("review/abc");
+    let asked = request(json!({
+        "principal": "Workload::\"review/abc\"", "action": "schedule",
+        "resource": "Node::\"gpu-a1\"", "entities": [w.clone()]}));
+    let decide =
+        || engine.decide_each(&asked, std::slice::from_ref(asked.resource()), Some(&cache));
+    assert!(decide()[0].is_allowed());
+    assert!(decide()[0].is_allowed(), "asked twice, and remembered");
+    // Now the store holds the workload: the same request may no longer supply it, even
+    // though its answer is remembered.
+    engine.upsert_entities(&json!([w])).unwrap();
+    assert!(
+        error_text(&decide()[0]).contains("the store holds this entity"),
+        "{:?}",
+        decide()
+    );
+}
+
+#[test]
 fn entity_writers_cannot_make_themselves_administrators() {
     let engine = Engine::from_embedded_defaults().unwrap();
     let err = engine
