@@ -235,7 +235,8 @@ fn mixed(engine: &Engine, deciders: usize, writers: bool, span: Duration) -> (f6
             // the engine's work, not on building JSON.
             let updates = writer_updates(w);
             let wake_only = std::env::var_os("WAKE_ONLY").is_some();
-            writer_threads.push(std::thread::spawn(move || {
+            let named = std::thread::Builder::new().name(format!("writer-{w}"));
+            writer_threads.push(named.spawn(move || {
                 // 625 updates/s each: one every 1.6 ms, paced from a schedule that starts
                 // 200 us after the previous writer's, so the 5,000/s arrive evenly, not in
                 // bursts of eight.
@@ -256,7 +257,7 @@ fn mixed(engine: &Engine, deciders: usize, writers: bool, span: Duration) -> (f6
                     written.fetch_add(1, Ordering::Relaxed);
                     i += 1;
                 }
-            }));
+            }).unwrap());
         }
     }
     let deciders: Vec<_> = (0..deciders)

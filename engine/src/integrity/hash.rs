@@ -29,7 +29,7 @@ pub type Progress<'a> = &'a (dyn Fn(u64) + Sync);
 pub struct HashOptions<'a> {
     /// Chunk size in bytes. Default: 4 MiB ([`DEFAULT_CHUNK_SIZE`]).
     pub chunk_size: u32,
-    /// Worker threads. Default: `std::thread::available_parallelism()` (1 if unknown).
+    /// Worker threads. Default: the cores available to the process (1 if unknown).
     pub threads: NonZeroUsize,
     /// Called after each chunk with the cumulative bytes hashed. Default: none.
     pub progress: Option<Progress<'a>>,
