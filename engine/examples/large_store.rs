@@ -236,28 +236,32 @@ fn mixed(engine: &Engine, deciders: usize, writers: bool, span: Duration) -> (f6
             let updates = writer_updates(w);
             let wake_only = std::env::var_os("WAKE_ONLY").is_some();
             let named = std::thread::Builder::new().name(format!("writer-{w}"));
-            writer_threads.push(named.spawn(move || {
-                // 625 updates/s each: one every 1.6 ms, paced from a schedule that starts
-                // 200 us after the previous writer's, so the 5,000/s arrive evenly, not in
-                // bursts of eight.
-                let start = Instant::now();
-                let mut i = 0u64;
-                while !stop.load(Ordering::Relaxed) {
-                    let due = start + Duration::from_micros(200 * w as u64 + 1600 * i);
-                    if let Some(wait) = due.checked_duration_since(Instant::now()) {
-                        std::thread::sleep(wait);
-                    }
-                    if !wake_only {
-                        engine
-                            .upsert_entities(&updates[i as usize % updates.len()])
-                            .unwrap();
-                    } else {
-                        std::hint::black_box(&updates[i as usize % updates.len()]);
-                    }
-                    written.fetch_add(1, Ordering::Relaxed);
-                    i += 1;
-                }
-            }).unwrap());
+            writer_threads.push(
+                named
+                    .spawn(move || {
+                        // 625 updates/s each: one every 1.6 ms, paced from a schedule that starts
+                        // 200 us after the previous writer's, so the 5,000/s arrive evenly, not in
+                        // bursts of eight.
+                        let start = Instant::now();
+                        let mut i = 0u64;
+                        while !stop.load(Ordering::Relaxed) {
+                            let due = start + Duration::from_micros(200 * w as u64 + 1600 * i);
+                            if let Some(wait) = due.checked_duration_since(Instant::now()) {
+                                std::thread::sleep(wait);
+                            }
+                            if !wake_only {
+                                engine
+                                    .upsert_entities(&updates[i as usize % updates.len()])
+                                    .unwrap();
+                            } else {
+                                std::hint::black_box(&updates[i as usize % updates.len()]);
+                            }
+                            written.fetch_add(1, Ordering::Relaxed);
+                            i += 1;
+                        }
+                    })
+                    .unwrap(),
+            );
         }
     }
     let deciders: Vec<_> = (0..deciders)

@@ -2196,7 +2196,9 @@ fn apply_upsert(w: &mut Working, converted: Vec<Converted>) -> Result<usize, Ent
         None => (None, None),
     };
     let mut pending: HashMap<EntityUID, Arc<Stored>> = HashMap::with_capacity(count);
-    for c in &converted {
+    // The input order, so that a cycle is reported at the first entity closing it.
+    let mut order: Vec<EntityUID> = Vec::with_capacity(count);
+    for c in converted {
         if let (Some(claimed), Some(t)) = (c.claimed_block, &ty)
             && c.uid.entity_type() == t
         {
@@ -2213,12 +2215,16 @@ fn apply_upsert(w: &mut Working, converted: Vec<Converted>) -> Result<usize, Ent
                 });
             }
         }
-        pending.insert(c.uid.clone(), Arc::new(c.stored.clone()));
+        order.push(c.uid.clone());
+        pending.insert(c.uid, Arc::new(c.stored));
     }
-    for c in &converted {
-        if w.store.would_cycle(&c.uid, &c.stored.parents, &pending) {
+    for uid in &order {
+        let closes = pending
+            .get(uid)
+            .is_some_and(|s| w.store.would_cycle(uid, &s.parents, &pending));
+        if closes {
             return Err(EntityError::Cycle {
-                uid: c.uid.to_string(),
+                uid: uid.to_string(),
             });
         }
     }
