@@ -457,7 +457,8 @@ impl Engine {
         let snapshot = self.snapshot_now();
         let cacheable = cache.filter(|_| self.cacheable(&snapshot, request));
         let generation = cacheable.map_or(0, |c| c.enter(&snapshot));
-        let fingerprint: Option<Arc<str>> = cacheable.map(|c| c.intern(fingerprint(request)));
+        let fingerprint: Option<Arc<str>> =
+            cacheable.and_then(|c| Some(c.intern(fingerprint(request)?)));
         let request_hash = fingerprint.as_deref().map_or(0, |fp| {
             std::hash::BuildHasher::hash_one(&FINGERPRINT_HASHER, fp)
         });
@@ -675,15 +676,14 @@ const FINGERPRINT_HASHER: std::hash::BuildHasherDefault<std::collections::hash_m
     std::hash::BuildHasherDefault::new();
 
 /// The request without its resource, as canonical text: two requests with the same
-/// fingerprint decide the same for every resource.
-fn fingerprint(request: &Request) -> String {
+/// fingerprint decide the same for every resource. `None` if a part cannot be written
+/// (never for JSON values; such a request is decided without the cache).
+fn fingerprint(request: &Request) -> Option<String> {
+    use std::fmt::Write;
     let mut out = String::with_capacity(256);
-    out.push_str(&request.principal.to_string());
-    out.push('\n');
-    out.push_str(&request.action.to_string());
-    out.push('\n');
+    write!(out, "{}\n{}\n", request.principal, request.action).ok()?;
     if let Some(c) = &request.context {
-        out.push_str(&serde_json::Value::Object(c.clone()).to_string());
+        out.push_str(&serde_json::to_string(c).ok()?);
     }
     out.push('\n');
     out.push_str(if request.reporter {
@@ -692,10 +692,9 @@ fn fingerprint(request: &Request) -> String {
         "caller"
     });
     for e in &request.entities {
-        out.push('\n');
-        out.push_str(&e.to_string());
+        write!(out, "\n{e}").ok()?;
     }
-    out
+    Some(out)
 }
 
 #[cfg(test)]
