@@ -466,6 +466,12 @@ impl Engine {
 
     /// Whether `request`'s decisions depend only on their slice: no fact from the
     /// clock, no plugin (which may look beyond it).
+    ///
+    /// The decision cache relies on more: for a cacheable request without entities of
+    /// its own, [`Engine::prepare`] reads only the request and the policy set, so a
+    /// remembered one-resource answer is served before preparing. A fact `prepare`
+    /// comes to read elsewhere (the store, the blocklist, the clock for an action this
+    /// does not refuse) must be refused here or keyed by the cache.
     pub(crate) fn cacheable(&self, snapshot: &Snapshot, request: &Request) -> bool {
         let action = request.action.id();
         let clocked = snapshot
@@ -681,7 +687,9 @@ impl Engine {
     }
 
     /// What every decision of one request shares, whatever its resource: the
-    /// effective context and the request's own entities, checked.
+    /// effective context and the request's own entities, checked. Without request
+    /// entities it reads only the request, the policy set and, for clocked actions,
+    /// the clock (see [`Engine::cacheable`], which the decision cache relies on).
     pub(crate) fn prepare(
         &self,
         snapshot: &Snapshot,
@@ -2075,10 +2083,13 @@ fn rejected(index: usize, uid: Option<String>, problem: String) -> EntityError {
     }
 }
 
+/// Entities converted from an update, each with its position in the update.
+type Positioned = Vec<(usize, Converted)>;
+
 /// Converts entity JSON items; later items with the same uid replace earlier ones.
-fn convert_all(bundle: &Bundle, items: &[Value]) -> Result<Vec<Converted>, EntityError> {
+fn convert_all(bundle: &Bundle, items: &[Value]) -> Result<Positioned, EntityError> {
     let converter = bundle.converter();
-    let mut out: Vec<Converted> = Vec::with_capacity(items.len());
+    let mut out: Positioned = Vec::with_capacity(items.len());
     let mut at: HashMap<EntityUID, usize> = HashMap::with_capacity(items.len());
     for (i, item) in items.iter().enumerate() {
         if let Some(uid) = item.get("uid").and_then(|u| store::parse_uid(u).ok())
@@ -2097,12 +2108,12 @@ fn convert_all(bundle: &Bundle, items: &[Value]) -> Result<Vec<Converted>, Entit
         match at.get(&c.uid) {
             Some(&j) => {
                 if let Some(slot) = out.get_mut(j) {
-                    *slot = c;
+                    *slot = (i, c);
                 }
             }
             None => {
                 at.insert(c.uid.clone(), out.len());
-                out.push(c);
+                out.push((i, c));
             }
         }
     }
@@ -2110,22 +2121,19 @@ fn convert_all(bundle: &Bundle, items: &[Value]) -> Result<Vec<Converted>, Entit
 }
 
 /// Reads a JSON array of entities from `reader`, converting each as it arrives.
-fn stream_convert(
-    bundle: &Bundle,
-    reader: impl std::io::Read,
-) -> Result<Vec<Converted>, EntityError> {
+fn stream_convert(bundle: &Bundle, reader: impl std::io::Read) -> Result<Positioned, EntityError> {
     use serde::de::{Deserializer, SeqAccess, Visitor};
     struct Items<'a> {
         converter: Converter<'a>,
         bundle: &'a Bundle,
     }
     impl<'de> Visitor<'de> for Items<'_> {
-        type Value = Result<Vec<Converted>, EntityError>;
+        type Value = Result<Positioned, EntityError>;
         fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
             f.write_str("a JSON array of entities")
         }
         fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
-            let mut out: Vec<Converted> = Vec::new();
+            let mut out: Positioned = Vec::new();
             let mut at: HashMap<EntityUID, usize> = HashMap::new();
             let mut i = 0usize;
             while let Some(item) = seq.next_element::<Value>()? {
@@ -2146,12 +2154,12 @@ fn stream_convert(
                 match at.get(&c.uid) {
                     Some(&j) => {
                         if let Some(slot) = out.get_mut(j) {
-                            *slot = c;
+                            *slot = (i, c);
                         }
                     }
                     None => {
                         at.insert(c.uid.clone(), out.len());
-                        out.push(c);
+                        out.push((i, c));
                     }
                 }
                 i += 1;
@@ -2189,7 +2197,7 @@ fn check_claimed_block(snapshot: &Snapshot, c: &Converted) -> Result<(), String>
     Ok(())
 }
 
-fn apply_upsert(w: &mut Working, converted: Vec<Converted>) -> Result<usize, EntityError> {
+fn apply_upsert(w: &mut Working, converted: Positioned) -> Result<usize, EntityError> {
     let count = converted.len();
     let (ty, attr) = match &w.bundle.blocklist {
         Some((t, a)) => (Some(t.clone()), Some(a.clone())),
@@ -2198,7 +2206,7 @@ fn apply_upsert(w: &mut Working, converted: Vec<Converted>) -> Result<usize, Ent
     let mut pending: HashMap<EntityUID, Arc<Stored>> = HashMap::with_capacity(count);
     // The input order, so that a cycle is reported at the first entity closing it.
     let mut order: Vec<EntityUID> = Vec::with_capacity(count);
-    for c in converted {
+    for (index, c) in converted {
         if let (Some(claimed), Some(t)) = (c.claimed_block, &ty)
             && c.uid.entity_type() == t
         {
@@ -2206,7 +2214,7 @@ fn apply_upsert(w: &mut Working, converted: Vec<Converted>) -> Result<usize, Ent
             let blocked = w.blocked.contains_key(id);
             if claimed != blocked {
                 return Err(EntityError::Rejected {
-                    index: 0,
+                    index,
                     uid: Some(c.uid.to_string()),
                     problem: format!(
                         "`{}: {claimed}` contradicts the blocklist, which owns it (block and unblock nodes through the blocklist)",

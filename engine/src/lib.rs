@@ -73,7 +73,8 @@ pub use clock::{Clock, ManualClock, SystemClock};
 
 /// The cores this process may use, asked once: `available_parallelism` reads the
 /// cgroup's files on every call, which cost a fan-out of one resource (every cached
-/// authorization) more than the decision itself.
+/// authorization) more than the decision itself. A CPU quota changed while the
+/// process runs is seen after a restart.
 pub(crate) fn available_cores() -> std::num::NonZeroUsize {
     static CORES: std::sync::OnceLock<std::num::NonZeroUsize> = std::sync::OnceLock::new();
     *CORES

@@ -228,6 +228,39 @@ fn blocking_a_node_outlives_telemetry_until_unblocked() {
 }
 
 #[test]
+fn bug_a_blocklist_contradiction_was_reported_at_entities_0() {
+    let engine = loaded();
+    engine.block_node("gpu-a1", "operator").unwrap();
+    let nodes: Vec<serde_json::Value> = cluster()
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["uid"]["type"] == "Node")
+        .cloned()
+        .collect();
+    let mut blocked = nodes
+        .iter()
+        .find(|e| e["uid"]["id"] == "gpu-a1")
+        .cloned()
+        .unwrap();
+    blocked["attrs"]["blocked"] = json!(false);
+    let other = nodes
+        .iter()
+        .find(|e| e["uid"]["id"] != "gpu-a1")
+        .cloned()
+        .unwrap();
+    let err = engine
+        .upsert_entities(&json!([other.clone(), other, blocked]))
+        .unwrap_err();
+    assert!(
+        err.to_string().starts_with(
+            "entities[2] (Node::\"gpu-a1\"): `blocked: false` contradicts the blocklist"
+        ),
+        "{err}"
+    );
+}
+
+#[test]
 fn batch_decides_each_request() {
     let engine = loaded();
     let ds = engine.decide_batch(&[
