@@ -4,7 +4,7 @@
 # the decisions/s of the same run without writers and at most 1.5x its p99.
 #
 #   cargo build --release --workspace --bin probity --example loadgen --example large_store
-#   [PROBITY=BINARY] bash scripts/bench-writers.sh [ROUNDS=3] [SECONDS=10] [RATE=5000] [CONNECTIONS=32]
+#   [PROBITY=BINARY] [WRITES=requests|stream] bash scripts/bench-writers.sh [ROUNDS=3] [SECONDS=10] [RATE=5000] [CONNECTIONS=32]
 #
 # One server (embedded default policies; plain HTTP on a loopback port for decisions,
 # so the figure is the engine's and not TLS's;
@@ -13,9 +13,12 @@
 # (CONNECTIONS connections, `schedule` requests of 4,096 workload/node pairs in turn)
 # twice: alone, then beside a second load generator that posts one node's changed
 # temperature at RATE updates/s over 8 connections of the admin socket (the updates
-# `large_store mixed` makes). Prints loadgen's lines and, per round and as medians, the
-# ratio of decisions/s and of p99 with writers to without. Every process it starts is
-# stopped by its PID on exit.
+# `large_store mixed` makes): one request per update (WRITES=requests, the default), or
+# each writer's updates as the lines of one `POST /v1/entities/stream` (WRITES=stream).
+# Prints loadgen's lines and, per round and as medians, the ratio of decisions/s and of
+# p99 with writers to without, and the rate the writers kept (a writer the server falls
+# behind sends fewer updates than RATE). Every process it starts is stopped by its PID on
+# exit.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$PWD
@@ -23,6 +26,12 @@ rounds=${1:-3}
 seconds=${2:-10}
 rate=${3:-5000}
 connections=${4:-32}
+writes=${WRITES:-requests}
+case "$writes" in
+  requests) write_path=/v1/entities; write_mode=() ;;
+  stream) write_path=/v1/entities/stream; write_mode=(--stream) ;;
+  *) echo "WRITES is requests or stream, not $writes" >&2; exit 2 ;;
+esac
 probity=${PROBITY:-$repo/target/release/probity}
 loadgen=$repo/target/release/examples/loadgen
 large=$repo/target/release/examples/large_store
@@ -73,12 +82,13 @@ field() { echo "$1" | grep -oE "$2=[0-9.]+" | cut -d= -f2; }
 
 ratios_rate=()
 ratios_p99=()
+kept=()
 for r in $(seq 1 "$rounds"); do
   alone=$(decide)
   echo "round $r without writers: $alone"
   # The writers start first and stop after the decisions: the whole run is under them.
-  "$loadgen" --unix "$work/probity.sock" --path /v1/entities --bodies updates.jsonl \
-    --connections 8 --rate "$rate" --duration $((seconds + 3)) \
+  "$loadgen" --unix "$work/probity.sock" --path "$write_path" "${write_mode[@]}" \
+    --bodies updates.jsonl --connections 8 --rate "$rate" --duration $((seconds + 3)) \
     --requests $((rate * (seconds + 3))) --warmup 10 > writers.out 2>&1 &
   writer=$!
   pids+=("$writer")
@@ -99,12 +109,15 @@ for r in $(seq 1 "$rounds"); do
   done
   ratios_rate+=("$(python3 -c "print($(field "$beside" throughput) / $(field "$alone" throughput))")")
   ratios_p99+=("$(python3 -c "print($(field "$beside" p99) / $(field "$alone" p99))")")
-  echo "round $r: decisions/s ${ratios_rate[-1]:0:5}x, p99 ${ratios_p99[-1]:0:5}x"
+  kept+=("$(field "$(cat writers.out)" throughput)")
+  echo "round $r: decisions/s ${ratios_rate[-1]:0:5}x, p99 ${ratios_p99[-1]:0:5}x, writers kept ${kept[-1]}/s of $rate"
 done
-python3 - "${ratios_rate[*]}" "${ratios_p99[*]}" <<'PY'
+python3 - "${ratios_rate[*]}" "${ratios_p99[*]}" "${kept[*]}" "$writes" <<'PY'
 import statistics, sys
 rate = [float(x) for x in sys.argv[1].split()]
 p99 = [float(x) for x in sys.argv[2].split()]
-print(f"median over {len(rate)} rounds: decisions/s {statistics.median(rate):.2f}x, "
-      f"p99 {statistics.median(p99):.2f}x (with writers / without)")
+kept = [float(x) for x in sys.argv[3].split()]
+print(f"median over {len(rate)} rounds ({sys.argv[4]}): decisions/s {statistics.median(rate):.2f}x, "
+      f"p99 {statistics.median(p99):.2f}x (with writers / without); "
+      f"writers kept {statistics.median(kept):.0f} updates/s")
 PY

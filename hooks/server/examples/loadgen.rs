@@ -21,6 +21,12 @@
 //! closed loop), `--requests N` (default 100000), `--duration SECS` (default 10),
 //! `--warmup N` requests per connection not counted (default 100),
 //! `--expect TEXT` (a response must contain it), `--threads N` (client threads, default 1).
+//!
+//! `--stream`: each connection opens one request (`POST /v1/entities/stream`) and sends
+//! the bodies as its NDJSON lines, at the rate; a line is timed from its scheduled time
+//! to the acknowledgement that covers it (`{"through": N}`), and a refused line or a
+//! stream the server ended counts as an error. Warm-up lines are acknowledged before
+//! the clock starts.
 
 #![allow(
     clippy::unwrap_used,
@@ -41,6 +47,24 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, ServerName};
 
 type Sender = hyper::client::conn::http1::SendRequest<Full<Bytes>>;
+type StreamSender = hyper::client::conn::http1::SendRequest<Lines>;
+
+/// A request body fed from a channel: one stream's NDJSON lines.
+struct Lines(tokio::sync::mpsc::Receiver<Bytes>);
+
+impl hyper::body::Body for Lines {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Bytes>, Self::Error>>> {
+        self.0
+            .poll_recv(cx)
+            .map(|b| b.map(|b| Ok(hyper::body::Frame::data(b))))
+    }
+}
 
 #[derive(Clone)]
 struct Opts {
@@ -58,6 +82,7 @@ struct Opts {
     warmup: usize,
     expect: Option<String>,
     threads: usize,
+    stream: bool,
 }
 
 fn opts() -> Opts {
@@ -75,10 +100,16 @@ fn opts() -> Opts {
         warmup: 100,
         expect: None,
         threads: 1,
+        stream: false,
     };
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut i = 0;
     while i < args.len() {
+        if args[i] == "--stream" {
+            o.stream = true;
+            i += 1;
+            continue;
+        }
         let v = args.get(i + 1).cloned().unwrap_or_default();
         match args[i].as_str() {
             "--tcp" => o.tcp = Some(v),
@@ -109,10 +140,18 @@ fn opts() -> Opts {
     o
 }
 
-async fn connect(o: &Opts) -> Sender {
-    async fn handshake<I>(io: I) -> Sender
+async fn connect<B>(o: &Opts) -> hyper::client::conn::http1::SendRequest<B>
+where
+    B: hyper::body::Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    async fn handshake<I, B>(io: I) -> hyper::client::conn::http1::SendRequest<B>
     where
         I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+        B: hyper::body::Body + Send + 'static,
+        B::Data: Send,
+        B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
     {
         let (s, conn) = hyper::client::conn::http1::handshake(TokioIo::new(io))
             .await
@@ -238,7 +277,11 @@ fn main() {
         .enable_all()
         .build()
         .unwrap();
-    rt.block_on(run(o));
+    if o.stream {
+        rt.block_on(run_stream(o));
+    } else {
+        rt.block_on(run(o));
+    }
 }
 
 async fn run(o: Opts) {
@@ -248,7 +291,7 @@ async fn run(o: Opts) {
     let mut senders = Vec::new();
     let mut warmed = 0u64;
     for _ in 0..o.connections {
-        let mut s = connect(&o).await;
+        let mut s: Sender = connect(&o).await;
         for _ in 0..o.warmup {
             one(&mut s, &o, warmed).await;
             warmed += 1;
@@ -296,7 +339,15 @@ async fn run(o: Opts) {
     while let Some(r) = tasks.join_next().await {
         lat.extend(r.unwrap());
     }
-    let elapsed = start.elapsed().as_secs_f64();
+    report(
+        lat,
+        errors.load(Ordering::Relaxed),
+        start.elapsed().as_secs_f64(),
+    );
+}
+
+/// Prints the one line every mode ends with.
+fn report(mut lat: Vec<u32>, errors: u64, elapsed: f64) {
     lat.sort_unstable();
     let pct = |p: f64| -> f64 {
         if lat.is_empty() {
@@ -308,7 +359,7 @@ async fn run(o: Opts) {
     println!(
         "requests={} errors={} seconds={:.2} throughput={:.0}/s p50={:.3}ms p90={:.3}ms p99={:.3}ms p99.9={:.3}ms max={:.3}ms",
         lat.len(),
-        errors.load(Ordering::Relaxed),
+        errors,
         elapsed,
         lat.len() as f64 / elapsed,
         pct(0.50),
@@ -316,5 +367,166 @@ async fn run(o: Opts) {
         pct(0.99),
         pct(0.999),
         pct(1.0)
+    );
+}
+
+/// One open stream: the sender of its lines, its acknowledgements, and how many lines
+/// it has sent.
+struct Stream {
+    lines: tokio::sync::mpsc::Sender<Bytes>,
+    acks: hyper::body::Incoming,
+    buf: Vec<u8>,
+    sent: u64,
+    through: u64,
+}
+
+impl Stream {
+    async fn open(o: &Opts) -> Self {
+        let mut s: StreamSender = connect(o).await;
+        let (lines, rx) = tokio::sync::mpsc::channel(1024);
+        let req = hyper::Request::post(o.path.as_str())
+            .header("host", "localhost")
+            .header("content-type", "application/x-ndjson")
+            .body(Lines(rx))
+            .unwrap();
+        s.ready().await.unwrap();
+        let response = tokio::spawn(s.send_request(req));
+        // The response head comes once the server has the request: send a first line
+        // so that it does not wait for one.
+        let first = line_of(o, 0);
+        lines.send(first).await.unwrap();
+        let response = response.await.unwrap().unwrap();
+        assert!(
+            response.status().is_success(),
+            "the stream was refused: {}",
+            response.status()
+        );
+        Self {
+            lines,
+            acks: response.into_body(),
+            buf: Vec::new(),
+            sent: 1,
+            through: 0,
+        }
+    }
+
+    async fn send(&mut self, o: &Opts, seq: u64) {
+        self.lines.send(line_of(o, seq)).await.unwrap();
+        self.sent += 1;
+    }
+
+    /// The next acknowledgement line, or None when the response has ended.
+    async fn ack(&mut self) -> Option<serde_json::Value> {
+        loop {
+            if let Some(i) = self.buf.iter().position(|&b| b == b'\n') {
+                let line: Vec<u8> = self.buf.drain(..=i).collect();
+                return Some(serde_json::from_slice(&line).expect("an NDJSON acknowledgement"));
+            }
+            let frame = self.acks.frame().await?.ok()?;
+            if let Ok(data) = frame.into_data() {
+                self.buf.extend_from_slice(&data);
+            }
+        }
+    }
+}
+
+/// The `seq`th body as an NDJSON line.
+fn line_of(o: &Opts, seq: u64) -> Bytes {
+    let body = match o.bodies.len() {
+        0 => &o.body,
+        n => &o.bodies[(seq % n as u64) as usize],
+    };
+    let mut line = Vec::with_capacity(body.len() + 1);
+    line.extend_from_slice(body);
+    line.push(b'\n');
+    Bytes::from(line)
+}
+
+async fn run_stream(o: Opts) {
+    let errors = Arc::new(AtomicU64::new(0));
+    let sent = Arc::new(AtomicU64::new(0));
+    let mut streams = Vec::new();
+    let mut warmed = 0u64;
+    for _ in 0..o.connections {
+        let mut s = Stream::open(&o).await;
+        warmed += 1;
+        for _ in 1..o.warmup.max(1) {
+            s.send(&o, warmed).await;
+            warmed += 1;
+        }
+        while s.through < s.sent {
+            let ack = s.ack().await.expect("the warm-up was acknowledged");
+            if let Some(n) = ack.get("through").and_then(serde_json::Value::as_u64) {
+                s.through = n;
+            } else {
+                panic!("warm-up line refused: {ack}");
+            }
+        }
+        streams.push(s);
+    }
+    let start = Instant::now();
+    let deadline = start + o.duration;
+    let interval = (o.rate > 0.0).then(|| Duration::from_secs_f64(o.connections as f64 / o.rate));
+    let mut tasks = tokio::task::JoinSet::new();
+    for (i, mut s) in streams.into_iter().enumerate() {
+        let o = o.clone();
+        let errors = Arc::clone(&errors);
+        let sent = Arc::clone(&sent);
+        tasks.spawn(async move {
+            let mut lat = Vec::with_capacity(1 << 16);
+            // Lines sent and not yet acknowledged: (line number, scheduled time).
+            let mut waiting: std::collections::VecDeque<(u64, Instant)> = Default::default();
+            let offset = interval.map(|iv| iv.mul_f64(i as f64 / o.connections as f64));
+            let pacer = Pacer::new();
+            let mut n: u32 = 0;
+            let mut sending = true;
+            loop {
+                let next = match (interval, offset) {
+                    (Some(iv), Some(off)) => start + off + iv * n,
+                    _ => Instant::now(),
+                };
+                tokio::select! {
+                    _ = pacer.sleep_until(next), if sending && waiting.len() < 1000 => {
+                        let seq = sent.fetch_add(1, Ordering::Relaxed);
+                        if Instant::now() >= deadline || seq >= o.requests {
+                            sending = false;
+                            drop(std::mem::replace(&mut s.lines, tokio::sync::mpsc::channel(1).0));
+                            continue;
+                        }
+                        n += 1;
+                        s.send(&o, warmed + seq).await;
+                        waiting.push_back((s.sent, next));
+                    }
+                    ack = s.ack() => {
+                        let Some(ack) = ack else { break };
+                        if let Some(through) = ack.get("through").and_then(serde_json::Value::as_u64) {
+                            while waiting.front().is_some_and(|w| w.0 <= through) {
+                                let (_, at) = waiting.pop_front().unwrap();
+                                lat.push(at.elapsed().as_micros() as u32);
+                            }
+                        } else if ack.get("line").is_some() {
+                            errors.fetch_add(1, Ordering::Relaxed);
+                        } else if ack.get("done").is_some() {
+                            if ack["done"] != true {
+                                errors.fetch_add(1, Ordering::Relaxed);
+                                eprintln!("the server ended a stream: {ack}");
+                            }
+                            break;
+                        }
+                    }
+                }
+            }
+            errors.fetch_add(waiting.len() as u64, Ordering::Relaxed);
+            lat
+        });
+    }
+    let mut lat: Vec<u32> = Vec::new();
+    while let Some(r) = tasks.join_next().await {
+        lat.extend(r.unwrap());
+    }
+    report(
+        lat,
+        errors.load(Ordering::Relaxed),
+        start.elapsed().as_secs_f64(),
     );
 }

@@ -541,6 +541,11 @@ pub struct ServerConfig {
     /// Longest time a connection may take to send a request's headers, in
     /// milliseconds (a slowloris is cut off after it). Default 10000.
     pub header_read_timeout_ms: u64,
+    /// Fact streams (`POST /v1/entities/stream`) open at once, at most. Default 64.
+    pub max_fact_streams: usize,
+    /// A fact stream that sends no byte for this long is ended, in milliseconds.
+    /// Default 60000.
+    pub fact_stream_idle_ms: u64,
 }
 
 impl Default for ServerConfig {
@@ -560,6 +565,8 @@ impl Default for ServerConfig {
             max_connections: 4096,
             max_connections_per_caller: 256,
             header_read_timeout_ms: 10_000,
+            max_fact_streams: 64,
+            fact_stream_idle_ms: 60_000,
         }
     }
 }
@@ -897,6 +904,11 @@ impl Config {
         if s.max_body_bytes == 0 || s.max_concurrency == 0 || s.request_timeout_ms == 0 {
             return Err(ConfigError::Invalid(
                 "max_body_bytes, max_concurrency and request_timeout_ms must be positive".into(),
+            ));
+        }
+        if s.fact_stream_idle_ms == 0 {
+            return Err(ConfigError::Invalid(
+                "fact_stream_idle_ms must be positive".into(),
             ));
         }
         self.state.validate(self.integrity.state_dir.as_deref())?;

@@ -13,6 +13,7 @@
 //! | `POST /v1/decide` | one request, answered with a decision |
 //! | `POST /v1/decide/batch` | `{"requests": [..]}`, answered with `{"decisions": [..]}` |
 //! | `POST /v1/entities` | upsert Cedar entity JSON (authorized: `manage` on `Api::"entities"`) |
+//! | `POST /v1/entities/stream` | NDJSON of upserts on one long-lived request, applied in groups and acknowledged as they go (authorized likewise) |
 //! | `DELETE /v1/entities` | remove `{"uids": [..]}` (authorized likewise) |
 //! | `GET /v1/entities/{type}/{id}` | one entity |
 //! | `POST /v1/nodes/{id}/block`, `.../unblock` | block or unblock a node (authorized: `manage` on `Api::"nodes"`) |
@@ -68,6 +69,7 @@ mod limits;
 mod metrics;
 mod placement;
 mod server;
+mod stream;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -121,6 +123,8 @@ struct Inner {
     authorizations: probity::DecisionCache,
     /// The mutating webhook's last node affinity, with the decisions it came from.
     affinity: std::sync::Mutex<Option<placement::AffinityMemo>>,
+    /// One permit per open fact stream (`[server] max_fact_streams`).
+    fact_streams: Arc<tokio::sync::Semaphore>,
     /// The keyring, once opened on the state backend.
     keys: std::sync::OnceLock<keys::KeyService>,
     /// The local store that holds the decision and event logs (redb, or the etcd
@@ -152,6 +156,7 @@ impl AppState {
                 tracing::error!(error = %e, "cannot start the I/O threads; /v1/verify will refuse");
                 limits::IoPool::start(0, 0, 0).unwrap_or_else(|_| std::process::abort())
             });
+        let fact_streams = stream::streams(config.server.max_fact_streams);
         Self {
             inner: Arc::new(Inner {
                 engine,
@@ -167,6 +172,7 @@ impl AppState {
                 ),
                 authorizations: probity::DecisionCache::with_capacity(AUTHORIZATION_CACHE_ENTRIES),
                 affinity: std::sync::Mutex::new(None),
+                fact_streams,
                 keys: std::sync::OnceLock::new(),
                 local_logs: std::sync::OnceLock::new(),
                 forwarders: std::sync::Mutex::new(None),
@@ -226,6 +232,10 @@ impl AppState {
 
     pub(crate) fn affinity_memo(&self) -> &std::sync::Mutex<Option<placement::AffinityMemo>> {
         &self.inner.affinity
+    }
+
+    pub(crate) fn fact_streams(&self) -> Arc<tokio::sync::Semaphore> {
+        Arc::clone(&self.inner.fact_streams)
     }
 
     pub(crate) fn io(&self) -> &limits::IoPool {
@@ -651,6 +661,7 @@ pub fn app(state: AppState) -> Router {
             "/v1/entities",
             post(api::upsert_entities).delete(api::remove_entities),
         )
+        .route("/v1/entities/stream", post(stream::upsert_stream))
         .route("/v1/entities/{type}/{id}", get(api::entity))
         .route("/v1/nodes/blocked", get(api::blocked_nodes))
         .route("/v1/nodes/{id}/block", post(api::block_node))

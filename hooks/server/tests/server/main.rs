@@ -16,6 +16,7 @@ mod deploy;
 mod keys;
 mod net;
 mod placement;
+mod stream;
 
 use std::path::{Path, PathBuf};
 
