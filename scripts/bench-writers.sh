@@ -87,7 +87,7 @@ for r in $(seq 1 "$rounds"); do
   alone=$(decide)
   echo "round $r without writers: $alone"
   # The writers start first and stop after the decisions: the whole run is under them.
-  "$loadgen" --unix "$work/probity.sock" --path "$write_path" "${write_mode[@]}" \
+  "$loadgen" --unix "$work/probity.sock" --path "$write_path" ${write_mode[@]+"${write_mode[@]}"} \
     --bodies updates.jsonl --connections 8 --rate "$rate" --duration $((seconds + 3)) \
     --requests $((rate * (seconds + 3))) --warmup 10 > writers.out 2>&1 &
   writer=$!

@@ -541,10 +541,11 @@ pub struct ServerConfig {
     /// Longest time a connection may take to send a request's headers, in
     /// milliseconds (a slowloris is cut off after it). Default 10000.
     pub header_read_timeout_ms: u64,
-    /// Fact streams (`POST /v1/entities/stream`) open at once, at most. Default 64.
+    /// Fact streams (`POST /v1/entities/stream`) open at once, over all callers, at
+    /// most. Default 64.
     pub max_fact_streams: usize,
-    /// A fact stream that sends no byte for this long is ended, in milliseconds.
-    /// Default 60000.
+    /// A fact stream that sends no byte, or reads no acknowledgement, for this long is
+    /// ended, in milliseconds. Default 60000.
     pub fact_stream_idle_ms: u64,
 }
 

@@ -1,28 +1,34 @@
 //! `POST /v1/entities/stream`: a long-lived stream of fact updates on one request.
 //!
 //! A writer that pushes facts at a steady rate (a relay for many node agents, a
-//! collector) pays for an HTTP request, its routing and its authorization once, not per
+//! collector) pays for an HTTP request, its routing and its response once, not per
 //! update. The request body is NDJSON: each line is what `POST /v1/entities` takes (an
 //! array of Cedar entity JSON), applied all or nothing. The lines that have arrived
-//! when the server reads are applied together, in one snapshot change (a group commit),
-//! so a writer the server falls behind costs less per line, not more.
+//! when the server reads (at most 256 of them and `max_body_bytes` in all, or one
+//! longer line) are applied together, in one snapshot change (a group commit), so a
+//! writer the server falls behind costs less per line, not more. A group is judged as
+//! one update: the store after the whole group must be valid, as with one
+//! `POST /v1/entities` of all its entities; if it is not, its lines are applied one by
+//! one and only the refused ones are left out.
 //!
 //! The response, streamed while the body is still being read, is NDJSON too:
 //! * `{"line": N, "error": "..."}`: line N (1-based) was refused and nothing of it applied;
 //!   the stream goes on.
-//! * `{"through": N, "upserted": U}`: every line up to N has been handled (applied, or
-//!   refused above), and U entities have been upserted since the stream began.
+//! * `{"through": N, "upserted": U}`: every line up to N has been handled (applied,
+//!   refused above, or blank), and the applied lines held U entities in all.
 //! * last, `{"done": true, "lines": N, "upserted": U, "refused": R}` when the body ended,
 //!   or `{"done": false, "error": "...", ...}` when the server ended the stream: a line
 //!   over `max_body_bytes`, no byte for `fact_stream_idle_ms` (or no acknowledgement
 //!   read for as long), the caller's permission withdrawn, the body unreadable, or
-//!   shutdown. Lines after the last `through` were
-//!   not applied.
+//!   shutdown. `lines` counts the lines handled. A line after the last acknowledged
+//!   `through` may or may not have been applied (the acknowledgement may be what was
+//!   lost): a writer resends its current facts for those entities, not older ones.
 //!
 //! The caller is authorized (`manage` on `Api::"entities"`, as for `POST /v1/entities`)
 //! before the stream starts and again before each group, so a policy change that
 //! withdraws the permission ends the stream at its next group. At most
-//! `max_fact_streams` streams are open at once; one more is refused with 429.
+//! `max_fact_streams` streams are open at once (over all callers); one more is refused
+//! with 429.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -40,17 +46,18 @@ use crate::api::{authorize, caller};
 use crate::caller::Caller;
 use crate::error::ApiError;
 
-/// Most lines applied in one group: a writer far ahead is taken in bounded steps, so
-/// acknowledgements keep coming and one group's retry (line by line, when a line is
-/// refused) stays short.
+/// Most lines applied in one group (a group also holds at most `max_body_bytes` of lines,
+/// or one line): a writer far ahead is taken in bounded steps, so acknowledgements keep
+/// coming and one group's retry (line by line, when a line is refused) stays short.
 const MAX_GROUP_LINES: usize = 256;
 
 /// Acknowledgement lines waiting for the client to read them; when full, the server
 /// stops reading the body (the writer is slowed by TCP, nothing is dropped).
 const ACK_QUEUE: usize = 64;
 
-/// Groups of at most this many lines are applied on the async worker that read them.
-const INLINE_LINES: usize = 32;
+/// Groups of at most this many bytes are parsed and applied on the async worker that
+/// read them; larger ones on the blocking pool.
+const INLINE_BYTES: usize = 64 * 1024;
 
 /// How often an idle stream checks for shutdown.
 const IDLE_TICK: Duration = Duration::from_millis(250);
@@ -99,8 +106,9 @@ impl hyper::body::Body for Acks {
 /// What a stream has done so far.
 #[derive(Default)]
 struct Tally {
-    /// Complete lines read (handled or about to be).
+    /// Lines handled: applied, refused, or blank.
     lines: u64,
+    /// Entities in the applied lines.
     upserted: u64,
     refused: u64,
 }
@@ -120,9 +128,55 @@ impl Tally {
     }
 }
 
+/// The bytes read and not yet applied, with the count of newlines among them (kept as
+/// bytes arrive, so a long line is not rescanned per frame).
+#[derive(Default)]
+struct Pending {
+    bytes: Vec<u8>,
+    newlines: usize,
+}
+
+impl Pending {
+    fn push(&mut self, data: &[u8]) {
+        self.newlines += data.iter().filter(|&&b| b == b'\n').count();
+        self.bytes.extend_from_slice(data);
+    }
+
+    /// Takes the next group: up to [`MAX_GROUP_LINES`] whole lines and, past the first,
+    /// no more than `max_bytes` in all; at the end of the body, the unfinished rest is a
+    /// line too. Empty when no whole line is here.
+    fn take_group(&mut self, max_bytes: usize, at_end: bool) -> Vec<u8> {
+        let mut end = 0;
+        let mut lines = 0;
+        while lines < MAX_GROUP_LINES {
+            let rest = self.bytes.get(end..).unwrap_or_default();
+            let next = match rest.iter().position(|&b| b == b'\n') {
+                Some(i) => end + i + 1,
+                None if at_end && !rest.is_empty() => self.bytes.len(),
+                None => break,
+            };
+            if lines > 0 && next > max_bytes {
+                break;
+            }
+            end = next;
+            lines += 1;
+        }
+        let group: Vec<u8> = self.bytes.drain(..end).collect();
+        self.newlines -= group.iter().filter(|&&b| b == b'\n').count();
+        group
+    }
+
+    /// The length of the first line, if it is longer than `max` (whole or not).
+    fn first_line_over(&self, max: usize) -> bool {
+        match self.bytes.iter().position(|&b| b == b'\n') {
+            Some(i) => i > max,
+            None => self.bytes.len() > max,
+        }
+    }
+}
+
 /// Reads the body, applies each group of lines and acknowledges it, until the body
-/// ends or the stream must stop. Returns when the client has gone (its acknowledgements
-/// cannot be sent) or the stream has ended.
+/// ends or the stream must stop.
 async fn run(
     state: AppState,
     caller: Caller,
@@ -133,15 +187,21 @@ async fn run(
     let max_line = state.config().server.max_body_bytes;
     let idle = Duration::from_millis(state.config().server.fact_stream_idle_ms);
     let mut tally = Tally::default();
-    let mut pending: Vec<u8> = Vec::new();
+    let mut pending = Pending::default();
     let mut last_byte = Instant::now();
+    let over = |tally: &Tally| {
+        format!(
+            "line {}: over the limit of {max_line} bytes ([server] max_body_bytes)",
+            tally.lines + 1
+        )
+    };
     let outcome: Result<(), String> = 'stream: loop {
         if !state.is_ready() {
             break Err("the server is shutting down".into());
         }
         // Wait for bytes (checking for shutdown and idleness meanwhile), then take
-        // whatever else has already arrived, so a writer ahead of the server is applied
-        // in one group.
+        // whatever else has already arrived, so that a writer ahead of the server is
+        // applied in one group. Reading stops at a group's worth (in lines or bytes).
         let mut ended = false;
         match tokio::time::timeout(IDLE_TICK, body.frame()).await {
             Err(_) => {
@@ -157,17 +217,16 @@ async fn run(
             Ok(Some(Err(_))) => break Err("the request body could not be read".into()),
             Ok(Some(Ok(frame))) => {
                 if let Ok(data) = frame.into_data() {
-                    pending.extend_from_slice(&data);
+                    pending.push(&data);
                 }
-                last_byte = Instant::now();
             }
         }
-        while !ended && complete_lines(&pending) < MAX_GROUP_LINES {
+        while !ended && pending.newlines < MAX_GROUP_LINES && pending.bytes.len() <= max_line {
             // Only frames already here: a pending poll is dropped, which loses nothing.
-            match futures_now(body.frame()) {
+            match poll_now(body.frame()) {
                 Some(Some(Ok(frame))) => {
                     if let Ok(data) = frame.into_data() {
-                        pending.extend_from_slice(&data);
+                        pending.push(&data);
                     }
                 }
                 Some(Some(Err(_))) => {
@@ -177,36 +236,20 @@ async fn run(
                 None => break,
             }
         }
-        // Whole lines are applied in groups of at most MAX_GROUP_LINES; an unfinished
-        // line waits for the rest of its bytes (or, at the end, is the last line).
         loop {
-            let (lines, consumed) = split_lines(&pending, MAX_GROUP_LINES, ended);
-            if let Some(first_long) = lines.iter().position(|l| l.len() > max_line) {
-                // Handle the lines before it, then stop: the stream cannot resynchronize.
-                let before = lines.get(..first_long).unwrap_or_default();
-                if let Err(e) = apply_group(&state, &caller, before, &mut tally, &acks).await {
-                    break 'stream Err(e);
-                }
-                break 'stream Err(format!(
-                    "line {}: over the limit of {max_line} bytes ([server] max_body_bytes)",
-                    tally.lines + 1
-                ));
+            if pending.first_line_over(max_line) {
+                break 'stream Err(over(&tally));
             }
-            if lines.is_empty() {
+            let group = pending.take_group(max_line, ended);
+            if group.is_empty() {
                 break;
             }
-            let result = apply_group(&state, &caller, &lines, &mut tally, &acks).await;
-            pending.drain(..consumed);
-            if let Err(e) = result {
+            if let Err(e) = apply_group(&state, &caller, group, &mut tally, &acks).await {
                 break 'stream Err(e);
             }
         }
-        if pending.len() > max_line {
-            break Err(format!(
-                "line {}: over the limit of {max_line} bytes ([server] max_body_bytes)",
-                tally.lines + 1
-            ));
-        }
+        // The client's silence is what idleness measures, not the server's work.
+        last_byte = Instant::now();
         if ended {
             break Ok(());
         }
@@ -218,7 +261,8 @@ async fn run(
             tally.end(Some(e))
         }
     };
-    let _ = tokio::time::timeout(idle, acks.send(ndjson(&last))).await;
+    // A client that is not reading is not waited for again.
+    let _ = tokio::time::timeout(IDLE_TICK, acks.send(ndjson(&last))).await;
     tracing::info!(
         caller = %caller.0,
         lines = tally.lines,
@@ -229,9 +273,8 @@ async fn run(
 }
 
 /// Polls a future once: its output if it is ready now.
-fn futures_now<F: std::future::Future>(f: F) -> Option<F::Output> {
-    let waker = std::task::Waker::noop();
-    let mut cx = std::task::Context::from_waker(waker);
+fn poll_now<F: std::future::Future>(f: F) -> Option<F::Output> {
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
     let mut f = std::pin::pin!(f);
     match f.as_mut().poll(&mut cx) {
         std::task::Poll::Ready(out) => Some(out),
@@ -239,63 +282,74 @@ fn futures_now<F: std::future::Future>(f: F) -> Option<F::Output> {
     }
 }
 
-/// How many complete lines `bytes` holds.
-fn complete_lines(bytes: &[u8]) -> usize {
-    bytes.iter().filter(|&&b| b == b'\n').count()
+/// What applying a group did.
+#[derive(Default)]
+struct GroupOutcome {
+    lines: u64,
+    upserted: u64,
+    refusals: Vec<(u64, String)>,
 }
 
-/// Up to `max` lines of `bytes` (without their newline), and how many bytes they span.
-/// At the end of the body the unfinished rest is a line too.
-fn split_lines(bytes: &[u8], max: usize, at_end: bool) -> (Vec<&[u8]>, usize) {
-    let mut lines = Vec::new();
-    let mut start = 0;
-    while lines.len() < max {
-        let rest = bytes.get(start..).unwrap_or_default();
-        match rest.iter().position(|&b| b == b'\n') {
-            Some(i) => {
-                lines.push(rest.get(..i).unwrap_or_default());
-                start += i + 1;
-            }
-            None => {
-                if at_end && !rest.is_empty() {
-                    lines.push(rest);
-                    start = bytes.len();
-                }
-                break;
-            }
-        }
-    }
-    (lines, start)
-}
-
-/// Applies one group of lines: all in one upsert when every line is valid, else line by
-/// line so that a refused line holds back no other. Sends the refusals and then the
-/// group's `through`. An error ends the stream (the client has gone, or may no longer
-/// write).
+/// Applies one group of lines (see [`apply_lines`]), then sends its refusals and its
+/// `through`. An error ends the stream: the client has gone or stopped reading, the
+/// caller may no longer write, or the server is shutting down.
 async fn apply_group(
     state: &AppState,
     caller: &Caller,
-    lines: &[&[u8]],
+    group: Vec<u8>,
     tally: &mut Tally,
     acks: &mpsc::Sender<Bytes>,
 ) -> Result<(), String> {
-    let patience = Duration::from_millis(state.config().server.fact_stream_idle_ms);
-    if lines.is_empty() {
-        return Ok(());
+    match authorize(state, caller, "entities", "upsert", None).await {
+        Ok(()) => {}
+        Err(ApiError::Forbidden(_)) => {
+            return Err("the caller may no longer upsert entities".into());
+        }
+        Err(e) => return Err(format!("the caller could not be authorized: {e}")),
     }
-    if authorize(state, caller, "entities", "upsert", None)
-        .await
-        .is_err()
-    {
-        return Err("the caller may no longer upsert entities".into());
-    }
+    let engine = state.engine().clone();
     let first = tally.lines + 1;
-    tally.lines += lines.len() as u64;
-    let mut refusals: Vec<(u64, String)> = Vec::new();
+    let outcome = if group.len() <= INLINE_BYTES {
+        apply_lines(&engine, &group, first)
+    } else {
+        tokio::task::spawn_blocking(move || apply_lines(&engine, &group, first))
+            .await
+            .map_err(|_| "the upsert task failed".to_owned())?
+    };
+    // Counted once applied, so the last message never claims more than was handled.
+    tally.lines += outcome.lines;
+    tally.upserted += outcome.upserted;
+    tally.refused += outcome.refusals.len() as u64;
+    let patience = Duration::from_millis(state.config().server.fact_stream_idle_ms);
+    for (line, error) in outcome.refusals {
+        send(
+            state,
+            acks,
+            &json!({"line": line, "error": error}),
+            patience,
+        )
+        .await?;
+    }
+    send(
+        state,
+        acks,
+        &json!({"through": tally.lines, "upserted": tally.upserted}),
+        patience,
+    )
+    .await
+}
+
+/// Parses the group's lines (numbered from `first`) and upserts them: all in one write
+/// when every line is valid (the store after the whole group is what is checked), else
+/// line by line, so that a refused line holds back no other.
+fn apply_lines(engine: &probity::Engine, group: &[u8], first: u64) -> GroupOutcome {
+    let mut outcome = GroupOutcome::default();
+    let text = group.strip_suffix(b"\n").unwrap_or(group);
     // Each valid line's entities, and where they sit in the group's one upsert.
     let mut all: Vec<Value> = Vec::new();
     let mut spans: Vec<(u64, std::ops::Range<usize>)> = Vec::new();
-    for (n, line) in (first..).zip(lines) {
+    for (n, line) in (first..).zip(text.split(|&b| b == b'\n')) {
+        outcome.lines += 1;
         if line.iter().all(u8::is_ascii_whitespace) {
             continue; // a blank line (a keep-alive) upserts nothing
         }
@@ -305,78 +359,63 @@ async fn apply_group(
                 all.extend(items);
                 spans.push((n, at..all.len()));
             }
-            Ok(other) => refusals.push((
+            Ok(other) => outcome.refusals.push((
                 n,
                 format!("expected an array of entities, found {}", json_kind(&other)),
             )),
-            Err(e) => refusals.push((n, format!("not valid JSON at column {}", e.column()))),
+            Err(e) => outcome
+                .refusals
+                .push((n, format!("not valid JSON at column {}", e.column()))),
         }
     }
-    let engine = state.engine().clone();
-    let group = Value::Array(all);
-    // A short group is applied here; a long one (a writer far ahead) off the async
-    // workers, as large batches of decisions are.
-    let (applied, refused) = if lines.len() <= INLINE_LINES {
-        upsert_lines(&engine, &group, &spans)
-    } else {
-        tokio::task::spawn_blocking(move || upsert_lines(&engine, &group, &spans))
-            .await
-            .map_err(|_| "the upsert task failed".to_owned())?
-    };
-    refusals.extend(refused);
-    tally.upserted += applied as u64;
-    tally.refused += refusals.len() as u64;
-    refusals.sort_by_key(|r| r.0);
-    for (line, error) in refusals {
-        send(acks, &json!({"line": line, "error": error}), patience).await?;
-    }
-    send(
-        acks,
-        &json!({"through": tally.lines, "upserted": tally.upserted}),
-        patience,
-    )
-    .await
-}
-
-/// Upserts the group in one write, or, if the engine refuses it, each line alone;
-/// returns how many entities were upserted and each refused line with its reason.
-fn upsert_lines(
-    engine: &probity::Engine,
-    group: &Value,
-    spans: &[(u64, std::ops::Range<usize>)],
-) -> (usize, Vec<(u64, String)>) {
-    let mut refusals = Vec::new();
-    let Value::Array(all) = group else {
-        return (0, refusals);
-    };
     if all.is_empty() {
-        return (0, refusals);
+        return outcome;
     }
-    if let Ok(n) = engine.upsert_entities(group) {
-        return (n, refusals);
+    let group = Value::Array(all);
+    if engine.upsert_entities(&group).is_ok() {
+        outcome.upserted = spans.iter().map(|(_, r)| r.len() as u64).sum();
+        return outcome;
     }
-    let mut applied = 0;
+    let Value::Array(all) = group else {
+        return outcome;
+    };
     for (line, range) in spans {
         let items = Value::Array(all.get(range.clone()).unwrap_or_default().to_vec());
         match engine.upsert_entities(&items) {
-            Ok(n) => applied += n,
-            Err(e) => refusals.push((*line, e.to_string())),
+            Ok(_) => outcome.upserted += range.len() as u64,
+            Err(e) => outcome.refusals.push((line, e.to_string())),
         }
     }
-    (applied, refusals)
+    outcome.refusals.sort_by_key(|r| r.0);
+    outcome
 }
 
-/// Sends one acknowledgement. A client that leaves `patience` of them unread (the queue
-/// full for that long) is gone as far as the stream is concerned: it would otherwise
-/// hold its permit, and the writes it stopped reading about, forever.
-async fn send(acks: &mpsc::Sender<Bytes>, v: &Value, patience: Duration) -> Result<(), String> {
-    match tokio::time::timeout(patience, acks.send(ndjson(v))).await {
-        Ok(Ok(())) => Ok(()),
-        Ok(Err(_)) => Err("the client went away".to_owned()),
-        Err(_) => Err(format!(
-            "the client read no acknowledgement for {} ms ([server] fact_stream_idle_ms)",
-            patience.as_millis()
-        )),
+/// Sends one acknowledgement. A client that leaves the queue full for `patience` is
+/// gone as far as the stream is concerned: it would otherwise hold its permit, and the
+/// writes it stopped reading about, without end. Shutdown does not wait for it.
+async fn send(
+    state: &AppState,
+    acks: &mpsc::Sender<Bytes>,
+    v: &Value,
+    patience: Duration,
+) -> Result<(), String> {
+    let since = Instant::now();
+    loop {
+        match tokio::time::timeout(IDLE_TICK, acks.reserve()).await {
+            Ok(Ok(slot)) => {
+                slot.send(ndjson(v));
+                return Ok(());
+            }
+            Ok(Err(_)) => return Err("the client went away".to_owned()),
+            Err(_) if !state.is_ready() => return Err("the server is shutting down".into()),
+            Err(_) if since.elapsed() >= patience => {
+                return Err(format!(
+                    "the client read no acknowledgement for {} ms ([server] fact_stream_idle_ms)",
+                    patience.as_millis()
+                ));
+            }
+            Err(_) => {}
+        }
     }
 }
 
@@ -406,20 +445,38 @@ pub(crate) fn streams(limit: usize) -> Arc<tokio::sync::Semaphore> {
 mod tests {
     use super::*;
 
-    #[test]
-    fn lines_are_split_at_newlines_and_the_unfinished_rest_waits() {
-        let (lines, used) = split_lines(b"[1]\n[2]\n[3", 10, false);
-        assert_eq!(lines, vec![&b"[1]"[..], &b"[2]"[..]]);
-        assert_eq!(used, 8);
-        let (lines, used) = split_lines(b"[1]\n[2]\n[3", 10, true);
-        assert_eq!(lines, vec![&b"[1]"[..], &b"[2]"[..], &b"[3"[..]]);
-        assert_eq!(used, 10);
+    fn pending(bytes: &[u8]) -> Pending {
+        let mut p = Pending::default();
+        p.push(bytes);
+        p
     }
 
     #[test]
-    fn a_group_takes_at_most_its_bound_of_lines() {
-        let (lines, used) = split_lines(b"a\nb\nc\n", 2, true);
-        assert_eq!(lines, vec![&b"a"[..], &b"b"[..]]);
-        assert_eq!(used, 4);
+    fn whole_lines_are_taken_and_the_unfinished_rest_waits_for_the_end() {
+        let mut p = pending(b"[1]\n[2]\n[3");
+        assert_eq!(p.take_group(100, false), b"[1]\n[2]\n");
+        assert_eq!(p.newlines, 0);
+        assert!(p.take_group(100, false).is_empty());
+        assert_eq!(p.take_group(100, true), b"[3");
+        assert!(p.bytes.is_empty());
+    }
+
+    #[test]
+    fn a_group_is_bounded_in_lines_and_in_bytes_but_takes_at_least_one_line() {
+        let many = "a\n".repeat(MAX_GROUP_LINES + 3);
+        let mut p = pending(many.as_bytes());
+        assert_eq!(p.take_group(usize::MAX, false).len(), 2 * MAX_GROUP_LINES);
+        assert_eq!(p.newlines, 3);
+        let mut p = pending(b"aaaa\nbbbb\ncc\n");
+        assert_eq!(p.take_group(6, false), b"aaaa\n");
+        assert_eq!(p.take_group(3, false), b"bbbb\n");
+        assert_eq!(p.take_group(3, false), b"cc\n");
+    }
+
+    #[test]
+    fn a_first_line_over_the_limit_is_seen_whole_or_unfinished() {
+        assert!(pending(b"aaaaa\nb\n").first_line_over(4));
+        assert!(pending(b"aaaaa").first_line_over(4));
+        assert!(!pending(b"aaaa\nbbbbbbbbb").first_line_over(4));
     }
 }

@@ -171,25 +171,87 @@ async fn each_line_is_acknowledged_while_the_stream_is_open_and_refused_lines_ar
 }
 
 #[tokio::test]
-async fn lines_that_arrive_together_are_applied_in_one_snapshot_change() {
+async fn lines_that_arrive_together_are_acknowledged_together_in_bounded_groups() {
     let s = state();
     let (tx, _, acks) = open(&s, "uid:0").await;
     let mut burst = Vec::new();
-    for i in 0..40 {
+    for i in 0..300 {
         burst.extend_from_slice(&line(&zone(&format!("group-{i}"))));
     }
+    // The last line has no newline: the end of the body finishes it.
+    burst.extend_from_slice(&line(&zone("group-300"))[..]);
+    burst.pop();
     tx.send(Bytes::from(burst)).await.unwrap();
     drop(tx);
-    let rest = acks.rest().await;
-    // 40 lines in one frame: one group (at most 256), one acknowledgement.
+    // 301 lines in one frame: a group of 256 (the most), then the 44 other whole lines;
+    // the last one waits for the end of the body, which finishes it.
     assert_eq!(
-        rest,
+        acks.rest().await,
         vec![
-            json!({"through": 40, "upserted": 40}),
-            json!({"done": true, "lines": 40, "upserted": 40, "refused": 0}),
+            json!({"through": 256, "upserted": 256}),
+            json!({"through": 300, "upserted": 300}),
+            json!({"through": 301, "upserted": 301}),
+            json!({"done": true, "lines": 301, "upserted": 301, "refused": 0}),
         ]
     );
-    assert!(stored(&s, "group-39").await);
+    assert!(stored(&s, "group-0").await);
+    assert!(stored(&s, "group-300").await);
+}
+
+#[tokio::test]
+async fn a_body_that_breaks_off_ends_the_stream_after_the_lines_it_brought() {
+    let s = state();
+    let (tx, rx) = mpsc::channel::<Result<Bytes, std::io::Error>>(4);
+    let mut req = Request::builder()
+        .method(Method::POST)
+        .uri("/v1/entities/stream")
+        .body(Body::new(Failing(rx)))
+        .unwrap();
+    req.extensions_mut().insert(Caller("uid:0".to_owned()));
+    let response = app(s.clone()).oneshot(req).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let mut acks = Acks {
+        body: response.into_body(),
+        buf: Vec::new(),
+    };
+    tx.send(Ok(line(&zone("before-break")))).await.unwrap();
+    assert_eq!(
+        acks.next().await.unwrap(),
+        json!({"through": 1, "upserted": 1})
+    );
+    // Half a line, then the connection breaks: the half is not applied.
+    tx.send(Ok(Bytes::from_static(
+        b"[{\"uid\": {\"type\": \"Zone\", \"id\": \"half\"}",
+    )))
+    .await
+    .unwrap();
+    tx.send(Err(std::io::Error::other("connection reset")))
+        .await
+        .unwrap();
+    assert_eq!(
+        acks.rest().await,
+        vec![
+            json!({"done": false, "lines": 1, "upserted": 1, "refused": 0,
+                    "error": "the request body could not be read"})
+        ]
+    );
+    assert!(stored(&s, "before-break").await);
+    assert!(!stored(&s, "half").await);
+}
+
+/// A request body that can fail, as a broken connection does.
+struct Failing(mpsc::Receiver<Result<Bytes, std::io::Error>>);
+
+impl hyper::body::Body for Failing {
+    type Data = Bytes;
+    type Error = std::io::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        self.0.poll_recv(cx).map(|b| b.map(|b| b.map(Frame::data)))
+    }
 }
 
 #[tokio::test]
@@ -231,7 +293,8 @@ async fn an_unfinished_line_that_outgrows_the_limit_ends_the_stream() {
     config.server.max_body_bytes = 400;
     let s = state_with(config);
     let (tx, _, acks) = open(&s, "uid:0").await;
-    // No newline ever comes: the server does not buffer it without bound.
+    // No newline ever comes: the server does not buffer it without bound, whether it
+    // comes in small frames or in one.
     for _ in 0..5 {
         if tx.send(Bytes::from(vec![b' '; 100])).await.is_err() {
             break;
@@ -241,6 +304,14 @@ async fn an_unfinished_line_that_outgrows_the_limit_ends_the_stream() {
     assert_eq!(
         rest.last().unwrap()["error"],
         "line 1: over the limit of 400 bytes ([server] max_body_bytes)"
+    );
+    let (tx, _, acks) = open(&s, "uid:0").await;
+    tx.send(line(&zone("short"))).await.unwrap();
+    tx.send(Bytes::from(vec![b' '; 100_000])).await.unwrap();
+    let rest = acks.rest().await;
+    assert_eq!(
+        rest.last().unwrap()["error"],
+        "line 2: over the limit of 400 bytes ([server] max_body_bytes)"
     );
 }
 
