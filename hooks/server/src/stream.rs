@@ -15,7 +15,9 @@
 //! * `{"line": N, "error": "..."}`: line N (1-based) was refused and nothing of it applied;
 //!   the stream goes on.
 //! * `{"through": N, "upserted": U}`: every line up to N has been handled (applied,
-//!   refused above, or blank), and the applied lines held U entities in all.
+//!   refused above, or blank), and the applied lines held U entities in all. Sent at
+//!   most every 10 ms (the lines handled meanwhile share one), and at once after a
+//!   refusal.
 //! * last, `{"done": true, "lines": N, "upserted": U, "refused": R}` when the body ended,
 //!   or `{"done": false, "error": "...", ...}` when the server ended the stream: a line
 //!   over `max_body_bytes`, no byte for `fact_stream_idle_ms` (or no acknowledgement
@@ -61,6 +63,11 @@ const INLINE_BYTES: usize = 64 * 1024;
 
 /// How often an idle stream checks for shutdown.
 const IDLE_TICK: Duration = Duration::from_millis(250);
+
+/// Most often a stream's `through` is sent: the lines applied meanwhile share one. Each
+/// acknowledgement is a write that wakes the client, which costs both sides more than
+/// applying a line; a refusal is sent at once, and the `through` after it.
+const ACK_EVERY: Duration = Duration::from_millis(10);
 
 /// Opens a stream of fact updates (see the module's documentation).
 pub(crate) async fn upsert_stream(
@@ -189,6 +196,10 @@ async fn run(
     let mut tally = Tally::default();
     let mut pending = Pending::default();
     let mut last_byte = Instant::now();
+    // When the last `through` went out, and whether lines were handled since.
+    let mut acked_at: Option<Instant> = None;
+    let mut owed = false;
+    let patience = idle;
     let over = |tally: &Tally| {
         format!(
             "line {}: over the limit of {max_line} bytes ([server] max_body_bytes)",
@@ -203,8 +214,21 @@ async fn run(
         // whatever else has already arrived, so that a writer ahead of the server is
         // applied in one group. Reading stops at a group's worth (in lines or bytes).
         let mut ended = false;
-        match tokio::time::timeout(IDLE_TICK, body.frame()).await {
+        let wait = match (owed, acked_at) {
+            (true, Some(at)) => ACK_EVERY.saturating_sub(at.elapsed()),
+            (true, None) => Duration::ZERO,
+            (false, _) => IDLE_TICK,
+        };
+        match tokio::time::timeout(wait, body.frame()).await {
             Err(_) => {
+                if owed {
+                    if let Err(e) = send(&state, &acks, &through(&tally), patience).await {
+                        break Err(e);
+                    }
+                    owed = false;
+                    acked_at = Some(Instant::now());
+                    continue;
+                }
                 if last_byte.elapsed() >= idle {
                     break Err(format!(
                         "no byte for {} ms ([server] fact_stream_idle_ms)",
@@ -244,9 +268,26 @@ async fn run(
             if group.is_empty() {
                 break;
             }
-            if let Err(e) = apply_group(&state, &caller, group, &mut tally, &acks).await {
-                break 'stream Err(e);
+            let refused = match apply_group(&state, &caller, group, &mut tally, &acks).await {
+                Ok(refused) => refused,
+                Err(e) => break 'stream Err(e),
+            };
+            owed = true;
+            if refused {
+                // A refusal was just sent: its `through` follows it at once.
+                if let Err(e) = send(&state, &acks, &through(&tally), patience).await {
+                    break 'stream Err(e);
+                }
+                owed = false;
+                acked_at = Some(Instant::now());
             }
+        }
+        if owed && acked_at.is_none_or(|at| at.elapsed() >= ACK_EVERY) {
+            if let Err(e) = send(&state, &acks, &through(&tally), patience).await {
+                break Err(e);
+            }
+            owed = false;
+            acked_at = Some(Instant::now());
         }
         // The client's silence is what idleness measures, not the server's work.
         last_byte = Instant::now();
@@ -262,7 +303,13 @@ async fn run(
         }
     };
     // A client that is not reading is not waited for again.
-    let _ = tokio::time::timeout(IDLE_TICK, acks.send(ndjson(&last))).await;
+    let flush = async {
+        if owed {
+            acks.send(ndjson(&through(&tally))).await?;
+        }
+        acks.send(ndjson(&last)).await
+    };
+    let _ = tokio::time::timeout(IDLE_TICK, flush).await;
     tracing::info!(
         caller = %caller.0,
         lines = tally.lines,
@@ -290,16 +337,22 @@ struct GroupOutcome {
     refusals: Vec<(u64, String)>,
 }
 
-/// Applies one group of lines (see [`apply_lines`]), then sends its refusals and its
-/// `through`. An error ends the stream: the client has gone or stopped reading, the
-/// caller may no longer write, or the server is shutting down.
+/// `{"through": N, "upserted": U}`.
+fn through(tally: &Tally) -> Value {
+    json!({"through": tally.lines, "upserted": tally.upserted})
+}
+
+/// Applies one group of lines (see [`apply_lines`]) and sends its refusals; returns
+/// whether there were any (the caller then sends the `through` at once). An error ends
+/// the stream: the client has gone or stopped reading, the caller may no longer write,
+/// or the server is shutting down.
 async fn apply_group(
     state: &AppState,
     caller: &Caller,
     group: Vec<u8>,
     tally: &mut Tally,
     acks: &mpsc::Sender<Bytes>,
-) -> Result<(), String> {
+) -> Result<bool, String> {
     match authorize(state, caller, "entities", "upsert", None).await {
         Ok(()) => {}
         Err(ApiError::Forbidden(_)) => {
@@ -321,6 +374,7 @@ async fn apply_group(
     tally.upserted += outcome.upserted;
     tally.refused += outcome.refusals.len() as u64;
     let patience = Duration::from_millis(state.config().server.fact_stream_idle_ms);
+    let refused = !outcome.refusals.is_empty();
     for (line, error) in outcome.refusals {
         send(
             state,
@@ -330,13 +384,7 @@ async fn apply_group(
         )
         .await?;
     }
-    send(
-        state,
-        acks,
-        &json!({"through": tally.lines, "upserted": tally.upserted}),
-        patience,
-    )
-    .await
+    Ok(refused)
 }
 
 /// Parses the group's lines (numbered from `first`) and upserts them: all in one write

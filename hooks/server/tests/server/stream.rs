@@ -184,16 +184,24 @@ async fn lines_that_arrive_together_are_acknowledged_together_in_bounded_groups(
     tx.send(Bytes::from(burst)).await.unwrap();
     drop(tx);
     // 301 lines in one frame: a group of 256 (the most), then the 44 other whole lines;
-    // the last one waits for the end of the body, which finishes it.
+    // the last one waits for the end of the body, which finishes it. Acknowledgements
+    // are sent at most every 10 ms, so the groups' may share one.
+    let rest = acks.rest().await;
+    let (last, throughs) = rest.split_last().unwrap();
     assert_eq!(
-        acks.rest().await,
-        vec![
-            json!({"through": 256, "upserted": 256}),
-            json!({"through": 300, "upserted": 300}),
-            json!({"through": 301, "upserted": 301}),
-            json!({"done": true, "lines": 301, "upserted": 301, "refused": 0}),
-        ]
+        last,
+        &json!({"done": true, "lines": 301, "upserted": 301, "refused": 0})
     );
+    assert_eq!(
+        throughs.last().unwrap(),
+        &json!({"through": 301, "upserted": 301})
+    );
+    for t in throughs {
+        assert!(
+            [256, 300, 301].contains(&t["through"].as_u64().unwrap()),
+            "a group's bound was not kept: {rest:?}"
+        );
+    }
     assert!(stored(&s, "group-0").await);
     assert!(stored(&s, "group-300").await);
 }
@@ -473,8 +481,8 @@ async fn a_client_that_reads_no_acknowledgement_loses_its_stream_and_its_permit(
     let s = state_with(config);
     let (tx, status, _unread) = open(&s, "uid:0").await;
     assert_eq!(status, StatusCode::OK);
-    // One line at a time, so each is a group with its own acknowledgement: more than
-    // the server queues for an unread client.
+    // One line at a time, more than 10 ms apart, so each gets its own acknowledgement:
+    // more than the server queues for an unread client.
     let mut sent = 0;
     for i in 0..200 {
         let sending = tx.send(line(&zone(&format!("unread-{i}"))));
@@ -485,7 +493,7 @@ async fn a_client_that_reads_no_acknowledgement_loses_its_stream_and_its_permit(
             break; // the server stopped reading, or dropped the body: the stream ended
         }
         sent += 1;
-        tokio::time::sleep(Duration::from_millis(2)).await;
+        tokio::time::sleep(Duration::from_millis(12)).await;
     }
     assert!(
         sent < 200,
