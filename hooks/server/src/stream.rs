@@ -3,10 +3,10 @@
 //! A writer that pushes facts at a steady rate (a relay for many node agents, a
 //! collector) pays for an HTTP request, its routing and its response once, not per
 //! update. The request body is NDJSON: each line is what `POST /v1/entities` takes (an
-//! array of Cedar entity JSON), applied all or nothing. The lines that have arrived
-//! when the server reads (at most 256 of them and `max_body_bytes` in all, or one
-//! longer line) are applied together, in one snapshot change (a group commit), so a
-//! writer the server falls behind costs less per line, not more. A group is judged as
+//! array of Cedar entity JSON), applied all or nothing. The lines that arrive within
+//! 5 ms of a group's first bytes (at most 256 of them and `max_body_bytes` in all, or
+//! one longer line) are applied together, in one snapshot change (a group commit): a
+//! busy writer costs a read, a wake-up and a commit per group, not per line. A group is judged as
 //! one update: the store after the whole group must be valid, as with one
 //! `POST /v1/entities` of all its entities; if it is not, its lines are applied one by
 //! one and only the refused ones are left out.
@@ -63,6 +63,13 @@ const INLINE_BYTES: usize = 64 * 1024;
 
 /// How often an idle stream checks for shutdown.
 const IDLE_TICK: Duration = Duration::from_millis(250);
+
+/// How long a group stays open after its first bytes: the lines a writer sends
+/// meanwhile join it, and are parsed and applied with it. Reading, waking for and
+/// applying each line as it comes costs more than the line's own work (and the body
+/// hands over one chunk at a time, so only waiting gathers more); a fact is late by at
+/// most this much.
+const LINGER: Duration = Duration::from_millis(5);
 
 /// Most often a stream's `through` is sent: the lines applied meanwhile share one. Each
 /// acknowledgement is a write that wakes the client, which costs both sides more than
@@ -210,9 +217,8 @@ async fn run(
         if !state.is_ready() {
             break Err("the server is shutting down".into());
         }
-        // Wait for bytes (checking for shutdown and idleness meanwhile), then take
-        // whatever else has already arrived, so that a writer ahead of the server is
-        // applied in one group. Reading stops at a group's worth (in lines or bytes).
+        // Wait for bytes (checking for shutdown and idleness meanwhile), then take what
+        // else comes within LINGER, so that a writer's lines are applied in groups.
         let mut ended = false;
         let wait = match (owed, acked_at) {
             (true, Some(at)) => ACK_EVERY.saturating_sub(at.elapsed()),
@@ -245,19 +251,20 @@ async fn run(
                 }
             }
         }
+        // The group stays open for LINGER, or until it is full (in lines or bytes).
+        let closes = tokio::time::Instant::now() + LINGER;
         while !ended && pending.newlines < MAX_GROUP_LINES && pending.bytes.len() <= max_line {
-            // Only frames already here: a pending poll is dropped, which loses nothing.
-            match poll_now(body.frame()) {
-                Some(Some(Ok(frame))) => {
+            match tokio::time::timeout_at(closes, body.frame()).await {
+                Err(_) => break,
+                Ok(Some(Ok(frame))) => {
                     if let Ok(data) = frame.into_data() {
                         pending.push(&data);
                     }
                 }
-                Some(Some(Err(_))) => {
+                Ok(Some(Err(_))) => {
                     break 'stream Err("the request body could not be read".into());
                 }
-                Some(None) => ended = true,
-                None => break,
+                Ok(None) => ended = true,
             }
         }
         loop {
@@ -317,16 +324,6 @@ async fn run(
         refused = tally.refused,
         "fact stream closed"
     );
-}
-
-/// Polls a future once: its output if it is ready now.
-fn poll_now<F: std::future::Future>(f: F) -> Option<F::Output> {
-    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
-    let mut f = std::pin::pin!(f);
-    match f.as_mut().poll(&mut cx) {
-        std::task::Poll::Ready(out) => Some(out),
-        std::task::Poll::Pending => None,
-    }
 }
 
 /// What applying a group did.
