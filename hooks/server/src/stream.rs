@@ -4,10 +4,10 @@
 //! collector) pays for an HTTP request, its routing and its response once, not per
 //! update. The request body is NDJSON: each line is what `POST /v1/entities` takes (an
 //! array of Cedar entity JSON), applied all or nothing. The lines that arrive within
-//! 5 ms of a group's first bytes (at most 256 of them and `max_body_bytes` in all, or
-//! one longer line) are applied together, in one snapshot change (a group commit): a
-//! busy writer costs a read, a wake-up and a commit per group, not per line. A group is judged as
-//! one update: the store after the whole group must be valid, as with one
+//! 5 ms of a group's first bytes (at most 256 of them and `max_body_bytes` in all) are
+//! applied together, in one snapshot change (a group commit): a busy writer costs a
+//! read, a wake-up and a commit per group, not per line. A group is judged as one
+//! update: the store after the whole group must be valid, as with one
 //! `POST /v1/entities` of all its entities; if it is not, its lines are applied one by
 //! one and only the refused ones are left out.
 //!
@@ -67,8 +67,8 @@ const IDLE_TICK: Duration = Duration::from_millis(250);
 /// How long a group stays open after its first bytes: the lines a writer sends
 /// meanwhile join it, and are parsed and applied with it. Reading, waking for and
 /// applying each line as it comes costs more than the line's own work (and the body
-/// hands over one chunk at a time, so only waiting gathers more); a fact is late by at
-/// most this much.
+/// hands over one chunk at a time, so only waiting gathers more); a fact waits about
+/// this much beyond the server's own work.
 const LINGER: Duration = Duration::from_millis(5);
 
 /// Most often a stream's `through` is sent: the lines applied meanwhile share one. Each
@@ -275,11 +275,14 @@ async fn run(
             if group.is_empty() {
                 break;
             }
-            let refused = match apply_group(&state, &caller, group, &mut tally, &acks).await {
+            let handled = tally.lines;
+            let result = apply_group(&state, &caller, group, &mut tally, &acks).await;
+            // Lines applied before a failed send are still owed their `through`.
+            owed = owed || tally.lines > handled;
+            let refused = match result {
                 Ok(refused) => refused,
                 Err(e) => break 'stream Err(e),
             };
-            owed = true;
             if refused {
                 // A refusal was just sent: its `through` follows it at once.
                 if let Err(e) = send(&state, &acks, &through(&tally), patience).await {
@@ -309,7 +312,7 @@ async fn run(
             tally.end(Some(e))
         }
     };
-    // A client that is not reading is not waited for again.
+    // A client that is not reading is waited for at most IDLE_TICK more.
     let flush = async {
         if owed {
             acks.send(ndjson(&through(&tally))).await?;
