@@ -4,7 +4,7 @@
 # the decisions/s of the same run without writers and at most 1.5x its p99.
 #
 #   cargo build --release --workspace --bin probity --example loadgen --example large_store
-#   [PROBITY=BINARY] [WRITES=requests|stream] bash scripts/bench-writers.sh [ROUNDS=3] [SECONDS=10] [RATE=5000] [CONNECTIONS=32]
+#   [PROBITY=BINARY] [WRITES=requests|stream] [TICK=MS] bash scripts/bench-writers.sh [ROUNDS=3] [SECONDS=10] [RATE=5000] [CONNECTIONS=32]
 #
 # One server (embedded default policies; plain HTTP on a loopback port for decisions,
 # so the figure is the engine's and not TLS's;
@@ -14,7 +14,9 @@
 # twice: alone, then beside a second load generator that posts one node's changed
 # temperature at RATE updates/s over 8 connections of the admin socket (the updates
 # `large_store mixed` makes): one request per update (WRITES=requests, the default), or
-# each writer's updates as the lines of one `POST /v1/entities/stream` (WRITES=stream).
+# each writer's updates as the lines of one `POST /v1/entities/stream` (WRITES=stream);
+# with TICK=MS, stream writers wake every MS milliseconds and send the lines due by then
+# in one write, as a relay forwarding its agents' reports would (loadgen --tick).
 # Prints loadgen's lines and, per round and as medians, the ratio of decisions/s and of
 # p99 with writers to without, and the rate the writers kept (a writer the server falls
 # behind sends fewer updates than RATE). Every process it starts is stopped by its PID on
@@ -29,7 +31,7 @@ connections=${4:-32}
 writes=${WRITES:-requests}
 case "$writes" in
   requests) write_path=/v1/entities; write_mode=() ;;
-  stream) write_path=/v1/entities/stream; write_mode=(--stream) ;;
+  stream) write_path=/v1/entities/stream; write_mode=(--stream ${TICK:+--tick "$TICK"}) ;;
   *) echo "WRITES is requests or stream, not $writes" >&2; exit 2 ;;
 esac
 probity=${PROBITY:-$repo/target/release/probity}
@@ -112,7 +114,7 @@ for r in $(seq 1 "$rounds"); do
   kept+=("$(field "$(cat writers.out)" throughput)")
   echo "round $r: decisions/s ${ratios_rate[-1]:0:5}x, p99 ${ratios_p99[-1]:0:5}x, writers kept ${kept[-1]}/s of $rate"
 done
-python3 - "${ratios_rate[*]}" "${ratios_p99[*]}" "${kept[*]}" "$writes" <<'PY'
+python3 - "${ratios_rate[*]}" "${ratios_p99[*]}" "${kept[*]}" "$writes${TICK:+, tick $TICK ms}" <<'PY'
 import statistics, sys
 rate = [float(x) for x in sys.argv[1].split()]
 p99 = [float(x) for x in sys.argv[2].split()]

@@ -26,7 +26,10 @@
 //! the bodies as its NDJSON lines, at the rate; a line is timed from its scheduled time
 //! to the acknowledgement that covers it (`{"through": N}`), and a refused line or a
 //! stream the server ended counts as an error. Warm-up lines are acknowledged before
-//! the clock starts.
+//! the clock starts. `--tick MS` (with `--stream` and `--rate`): each writer wakes every
+//! MS milliseconds and sends the lines due by then in one write, as a relay that
+//! forwards its agents' reports would; each line is still timed from its own scheduled
+//! time, so the wait for the tick counts in its latency.
 
 #![allow(
     clippy::unwrap_used,
@@ -83,6 +86,8 @@ struct Opts {
     expect: Option<String>,
     threads: usize,
     stream: bool,
+    /// With `--stream`: send the lines due every this often, in one write.
+    tick: Option<Duration>,
 }
 
 fn opts() -> Opts {
@@ -101,6 +106,7 @@ fn opts() -> Opts {
         expect: None,
         threads: 1,
         stream: false,
+        tick: None,
     };
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut i = 0;
@@ -127,6 +133,10 @@ fn opts() -> Opts {
             "--requests" => o.requests = v.parse().expect("--requests"),
             "--duration" => o.duration = Duration::from_secs_f64(v.parse().expect("--duration")),
             "--warmup" => o.warmup = v.parse().expect("--warmup"),
+            "--tick" => {
+                let ms: f64 = v.parse().expect("--tick");
+                o.tick = (ms > 0.0).then(|| Duration::from_secs_f64(ms / 1000.0));
+            }
             "--expect" => o.expect = Some(v),
             "--threads" => o.threads = v.parse().expect("--threads"),
             other => panic!("unknown option {other}; see the example's doc comment"),
@@ -480,22 +490,49 @@ async fn run_stream(o: Opts) {
             let pacer = Pacer::new();
             let mut n: u32 = 0;
             let mut sending = true;
+            let schedule = |n: u32| match (interval, offset) {
+                (Some(iv), Some(off)) => start + off + iv * n,
+                _ => Instant::now(),
+            };
             loop {
-                let next = match (interval, offset) {
-                    (Some(iv), Some(off)) => start + off + iv * n,
-                    _ => Instant::now(),
+                let next = schedule(n);
+                // With --tick, the first of this writer's ticks at or after the next
+                // line's time (the writers' ticks are spread like their lines).
+                let wake = match (o.tick, interval) {
+                    (Some(tick), Some(_)) => {
+                        let first = start + tick.mul_f64(i as f64 / o.connections as f64);
+                        let ticks = next.saturating_duration_since(first).as_secs_f64()
+                            / tick.as_secs_f64();
+                        first + tick.mul_f64(ticks.ceil())
+                    }
+                    _ => next,
                 };
                 tokio::select! {
-                    _ = pacer.sleep_until(next), if sending && waiting.len() < 1000 => {
-                        let seq = sent.fetch_add(1, Ordering::Relaxed);
-                        if Instant::now() >= deadline || seq >= o.requests {
-                            sending = false;
-                            drop(std::mem::replace(&mut s.lines, tokio::sync::mpsc::channel(1).0));
-                            continue;
+                    _ = pacer.sleep_until(wake), if sending && waiting.len() < 1000 => {
+                        // The lines due by now (one without --tick), in one write.
+                        let now = Instant::now();
+                        let mut batch = Vec::new();
+                        loop {
+                            let at = schedule(n);
+                            if !batch.is_empty() && (o.tick.is_none() || at > now || waiting.len() >= 1000) {
+                                break;
+                            }
+                            let seq = sent.fetch_add(1, Ordering::Relaxed);
+                            if now >= deadline || seq >= o.requests {
+                                sending = false;
+                                break;
+                            }
+                            n += 1;
+                            batch.extend_from_slice(&line_of(&o, warmed + seq));
+                            s.sent += 1;
+                            waiting.push_back((s.sent, at));
                         }
-                        n += 1;
-                        s.send(&o, warmed + seq).await;
-                        waiting.push_back((s.sent, next));
+                        if !batch.is_empty() {
+                            s.lines.send(Bytes::from(batch)).await.unwrap();
+                        }
+                        if !sending {
+                            drop(std::mem::replace(&mut s.lines, tokio::sync::mpsc::channel(1).0));
+                        }
                     }
                     ack = s.ack() => {
                         let Some(ack) = ack else { break };
