@@ -544,6 +544,9 @@ pub struct ServerConfig {
     /// Fact streams (`POST /v1/entities/stream`) open at once, over all callers, at
     /// most. Default 64.
     pub max_fact_streams: usize,
+    /// Fact streams one caller identity may have open at once, so that one writer
+    /// cannot take every stream. Default 16.
+    pub max_fact_streams_per_caller: usize,
     /// A fact stream that sends no byte, or reads no acknowledgement, for this long is
     /// ended, in milliseconds. Default 60000.
     pub fact_stream_idle_ms: u64,
@@ -567,6 +570,7 @@ impl Default for ServerConfig {
             max_connections_per_caller: 256,
             header_read_timeout_ms: 10_000,
             max_fact_streams: 64,
+            max_fact_streams_per_caller: 16,
             fact_stream_idle_ms: 60_000,
         }
     }

@@ -123,8 +123,9 @@ struct Inner {
     authorizations: probity::DecisionCache,
     /// The mutating webhook's last node affinity, with the decisions it came from.
     affinity: std::sync::Mutex<Option<placement::AffinityMemo>>,
-    /// One permit per open fact stream (`[server] max_fact_streams`).
-    fact_streams: Arc<tokio::sync::Semaphore>,
+    /// Open fact streams, in all and per caller (`[server] max_fact_streams` and
+    /// `max_fact_streams_per_caller`).
+    fact_streams: Arc<limits::Connections>,
     /// The keyring, once opened on the state backend.
     keys: std::sync::OnceLock<keys::KeyService>,
     /// The local store that holds the decision and event logs (redb, or the etcd
@@ -156,7 +157,10 @@ impl AppState {
                 tracing::error!(error = %e, "cannot start the I/O threads; /v1/verify will refuse");
                 limits::IoPool::start(0, 0, 0).unwrap_or_else(|_| std::process::abort())
             });
-        let fact_streams = stream::streams(config.server.max_fact_streams);
+        let fact_streams = limits::Connections::new(
+            config.server.max_fact_streams,
+            config.server.max_fact_streams_per_caller,
+        );
         Self {
             inner: Arc::new(Inner {
                 engine,
@@ -234,8 +238,8 @@ impl AppState {
         &self.inner.affinity
     }
 
-    pub(crate) fn fact_streams(&self) -> Arc<tokio::sync::Semaphore> {
-        Arc::clone(&self.inner.fact_streams)
+    pub(crate) fn fact_streams(&self) -> &Arc<limits::Connections> {
+        &self.inner.fact_streams
     }
 
     pub(crate) fn io(&self) -> &limits::IoPool {
@@ -426,6 +430,11 @@ impl AppState {
             out,
             "# HELP probity_io_jobs_in_flight Verification jobs on the I/O threads.\n# TYPE probity_io_jobs_in_flight gauge\nprobity_io_jobs_in_flight {}",
             self.inner.io.in_flight()
+        );
+        let (open, refused) = self.inner.fact_streams.counts();
+        let _ = writeln!(
+            out,
+            "# HELP probity_fact_streams_open Fact streams (POST /v1/entities/stream) open.\n# TYPE probity_fact_streams_open gauge\nprobity_fact_streams_open {open}\n# HELP probity_fact_streams_refused_total Fact streams refused over the limits, in all or per caller.\n# TYPE probity_fact_streams_refused_total counter\nprobity_fact_streams_refused_total {refused}"
         );
         if let Some(c) = self.inner.connections.get() {
             let (open, refused) = c.counts();

@@ -10,7 +10,7 @@
 //!   releases the caller's slot at once and is skipped if it has not started.
 //! * **Connections**: a bound on all of them and one per caller identity (or peer
 //!   address), so a slowloris holding connections open cannot starve others
-//!   ([`Connections`]).
+//!   ([`Connections`]). Fact streams are bounded the same way, in all and per caller.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -227,7 +227,17 @@ impl IoPool {
     }
 }
 
-/// Open connections: all of them, and per caller identity or peer address.
+/// Which bound [`Connections::admit`] refused over.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum OverLimit {
+    /// As many are open as may be in all.
+    All,
+    /// As many are open for this key (caller identity or peer address) as one key may hold.
+    PerKey,
+}
+
+/// Open connections (or fact streams): all of them, and per caller identity or peer
+/// address.
 pub(crate) struct Connections {
     max: usize,
     per_caller: usize,
@@ -264,17 +274,24 @@ impl Connections {
         })
     }
 
-    /// A place for one more connection of `key`, or `None` when over either bound.
-    pub fn admit(self: &Arc<Self>, key: &str) -> Option<ConnectionPermit> {
+    /// A place for one more connection of `key`, or the bound it is over.
+    pub fn admit(self: &Arc<Self>, key: &str) -> Result<ConnectionPermit, OverLimit> {
         let mut open = lock(&self.open);
         let mine = open.1.get(key).copied().unwrap_or(0);
-        if open.0 >= self.max || mine >= self.per_caller {
+        let over = if open.0 >= self.max {
+            Some(OverLimit::All)
+        } else if mine >= self.per_caller {
+            Some(OverLimit::PerKey)
+        } else {
+            None
+        };
+        if let Some(over) = over {
             self.refused.fetch_add(1, Ordering::Relaxed);
-            return None;
+            return Err(over);
         }
         open.0 += 1;
         *open.1.entry(key.to_owned()).or_insert(0) += 1;
-        Some(ConnectionPermit {
+        Ok(ConnectionPermit {
             key: key.to_owned(),
             owner: Arc::clone(self),
         })
@@ -306,11 +323,11 @@ mod tests {
         let c = Connections::new(3, 2);
         let a1 = c.admit("a").unwrap();
         let _a2 = c.admit("a").unwrap();
-        assert!(c.admit("a").is_none());
+        assert_eq!(c.admit("a").err(), Some(OverLimit::PerKey));
         let _b = c.admit("b").unwrap();
-        assert!(c.admit("c").is_none());
+        assert_eq!(c.admit("c").err(), Some(OverLimit::All));
         drop(a1);
-        assert!(c.admit("c").is_some());
+        assert!(c.admit("c").is_ok());
         assert_eq!(c.counts().1, 2);
     }
 

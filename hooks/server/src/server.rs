@@ -709,7 +709,7 @@ async fn accept_unix(
             Ok((stream, _)) => {
                 let caller = stream.peer_cred().ok().map(|c| Caller::unix_uid(c.uid()));
                 let key = caller.as_ref().map_or("unix:unknown", |c| c.0.as_str());
-                let Some(permit) = limits.connections.admit(key) else {
+                let Ok(permit) = limits.connections.admit(key) else {
                     tracing::debug!(
                         caller = key,
                         "connection refused: over the connection limits"
@@ -759,7 +759,7 @@ async fn accept_tcp(
         let by_address = format!("addr:{}", peer.ip());
         match &acceptor {
             None => {
-                let Some(permit) = limits.connections.admit(&by_address) else {
+                let Ok(permit) = limits.connections.admit(&by_address) else {
                     tracing::debug!(%peer, "connection refused: over the connection limits");
                     continue;
                 };
@@ -773,7 +773,7 @@ async fn accept_tcp(
                 );
             }
             Some(acceptor) => {
-                let Some(handshake_permit) = limits.connections.admit(&by_address) else {
+                let Ok(handshake_permit) = limits.connections.admit(&by_address) else {
                     tracing::debug!(%peer, "connection refused: over the connection limits");
                     continue;
                 };
@@ -810,11 +810,11 @@ async fn accept_tcp(
                     let permit = match &caller {
                         None => handshake_permit,
                         Some(c) => match limits.connections.admit(&c.0) {
-                            Some(p) => {
+                            Ok(p) => {
                                 drop(handshake_permit);
                                 p
                             }
-                            None => {
+                            Err(_) => {
                                 tracing::debug!(caller = %c.0, "connection refused: over the connection limits");
                                 return;
                             }

@@ -29,10 +29,9 @@
 //! The caller is authorized (`manage` on `Api::"entities"`, as for `POST /v1/entities`)
 //! before the stream starts and again before each group, so a policy change that
 //! withdraws the permission ends the stream at its next group. At most
-//! `max_fact_streams` streams are open at once (over all callers); one more is refused
-//! with 429.
+//! `max_fact_streams` streams are open at once (over all callers), and at most
+//! `max_fact_streams_per_caller` of one caller; one more is refused with 429.
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::body::{Body, Bytes};
@@ -41,12 +40,13 @@ use axum::http::{Extensions, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use http_body_util::BodyExt;
 use serde_json::{Value, json};
-use tokio::sync::{OwnedSemaphorePermit, mpsc};
+use tokio::sync::mpsc;
 
 use crate::AppState;
 use crate::api::{authorize, caller};
 use crate::caller::Caller;
 use crate::error::ApiError;
+use crate::limits::{ConnectionPermit, OverLimit};
 
 /// Most lines applied in one group (a group also holds at most `max_body_bytes` of lines,
 /// or one line): a writer far ahead is taken in bounded steps, so acknowledgements keep
@@ -84,12 +84,21 @@ pub(crate) async fn upsert_stream(
 ) -> Result<Response, ApiError> {
     let caller = caller(&ext);
     authorize(&state, &caller, "entities", "upsert", None).await?;
-    let permit = state.fact_streams().try_acquire_owned().map_err(|_| {
-        ApiError::TooManyRequests(format!(
-            "{} fact streams are open, the limit ([server] max_fact_streams)",
-            state.config().server.max_fact_streams
-        ))
-    })?;
+    let server = &state.config().server;
+    let permit = state
+        .fact_streams()
+        .admit(&caller.0)
+        .map_err(|over| match over {
+            OverLimit::All => ApiError::TooManyRequests(format!(
+                "{} fact streams are open, the limit ([server] max_fact_streams)",
+                server.max_fact_streams
+            )),
+            OverLimit::PerKey => ApiError::TooManyRequests(format!(
+                "{} has {} fact streams open, the limit for one caller \
+                 ([server] max_fact_streams_per_caller)",
+                caller.0, server.max_fact_streams_per_caller
+            )),
+        })?;
     let (acks, rx) = mpsc::channel(ACK_QUEUE);
     tokio::spawn(run(state, caller, body, acks, permit));
     Ok((
@@ -196,7 +205,7 @@ async fn run(
     caller: Caller,
     mut body: Body,
     acks: mpsc::Sender<Bytes>,
-    _permit: OwnedSemaphorePermit,
+    _permit: ConnectionPermit,
 ) {
     let max_line = state.config().server.max_body_bytes;
     let idle = Duration::from_millis(state.config().server.fact_stream_idle_ms);
@@ -482,11 +491,6 @@ fn json_kind(v: &Value) -> &'static str {
         Value::Array(_) => "an array",
         Value::Object(_) => "an object",
     }
-}
-
-/// The open streams' permits.
-pub(crate) fn streams(limit: usize) -> Arc<tokio::sync::Semaphore> {
-    Arc::new(tokio::sync::Semaphore::new(limit))
 }
 
 #[cfg(test)]

@@ -366,6 +366,50 @@ async fn an_idle_stream_is_ended_and_a_second_one_over_the_limit_is_refused() {
 }
 
 #[tokio::test]
+async fn one_caller_cannot_take_every_stream_and_another_still_opens_one() {
+    let mut config = Config::default();
+    config.server.max_fact_streams = 4;
+    config.server.max_fact_streams_per_caller = 2;
+    config
+        .auth
+        .groups
+        .insert("entity-writers".into(), vec!["cn:relay".into()]);
+    let s = state_with(config);
+    let (_a1, first, _) = open(&s, "uid:0").await;
+    let (_a2, second, _) = open(&s, "uid:0").await;
+    assert_eq!((first, second), (StatusCode::OK, StatusCode::OK));
+    let (_a3, third, refused) = open(&s, "uid:0").await;
+    assert_eq!(third, StatusCode::TOO_MANY_REQUESTS);
+    let body = refused.body.collect().await.unwrap().to_bytes();
+    assert_eq!(
+        serde_json::from_slice::<Value>(&body).unwrap()["error"],
+        "uid:0 has 2 fact streams open, the limit for one caller \
+         ([server] max_fact_streams_per_caller)"
+    );
+    // Another writer is not held back by the first one's streams, and writes.
+    let (tx, status, mut acks) = open(&s, "cn:relay").await;
+    assert_eq!(status, StatusCode::OK);
+    tx.send(line(&zone("beside-a-greedy-writer")))
+        .await
+        .unwrap();
+    assert_eq!(
+        acks.next().await.unwrap(),
+        json!({"through": 1, "upserted": 1})
+    );
+    assert!(stored(&s, "beside-a-greedy-writer").await);
+    let (_, metrics) = call(&s, Method::GET, "/metrics", None, None).await;
+    let metrics = metrics.as_str().unwrap();
+    assert!(
+        metrics.contains("probity_fact_streams_open 3\n"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("probity_fact_streams_refused_total 1\n"),
+        "{metrics}"
+    );
+}
+
+#[tokio::test]
 async fn a_stream_whose_permission_is_withdrawn_ends_at_its_next_group() {
     let mut config = Config::default();
     config
