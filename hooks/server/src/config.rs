@@ -911,9 +911,16 @@ impl Config {
                 "max_body_bytes, max_concurrency and request_timeout_ms must be positive".into(),
             ));
         }
-        if s.fact_stream_idle_ms == 0 {
+        // Zero streams would not disable them but refuse every writer with 429; a
+        // caller who may not write is the policies' business.
+        if s.fact_stream_idle_ms == 0
+            || s.max_fact_streams == 0
+            || s.max_fact_streams_per_caller == 0
+        {
             return Err(ConfigError::Invalid(
-                "fact_stream_idle_ms must be positive".into(),
+                "[server] fact_stream_idle_ms, max_fact_streams and max_fact_streams_per_caller \
+                 must be positive"
+                    .into(),
             ));
         }
         self.state.validate(self.integrity.state_dir.as_deref())?;
@@ -967,6 +974,20 @@ mod tests {
         let c =
             Config::from_toml("[server]\nlisten = \"127.0.0.1:8181\"\ninsecure = true\n").unwrap();
         c.validate().unwrap();
+    }
+
+    #[test]
+    fn fact_stream_bounds_must_be_positive() {
+        for option in [
+            "fact_stream_idle_ms",
+            "max_fact_streams",
+            "max_fact_streams_per_caller",
+        ] {
+            let c = Config::from_toml(&format!("[server]\n{option} = 0\n")).unwrap();
+            let err = c.validate().unwrap_err().to_string();
+            assert!(err.contains(option), "{option}: {err}");
+            assert!(err.contains("must be positive"), "{option}: {err}");
+        }
     }
 
     #[test]
