@@ -147,6 +147,10 @@ fn opts() -> Opts {
         o.tcp.is_some() != o.unix.is_some(),
         "give one of --tcp or --unix"
     );
+    assert!(
+        o.tick.is_none() || (o.stream && o.rate > 0.0),
+        "--tick paces --stream writers at a --rate"
+    );
     o
 }
 

@@ -913,15 +913,19 @@ impl Config {
         }
         // Zero streams would not disable them but refuse every writer with 429; a
         // caller who may not write is the policies' business.
-        if s.fact_stream_idle_ms == 0
-            || s.max_fact_streams == 0
-            || s.max_fact_streams_per_caller == 0
-        {
-            return Err(ConfigError::Invalid(
-                "[server] fact_stream_idle_ms, max_fact_streams and max_fact_streams_per_caller \
-                 must be positive"
-                    .into(),
-            ));
+        for (option, value) in [
+            ("fact_stream_idle_ms", s.fact_stream_idle_ms),
+            ("max_fact_streams", s.max_fact_streams as u64),
+            (
+                "max_fact_streams_per_caller",
+                s.max_fact_streams_per_caller as u64,
+            ),
+        ] {
+            if value == 0 {
+                return Err(ConfigError::Invalid(format!(
+                    "[server] {option} must be positive"
+                )));
+            }
         }
         self.state.validate(self.integrity.state_dir.as_deref())?;
         validate_siem(&self.siem, self.integrity.state_dir.as_deref())?;
@@ -985,8 +989,10 @@ mod tests {
         ] {
             let c = Config::from_toml(&format!("[server]\n{option} = 0\n")).unwrap();
             let err = c.validate().unwrap_err().to_string();
-            assert!(err.contains(option), "{option}: {err}");
-            assert!(err.contains("must be positive"), "{option}: {err}");
+            assert_eq!(
+                err,
+                format!("invalid configuration: [server] {option} must be positive")
+            );
         }
     }
 
