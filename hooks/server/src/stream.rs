@@ -6,7 +6,8 @@
 //! array of Cedar entity JSON), applied all or nothing. The lines that arrive within
 //! 5 ms of a group's first bytes (at most 256 of them and `max_body_bytes` in all) are
 //! applied together, in one snapshot change (a group commit): a busy writer costs a
-//! read, a wake-up and a commit per group, not per line. A group is judged as one
+//! read, a wake-up and a commit per group, not per line. A group whose first read
+//! already brought several lines is applied at once: its writer batches them itself. A group is judged as one
 //! update: the store after the whole group must be valid, as with one
 //! `POST /v1/entities` of all its entities; if it is not, its lines are applied one by
 //! one and only the refused ones are left out.
@@ -260,9 +261,16 @@ async fn run(
                 }
             }
         }
-        // The group stays open for LINGER, or until it is full (in lines or bytes).
+        // The group stays open for LINGER, or until it is full (in lines or bytes). A
+        // frame that brought several lines comes from a writer that batches them itself
+        // (a relay on a tick): its group closes at once, without a wake-up for the timer.
+        let batched = pending.newlines > 1;
         let closes = tokio::time::Instant::now() + LINGER;
-        while !ended && pending.newlines < MAX_GROUP_LINES && pending.bytes.len() <= max_line {
+        while !ended
+            && !batched
+            && pending.newlines < MAX_GROUP_LINES
+            && pending.bytes.len() <= max_line
+        {
             match tokio::time::timeout_at(closes, body.frame()).await {
                 Err(_) => break,
                 Ok(Some(Ok(frame))) => {
