@@ -2227,9 +2227,16 @@ fn apply_upsert(w: &mut Working, converted: Positioned) -> Result<usize, EntityE
         pending.insert(c.uid, Arc::new(c.stored));
     }
     for uid in &order {
-        let closes = pending
-            .get(uid)
-            .is_some_and(|s| w.store.would_cycle(uid, &s.parents, &pending));
+        // An entity that keeps its stored parents is not walked: the stored hierarchy
+        // has no cycle, so a new one passes through an entity whose parents changed,
+        // and that entity's walk finds it.
+        let closes = pending.get(uid).is_some_and(|s| {
+            let kept = w.store.get(uid).is_some_and(|old| {
+                old.parents.len() == s.parents.len()
+                    && old.parents.iter().all(|p| s.parents.contains(p))
+            });
+            !kept && w.store.would_cycle(uid, &s.parents, &pending)
+        });
         if closes {
             return Err(EntityError::Cycle {
                 uid: uid.to_string(),

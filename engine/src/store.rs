@@ -234,6 +234,11 @@ impl AttrId {
     pub fn name(self) -> SmolStr {
         intern::name(self.0)
     }
+
+    /// The number standing for the name in this process.
+    pub fn index(self) -> u16 {
+        self.0
+    }
 }
 
 /// A stored entity's key: its interned type and its id. A third of the size of a
@@ -724,18 +729,18 @@ impl<'a> Converter<'a> {
         };
         // Cedar's own checker decides conformance (required and unknown attributes,
         // types, parent types, enumerated ids), so the store accepts exactly what
-        // Cedar would. The blocklist attribute, which the store does not keep, is
-        // checked with a placeholder.
-        let probe = materialize(
-            &uid,
-            &stored,
-            stored.parents.iter().map(|p| (**p).clone()).collect(),
-            blocklist_attr
-                .as_ref()
-                .map(|a| (a, claimed_block.unwrap_or(false))),
-        );
+        // Cedar would (an entity of a shape it accepted before is not asked again). The
+        // blocklist attribute, which the store does not keep, is checked with a
+        // placeholder.
         self.descriptions
-            .check(self.schema, &probe)
+            .check_stored(
+                self.schema,
+                &uid,
+                &stored,
+                blocklist_attr
+                    .as_ref()
+                    .map(|a| (a, claimed_block.unwrap_or(false))),
+            )
             .map_err(named)?;
         Ok(Converted {
             uid,

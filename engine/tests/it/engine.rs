@@ -175,6 +175,64 @@ fn entity_missing_an_attribute_is_refused_and_the_store_is_unchanged() {
     assert_eq!(engine.status().entities, before);
 }
 
+/// Entity types whose instances may be each other's parents (the default schema's
+/// hierarchy cannot loop; a custom one can).
+#[test]
+fn parents_that_close_a_cycle_are_refused_whether_or_not_the_batch_keeps_other_parents() {
+    let dir = policy_copy();
+    let schema = dir.path().join("probity.cedarschema");
+    let mut text = std::fs::read_to_string(&schema).unwrap();
+    text.push_str("\nentity Team in [Team];\n");
+    std::fs::write(&schema, text).unwrap();
+    let engine = Engine::builder(dir.path()).build().unwrap();
+    let team = |id: &str, parents: &[&str]| {
+        json!({"uid": {"type": "Team", "id": id}, "attrs": {},
+               "parents": parents.iter().map(|p| json!({"type": "Team", "id": p})).collect::<Vec<_>>()})
+    };
+    // a -> b -> c
+    engine
+        .upsert_entities(&json!([
+            team("a", &["b"]),
+            team("b", &["c"]),
+            team("c", &[])
+        ]))
+        .unwrap();
+    let before = engine.status().entities;
+    let cycle = |batch: serde_json::Value| match engine.upsert_entities(&batch) {
+        Err(EntityError::Cycle { uid }) => uid,
+        other => panic!("{batch}: {other:?}"),
+    };
+    // c -> a alone, after entities that keep their parents, and before them.
+    assert_eq!(cycle(json!([team("c", &["a"])])), "Team::\"c\"");
+    assert_eq!(
+        cycle(json!([
+            team("a", &["b"]),
+            team("b", &["c"]),
+            team("c", &["a"])
+        ])),
+        "Team::\"c\""
+    );
+    assert_eq!(
+        cycle(json!([team("c", &["a"]), team("a", &["b"])])),
+        "Team::\"c\""
+    );
+    // A loop on itself, and one through an entity new to the store.
+    assert_eq!(cycle(json!([team("b", &["b"])])), "Team::\"b\"");
+    assert_eq!(
+        cycle(json!([team("c", &["d"]), team("d", &["a"])])),
+        "Team::\"c\""
+    );
+    assert_eq!(engine.status().entities, before);
+    // Parents kept, or changed without a loop, are taken.
+    engine
+        .upsert_entities(&json!([
+            team("a", &["b"]),
+            team("c", &["d"]),
+            team("d", &[])
+        ]))
+        .unwrap();
+}
+
 #[test]
 fn configuration_entities_cannot_be_overwritten_by_callers() {
     let err = loaded()
