@@ -9,9 +9,9 @@
 //! have seen, at the cost of a map lookup.
 //!
 //! Whether an entity conforms depends only on its *shape* (see [`Shape`]): its type,
-//! which attributes and tags it has and the kind of each value, the types of the
-//! entities it references and of its parents, and the ids of enumerated entities
-//! among them. Numbers and strings never matter. A node agent sends the same shape
+//! which attributes it has and the kind of each value (and of its tags' values, and
+//! of what sets and records hold), the types of the entities it references and of
+//! its parents, and the ids of enumerated entities among them. Numbers and strings never matter. A node agent sends the same shape
 //! with new numbers every time, so the shapes Cedar accepted are remembered (per
 //! policy set, bounded), and an entity of a remembered shape is not checked again.
 //! A refusal is never remembered: it always comes from Cedar's checker, with its
@@ -192,7 +192,7 @@ impl<'a> Shape<'a> {
         match blocklist {
             Some(attr) => {
                 shape.bytes.push(b'B');
-                shape.text(attr);
+                shape.text(attr)?;
             }
             None => shape.bytes.push(b'-'),
         }
@@ -220,7 +220,7 @@ impl<'a> Shape<'a> {
         let facts = &self.types.types.get(ty)?.0;
         self.bytes.extend(facts.index.to_le_bytes());
         if facts.enumerated {
-            self.text(uid.eid().as_ref());
+            self.text(uid.eid().as_ref())?;
         }
         Some(())
     }
@@ -248,13 +248,13 @@ impl<'a> Shape<'a> {
                 self.bytes.push(b'R');
                 self.count(record.len())?;
                 for (key, element) in record.iter() {
-                    self.text(key);
+                    self.text(key)?;
                     self.value(element, depth + 1)?;
                 }
             }
             ValueKind::ExtensionValue(extension) => {
                 self.bytes.push(b'x');
-                self.text(&extension.typename().to_string());
+                self.text(&extension.typename().to_string())?;
             }
         }
         Some(())
@@ -266,12 +266,16 @@ impl<'a> Shape<'a> {
         Some(())
     }
 
-    fn text(&mut self, text: &str) {
-        // Texts here are names and ids, far shorter than 4 GiB; a longer one makes the
-        // shape too long to remember anyway.
-        let n = u32::try_from(text.len()).unwrap_or(u32::MAX);
-        self.bytes.extend(n.to_le_bytes());
+    /// A text with its length; none when the shape would grow past what is
+    /// remembered (an entity with a long id is checked rather than copied).
+    fn text(&mut self, text: &str) -> Option<()> {
+        if self.bytes.len() + text.len() > MAX_SHAPE_BYTES {
+            return None;
+        }
+        self.bytes
+            .extend(u32::try_from(text.len()).ok()?.to_le_bytes());
         self.bytes.extend_from_slice(text.as_bytes());
+        Some(())
     }
 }
 
@@ -412,6 +416,46 @@ mod tests {
             assert_eq!(
                 Err(err),
                 converted(schema, &TypeDescriptions::new(schema), &bad)
+            );
+        }
+    }
+
+    #[test]
+    fn a_remembered_shape_vouches_for_no_other_element_reference_or_extension_type() {
+        let schema = schema();
+        let schema: &ValidatorSchema = schema.as_ref();
+        let described = TypeDescriptions::new(schema);
+        let pixel = |attrs: serde_json::Value| json!({"uid": {"type": "Pixel", "id": "p"}, "attrs": attrs, "parents": []});
+        let node = |tags: serde_json::Value| {
+            json!({"uid": {"type": "Node", "id": "n"}, "parents": [],
+                   "attrs": {"zone": {"__entity": {"type": "Zone", "id": "z"}}, "temp": 1,
+                             "tags": tags, "limits": {"watts": 3}}})
+        };
+        let red = json!({"__entity": {"type": "Color", "id": "red"}});
+        let zone = json!({"__entity": {"type": "Zone", "id": "z"}});
+        let pairs = [
+            (
+                pixel(json!({"hues": [red]})),
+                pixel(json!({"hues": [zone]})),
+            ),
+            (node(json!(["a"])), node(json!([1]))),
+            (pixel(json!({"shade": red})), pixel(json!({"shade": zone}))),
+            (
+                pixel(json!({"ip": {"__extn": {"fn": "ip", "arg": "10.0.0.1"}}})),
+                pixel(json!({"ip": {"__extn": {"fn": "decimal", "arg": "1.5"}}})),
+            ),
+            (
+                pixel(json!({"spec": {"name": "s", "on": true}})),
+                pixel(json!({"spec": {"name": "s", "zz": true}})),
+            ),
+        ];
+        for (good, bad) in pairs {
+            assert_eq!(converted(schema, &described, &good), Ok(()), "{good}");
+            let err = converted(schema, &described, &bad).unwrap_err();
+            assert_eq!(
+                Err(err),
+                converted(schema, &TypeDescriptions::new(schema), &bad),
+                "{bad}"
             );
         }
     }

@@ -6,7 +6,7 @@
 //! a writer. Concurrent writers are coalesced: whoever finds no write in progress
 //! applies every queued change in one new snapshot (a group commit of facts).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
@@ -2204,7 +2204,8 @@ fn apply_upsert(w: &mut Working, converted: Positioned) -> Result<usize, EntityE
         None => (None, None),
     };
     let mut pending: HashMap<EntityUID, Arc<Stored>> = HashMap::with_capacity(count);
-    // The input order, so that a cycle is reported at the first entity closing it.
+    // The input order, so that a cycle is reported at the first entity, in that order,
+    // whose new parents close it.
     let mut order: Vec<EntityUID> = Vec::with_capacity(count);
     for (index, c) in converted {
         if let (Some(claimed), Some(t)) = (c.claimed_block, &ty)
@@ -2227,14 +2228,14 @@ fn apply_upsert(w: &mut Working, converted: Positioned) -> Result<usize, EntityE
         pending.insert(c.uid, Arc::new(c.stored));
     }
     for uid in &order {
-        // An entity that keeps its stored parents is not walked: the stored hierarchy
-        // has no cycle, so a new one passes through an entity whose parents changed,
-        // and that entity's walk finds it.
+        // An entity that keeps its stored parents is not walked: a cycle the upsert
+        // would create has an edge the store lacks, so it passes through an entity
+        // that is new or whose parents changed, and that entity's walk finds it.
         let closes = pending.get(uid).is_some_and(|s| {
-            let kept = w.store.get(uid).is_some_and(|old| {
-                old.parents.len() == s.parents.len()
-                    && old.parents.iter().all(|p| s.parents.contains(p))
-            });
+            let kept = w
+                .store
+                .get(uid)
+                .is_some_and(|old| same_parents(&old.parents, &s.parents));
             !kept && w.store.would_cycle(uid, &s.parents, &pending)
         });
         if closes {
@@ -2248,6 +2249,20 @@ fn apply_upsert(w: &mut Working, converted: Positioned) -> Result<usize, EntityE
     }
     w.changed = true;
     Ok(count)
+}
+
+/// Whether two deduplicated parent lists hold the same parents, in any order: in the
+/// same order (the common case, compared by address first), else by a set, so that a
+/// long list costs no quadratic time inside the write queue.
+fn same_parents(a: &[Arc<EntityUID>], b: &[Arc<EntityUID>]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    if a.iter().zip(b).all(|(x, y)| Arc::ptr_eq(x, y) || x == y) {
+        return true;
+    }
+    let theirs: HashSet<&EntityUID> = b.iter().map(AsRef::as_ref).collect();
+    a.iter().all(|p| theirs.contains(p.as_ref()))
 }
 
 /// A node id: what Kubernetes allows in a node name (a DNS subdomain), plus `_` and

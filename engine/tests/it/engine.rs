@@ -223,7 +223,15 @@ fn parents_that_close_a_cycle_are_refused_whether_or_not_the_batch_keeps_other_p
         "Team::\"c\""
     );
     assert_eq!(engine.status().entities, before);
-    // Parents kept, or changed without a loop, are taken.
+    // Parents kept (in another order), or changed without a loop, are taken; the same
+    // number of parents with one of them new is walked.
+    engine
+        .upsert_entities(&json!([team("p", &["a", "c"])]))
+        .unwrap();
+    engine
+        .upsert_entities(&json!([team("p", &["c", "a"]), team("a", &["b"])]))
+        .unwrap();
+    assert_eq!(cycle(json!([team("p", &["c", "p"])])), "Team::\"p\"");
     engine
         .upsert_entities(&json!([
             team("a", &["b"]),
