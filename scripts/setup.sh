@@ -16,8 +16,18 @@ packages=(
   auditd openssh-server sudo                        # elevation after a remote login
   etcd-server etcd-client                           # cluster state, tested against the real server
   protobuf-compiler libprotobuf-dev                 # etcd-client's build runs protoc on etcd's .proto files
-  golang-go python3-pytest python3-cryptography valgrind pkg-config  # C ABI callers
+  python3-pytest python3-cryptography valgrind pkg-config  # C ABI callers
 )
+# Go for the cgo caller (and, later, the control plane's builds): the machine's own Go
+# (/usr/local/go) when it has one. Debian's golang-go is 1.19 and its /usr/bin/go would
+# shadow a newer Go for any PATH that lists /usr/bin first, so it is installed only
+# where no Go exists at all.
+if [ -x /usr/local/go/bin/go ]; then
+  export PATH="/usr/local/go/bin:$PATH"
+fi
+if ! command -v go >/dev/null 2>&1; then
+  packages+=(golang-go)
+fi
 missing=()
 for p in "${packages[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
