@@ -108,6 +108,13 @@ pub struct Decision {
     /// scheduler extender ranks nodes by it.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub score: i64,
+    /// True when the decision needed a record (it denied, or carried obligations) and
+    /// the decision log could not write it (a full disk, say): it was turned into a deny
+    /// that no policy made, with an error saying why. Tell it from a policy's deny and
+    /// treat it as "unavailable": the server answers 503, and admission a deny with
+    /// code 503.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub unrecorded: bool,
 }
 
 fn is_zero(n: &i64) -> bool {
@@ -126,6 +133,7 @@ impl Decision {
                 message: message.into(),
             }],
             score: 0,
+            unrecorded: false,
         }
     }
 

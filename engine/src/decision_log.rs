@@ -30,7 +30,7 @@ use std::time::Duration;
 
 use crate::decision::{Decision, DecisionError, Effect};
 use crate::request::Request;
-use crate::state::{DecisionRecord, StateBackend};
+use crate::state::{DecisionRecord, RECOVERY_INTERVAL, StateBackend};
 
 /// Submissions waiting for the writer; beyond this, submitters block.
 const QUEUE: usize = 1024;
@@ -187,8 +187,17 @@ const MIN_TICK: Duration = Duration::from_millis(100);
 fn write_loop(store: &dyn StateBackend, inbox: &Receiver<Job>) {
     // Appends make the checkpoints due by count; a quiet log is checkpointed by time
     // here, between commits (the chain is hashed in the commit, in `record_decisions`).
-    let tick = store.checkpoint_interval().map(|t| t.max(MIN_TICK));
+    let checkpoint_tick = store.checkpoint_interval().map(|t| t.max(MIN_TICK));
+    // After a failed commit the store is asked for its health on a tick of its own,
+    // which recovers it (a reopen, a probe write) once the disk takes writes again,
+    // whether or not records arrive meanwhile.
+    let mut failing = false;
     loop {
+        let tick = if failing {
+            Some(checkpoint_tick.map_or(RECOVERY_INTERVAL, |t| t.min(RECOVERY_INTERVAL)))
+        } else {
+            checkpoint_tick
+        };
         let first = match tick {
             None => match inbox.recv() {
                 Ok(job) => job,
@@ -197,9 +206,14 @@ fn write_loop(store: &dyn StateBackend, inbox: &Receiver<Job>) {
             Some(tick) => match inbox.recv_timeout(tick) {
                 Ok(job) => job,
                 Err(RecvTimeoutError::Timeout) => {
-                    // A failure here is retried at the next tick or append, and the
-                    // records it concerns are already durable.
-                    let _ = store.checkpoint_due();
+                    if failing {
+                        failing = store.storage_health().failure.is_some();
+                    }
+                    if !failing {
+                        // A failure here is retried at the next tick or append, and
+                        // the records it concerns are already durable.
+                        let _ = store.checkpoint_due();
+                    }
                     continue;
                 }
                 Err(RecvTimeoutError::Disconnected) => return,
@@ -227,6 +241,7 @@ fn write_loop(store: &dyn StateBackend, inbox: &Receiver<Job>) {
         let result = store
             .record_decisions(&mut records)
             .map_err(|e| crate::error::join_chain(e.to_string(), std::error::Error::source(&e)));
+        failing = result.is_err();
         // Each job learns the sequence number of its first record.
         let mut next = result.as_ref().ok().copied();
         for (job, size) in group.into_iter().zip(sizes) {
@@ -384,6 +399,7 @@ fn finish(decisions: Vec<Decision>, outcome: Outcome) -> Vec<Decision> {
                     }
                     d.decision = Effect::Deny;
                     d.score = 0;
+                    d.unrecorded = true;
                     d.errors.push(DecisionError {
                         policy: None,
                         message: format!("the decision could not be recorded: {why}"),
@@ -423,6 +439,7 @@ pub(crate) fn submit(
             resource: r.resource.to_string(),
             policy_digest: policy_digest.to_owned(),
             decision: d.clone(),
+            caller: r.caller.as_deref().map(str::to_owned),
         })
         .collect();
     if records.is_empty() {
@@ -473,6 +490,7 @@ mod tests {
             }],
             errors: Vec::new(),
             score: 3,
+            unrecorded: false,
         };
         let plain_allow = Decision {
             obligations: Vec::new(),
@@ -486,6 +504,10 @@ mod tests {
         let out = settled.settle();
         assert_eq!(out[0].decision, Effect::Deny);
         assert_eq!(out[0].score, 0);
+        assert!(
+            out[0].unrecorded,
+            "the caller must tell it from a policy's deny"
+        );
         assert_eq!(
             out[0].errors[0].message,
             "the decision could not be recorded: the decision log is not running"
@@ -494,6 +516,7 @@ mod tests {
         assert!(out[0].obligations.is_empty());
         // A decision that needed no record is left as it was.
         assert_eq!(out[1], plain_allow);
+        assert!(!out[1].unrecorded);
     }
 
     /// A minimal executor: polls `fut` on this thread, parking until it is woken.
@@ -527,6 +550,7 @@ mod tests {
             obligations: Vec::new(),
             errors: Vec::new(),
             score: 0,
+            unrecorded: false,
         }
     }
 

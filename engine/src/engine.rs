@@ -845,6 +845,7 @@ impl Engine {
         };
         let cedar = Decision {
             score,
+            unrecorded: false,
             decision,
             reasons: determining
                 .iter()
@@ -909,6 +910,7 @@ impl Engine {
             obligations: Vec::new(),
             errors: Vec::new(),
             score: 0,
+            unrecorded: false,
         };
         Some(crate::plugin::combine(
             std::slice::from_ref(plugin),

@@ -164,6 +164,8 @@ pub struct Request {
     /// Whether the asker may supply facts the engine owns (see
     /// [`Request::as_fact_reporter`]).
     pub(crate) reporter: bool,
+    /// Who asked, as the host authenticated it (see [`Request::on_behalf_of`]).
+    pub(crate) caller: Option<std::sync::Arc<str>>,
 }
 
 impl Request {
@@ -176,7 +178,17 @@ impl Request {
             context: None,
             entities: Vec::new(),
             reporter: false,
+            caller: None,
         }
+    }
+
+    /// Names who asked (a peer's uid, a certificate's subject), as the host
+    /// authenticated it: the decision log records it with the decision, so a flood or
+    /// a forged request can be traced. No policy reads it, and it is not part of the
+    /// question (a cached answer serves every caller alike).
+    pub fn on_behalf_of(mut self, caller: impl Into<std::sync::Arc<str>>) -> Self {
+        self.caller = Some(caller.into());
+        self
     }
 
     /// Marks the request as coming from a source allowed to report facts the engine
@@ -292,6 +304,7 @@ impl Request {
             context,
             entities,
             reporter: false,
+            caller: None,
         })
     }
 

@@ -24,7 +24,7 @@
 //! The store is generic over what a node is (a string id) so servers can use the blocklist.
 
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, RwLock};
+use std::sync::{Mutex, PoisonError, RwLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use redb::{
@@ -264,6 +264,10 @@ pub struct DecisionRecord {
     pub policy_digest: String,
     /// The decision itself: outcome, reasons, obligations, errors.
     pub decision: Decision,
+    /// Who asked, as the host authenticated it (`uid:1000`, a certificate's subject,
+    /// `addr:10.0.0.7`); absent when the host named no caller.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub caller: Option<String>,
 }
 
 impl DecisionRecord {
@@ -472,6 +476,12 @@ pub trait StateBackend: Send + Sync + std::fmt::Debug {
         Ok(Vec::new())
     }
 
+    /// Whether the local store writes (see [`StateStore::storage_health`]); while it
+    /// fails, asking tries to recover. Default: a backend that cannot fail this way.
+    fn storage_health(&self) -> StorageHealth {
+        StorageHealth::default()
+    }
+
     /// How often [`StateBackend::checkpoint_due`] is worth calling; `None`: never.
     fn checkpoint_interval(&self) -> Option<Duration> {
         None
@@ -563,14 +573,71 @@ pub trait StateBackend: Send + Sync + std::fmt::Debug {
 }
 
 /// The durable state store under a state directory.
+///
+/// An I/O error (a full disk, say) leaves redb refusing every later operation until the
+/// database is closed and opened again, so the store does that itself: the failure is
+/// kept ([`StateStore::storage_health`]), and the next operation at least
+/// [`RECOVERY_INTERVAL`] later reopens the file, which redb brings back to its last
+/// durable commit (the chains' heads included: a failed commit changed nothing). The
+/// failure clears with the first write that commits.
 #[derive(Debug)]
 pub struct StateStore {
-    db: Database,
+    /// `None` while a reopen failed; every operation then fails until one succeeds.
+    db: RwLock<Option<Database>>,
+    health: Mutex<Health>,
     path: PathBuf,
     created: bool,
     checkpoints: RwLock<CheckpointPolicy>,
     /// Why the last checkpoint could not be signed (cleared by the next that is).
     checkpoint_failure: Mutex<Option<String>>,
+}
+
+/// How often a failing store tries again: reopening its database, or (when it is open)
+/// a probe write to learn whether the disk takes writes again.
+pub const RECOVERY_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Why the state store cannot write, and since when.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct StorageFailure {
+    /// The database file.
+    pub path: PathBuf,
+    /// What was being done when the store first failed.
+    pub operation: &'static str,
+    /// The latest error, with its causes (`No space left on device`, say).
+    pub detail: String,
+    /// When the store began failing, in milliseconds since the Unix epoch.
+    pub since_unix_ms: u64,
+}
+
+/// The state store's health: whether it writes, and its failure and recovery counts.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct StorageHealth {
+    /// Why writes fail now; `None` while the last write committed.
+    pub failure: Option<StorageFailure>,
+    /// Operations that failed with an I/O error since the store was opened.
+    pub failures_total: u64,
+    /// Times the store went from failing back to writing.
+    pub recoveries_total: u64,
+}
+
+#[derive(Debug, Default)]
+struct Health {
+    failure: Option<StorageFailure>,
+    /// redb refuses every operation after an I/O error until it is reopened.
+    reopen: bool,
+    last_reopen: Option<std::time::Instant>,
+    last_probe: Option<std::time::Instant>,
+    failures_total: u64,
+    recoveries_total: u64,
+}
+
+fn due(last: Option<std::time::Instant>) -> bool {
+    last.is_none_or(|t| t.elapsed() >= RECOVERY_INTERVAL)
+}
+
+/// Whether `e` came from the disk (and leaves redb wanting a reopen).
+fn is_io(e: &redb::Error) -> bool {
+    matches!(e, redb::Error::Io(_) | redb::Error::PreviousIo)
 }
 
 fn now_unix() -> u64 {
@@ -660,7 +727,8 @@ impl StateStore {
             source: Box::new(e),
         })?;
         let store = Self {
-            db,
+            db: RwLock::new(Some(db)),
+            health: Mutex::new(Health::default()),
             path,
             created,
             checkpoints: RwLock::new(CheckpointPolicy::default()),
@@ -703,19 +771,150 @@ impl StateStore {
         }
     }
 
-    /// Runs `f` in a write transaction committed durably before returning.
+    /// Runs `f` in a write transaction committed durably before returning. A commit
+    /// clears the store's failure; an I/O error sets it.
     fn write<T>(
         &self,
         operation: &'static str,
         f: impl FnOnce(&redb::WriteTransaction) -> Result<T, redb::Error>,
     ) -> Result<T, StateError> {
-        let run = || -> Result<T, redb::Error> {
-            let txn = self.db.begin_write()?;
+        let out = self.with_db(operation, |db| {
+            let txn = db.begin_write()?;
             let out = f(&txn)?;
             txn.commit()?;
             Ok(out)
+        })?;
+        self.note_commit();
+        Ok(out)
+    }
+
+    /// Runs `f` in a read transaction.
+    fn read<T>(
+        &self,
+        operation: &'static str,
+        f: impl FnOnce(&redb::ReadTransaction) -> Result<T, redb::Error>,
+    ) -> Result<T, StateError> {
+        self.with_db(operation, |db| f(&db.begin_read()?))
+    }
+
+    /// Runs `f` on the open database, reopening it first if an I/O error left it
+    /// refusing and a reopen is due.
+    fn with_db<T>(
+        &self,
+        operation: &'static str,
+        f: impl FnOnce(&Database) -> Result<T, redb::Error>,
+    ) -> Result<T, StateError> {
+        self.reopen_if_due();
+        let db = self.db.read().unwrap_or_else(PoisonError::into_inner);
+        let Some(open) = db.as_ref() else {
+            let detail = self
+                .lock_health()
+                .failure
+                .as_ref()
+                .map(|f| f.detail.clone())
+                .unwrap_or_default();
+            return Err(StateError::Database {
+                path: self.path.clone(),
+                operation,
+                source: format!("the database is closed after an I/O error ({detail}); it is opened again every {RECOVERY_INTERVAL:?}").into(),
+            });
         };
-        run().map_err(self.db_err(operation))
+        f(open).map_err(|e| {
+            if is_io(&e) {
+                self.note_failure(operation, &e);
+            }
+            self.db_err(operation)(e)
+        })
+    }
+
+    fn lock_health(&self) -> std::sync::MutexGuard<'_, Health> {
+        self.health.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn note_failure(&self, operation: &'static str, e: &redb::Error) {
+        let detail = crate::error::join_chain(e.to_string(), std::error::Error::source(e));
+        let mut h = self.lock_health();
+        h.failures_total = h.failures_total.saturating_add(1);
+        h.reopen = true;
+        match &mut h.failure {
+            Some(f) => f.detail = detail,
+            None => {
+                h.failure = Some(StorageFailure {
+                    path: self.path.clone(),
+                    operation,
+                    detail,
+                    since_unix_ms: now_unix_ms(),
+                });
+            }
+        }
+    }
+
+    fn note_commit(&self) {
+        let mut h = self.lock_health();
+        if h.failure.take().is_some() {
+            h.recoveries_total = h.recoveries_total.saturating_add(1);
+        }
+    }
+
+    /// Closes and opens the database again if an I/O error asked for it and the last
+    /// attempt is [`RECOVERY_INTERVAL`] old. redb brings the file back to its last
+    /// durable commit.
+    fn reopen_if_due(&self) {
+        {
+            let mut h = self.lock_health();
+            if !h.reopen || !due(h.last_reopen) {
+                return;
+            }
+            h.last_reopen = Some(std::time::Instant::now());
+        }
+        let mut db = self.db.write().unwrap_or_else(PoisonError::into_inner);
+        // The old handle holds the file's lock: it must be gone before the new open.
+        drop(db.take());
+        match Database::create(&self.path) {
+            Ok(open) => {
+                *db = Some(open);
+                self.lock_health().reopen = false;
+            }
+            Err(e) => {
+                let e = redb::Error::from(e);
+                let detail = crate::error::join_chain(e.to_string(), std::error::Error::source(&e));
+                let mut h = self.lock_health();
+                h.failures_total = h.failures_total.saturating_add(1);
+                if let Some(f) = &mut h.failure {
+                    f.detail = detail;
+                }
+            }
+        }
+    }
+
+    /// Whether the store writes. While it fails, this call itself tries to recover
+    /// (at most every [`RECOVERY_INTERVAL`]): it reopens the database if need be, then
+    /// probes with a small write, whose commit clears the failure. Readiness checks
+    /// call it, so a store recovers when the disk does, with or without traffic.
+    pub fn storage_health(&self) -> StorageHealth {
+        self.reopen_if_due();
+        let probe = {
+            let mut h = self.lock_health();
+            let probe = h.failure.is_some() && !h.reopen && due(h.last_probe);
+            if probe {
+                h.last_probe = Some(std::time::Instant::now());
+            }
+            probe
+        };
+        if probe {
+            let now = now_unix_ms();
+            // Its failure is kept in the health this returns.
+            let _ = self.write("probing whether the disk takes writes", |txn| {
+                txn.open_table(META)?.insert("health.probe_ms", now)?;
+                Ok(())
+            });
+        }
+        let h = self.lock_health();
+        StorageHealth {
+            failure: h.failure.clone(),
+            failures_total: h.failures_total,
+            recoveries_total: h.recoveries_total,
+        }
     }
 
     fn corrupt(&self, table: &'static str, key: &str) -> StateError {
@@ -728,12 +927,11 @@ impl StateStore {
 
     /// The registry entry of `object_id`, if any version was accepted.
     pub fn registry_entry(&self, object_id: &str) -> Result<Option<RegistryEntry>, StateError> {
-        let read = || -> Result<Option<Vec<u8>>, redb::Error> {
-            let txn = self.db.begin_read()?;
+        let read = |txn: &redb::ReadTransaction| -> Result<Option<Vec<u8>>, redb::Error> {
             let table = txn.open_table(MANIFESTS)?;
             Ok(table.get(object_id)?.map(|g| g.value().to_vec()))
         };
-        match read().map_err(self.db_err("reading the registry"))? {
+        match self.read("reading the registry", read)? {
             None => Ok(None),
             Some(raw) => decode_entry(&raw)
                 .map(Some)
@@ -764,45 +962,45 @@ impl StateStore {
         digest: &[u8; 32],
         signed_manifest: &[u8],
     ) -> Result<(), StateError> {
-        let txn = self
-            .db
-            .begin_write()
-            .map_err(|e| self.db_err("accepting a manifest")(e.into()))?;
         // Ok(Some(refusal)) refuses, Ok(None) with `changed` false leaves the store as is.
         let mut changed = false;
-        let outcome = (|| -> Result<Option<StateError>, redb::Error> {
-            let mut table = txn.open_table(MANIFESTS)?;
-            let existing = table.get(object_id)?.map(|g| g.value().to_vec());
-            if let Some(raw) = existing {
-                let Some(entry) = decode_entry(&raw) else {
-                    return Ok(Some(self.corrupt("manifests", object_id)));
-                };
-                if let Err(refusal) = check_against(object_id, version, digest, &entry) {
-                    return Ok(Some(refusal));
+        let outcome = self.with_db("accepting a manifest", |db| {
+            let txn = db.begin_write()?;
+            let outcome = (|| -> Result<Option<StateError>, redb::Error> {
+                let mut table = txn.open_table(MANIFESTS)?;
+                let existing = table.get(object_id)?.map(|g| g.value().to_vec());
+                if let Some(raw) = existing {
+                    let Some(entry) = decode_entry(&raw) else {
+                        return Ok(Some(self.corrupt("manifests", object_id)));
+                    };
+                    if let Err(refusal) = check_against(object_id, version, digest, &entry) {
+                        return Ok(Some(refusal));
+                    }
+                    if entry.version == version {
+                        return Ok(None);
+                    }
                 }
-                if entry.version == version {
-                    return Ok(None);
-                }
-            }
-            let record = encode_entry(version, digest, signed_manifest);
-            table.insert(object_id, record.as_slice())?;
-            changed = true;
-            Ok(None)
-        })()
-        .map_err(self.db_err("accepting a manifest"))?;
-        match outcome {
-            None if changed => txn
-                .commit()
-                .map_err(|e| self.db_err("accepting a manifest")(e.into())),
-            // Nothing to write: no commit, no fsync.
-            None => {
+                let record = encode_entry(version, digest, signed_manifest);
+                table.insert(object_id, record.as_slice())?;
+                changed = true;
+                Ok(None)
+            })()?;
+            if outcome.is_none() && changed {
+                txn.commit()?;
+            } else {
+                // Nothing to write (or refused): no commit, no fsync.
                 let _ = txn.abort();
+            }
+            Ok(outcome)
+        })?;
+        match outcome {
+            None => {
+                if changed {
+                    self.note_commit();
+                }
                 Ok(())
             }
-            Some(refusal) => {
-                let _ = txn.abort();
-                Err(refusal)
-            }
+            Some(refusal) => Err(refusal),
         }
     }
 
@@ -840,12 +1038,11 @@ impl StateStore {
 
     /// The block record of `node`, if blocked.
     pub fn blocked(&self, node: &str) -> Result<Option<BlockedNode>, StateError> {
-        let read = || -> Result<Option<Vec<u8>>, redb::Error> {
-            let txn = self.db.begin_read()?;
+        let read = |txn: &redb::ReadTransaction| -> Result<Option<Vec<u8>>, redb::Error> {
             let table = txn.open_table(BLOCKLIST)?;
             Ok(table.get(node)?.map(|g| g.value().to_vec()))
         };
-        match read().map_err(self.db_err("reading the blocklist"))? {
+        match self.read("reading the blocklist", read)? {
             None => Ok(None),
             Some(raw) => decode_block(node, &raw)
                 .map(Some)
@@ -855,8 +1052,7 @@ impl StateStore {
 
     /// All blocked nodes, by node id.
     pub fn blocked_nodes(&self) -> Result<Vec<BlockedNode>, StateError> {
-        let read = || -> Result<Vec<(String, Vec<u8>)>, redb::Error> {
-            let txn = self.db.begin_read()?;
+        let read = |txn: &redb::ReadTransaction| -> Result<Vec<(String, Vec<u8>)>, redb::Error> {
             let table = txn.open_table(BLOCKLIST)?;
             let mut out = Vec::new();
             for row in table.iter()? {
@@ -865,8 +1061,7 @@ impl StateStore {
             }
             Ok(out)
         };
-        read()
-            .map_err(self.db_err("reading the blocklist"))?
+        self.read("reading the blocklist", read)?
             .into_iter()
             .map(|(node, raw)| {
                 decode_block(&node, &raw).ok_or_else(|| self.corrupt("blocklist", &node))
@@ -943,8 +1138,7 @@ impl StateStore {
 
     /// How much the decision log holds.
     pub fn decision_log_usage(&self) -> Result<LogUsage, StateError> {
-        let read = || -> Result<LogUsage, redb::Error> {
-            let txn = self.db.begin_read()?;
+        let read = |txn: &redb::ReadTransaction| -> Result<LogUsage, redb::Error> {
             let table = txn.open_table(DECISIONS)?;
             let meta = txn.open_table(META)?;
             let first = table.first()?.map(|(k, _)| k.value());
@@ -958,7 +1152,7 @@ impl StateStore {
                 next,
             })
         };
-        read().map_err(self.db_err("measuring the decision log"))
+        self.read("measuring the decision log", read)
     }
 
     /// Prunes the oldest records up to a checkpoint, one checkpoint span at a time, while
@@ -1147,8 +1341,7 @@ impl StateStore {
     pub fn checkpoint(&self, force: bool) -> Result<Vec<Checkpoint>, StateError> {
         let now_ms = now_unix_ms();
         let policy = self.checkpoint_policy();
-        let read = || -> Result<Vec<Option<ChainState>>, redb::Error> {
-            let txn = self.db.begin_read()?;
+        let read = |txn: &redb::ReadTransaction| -> Result<Vec<Option<ChainState>>, redb::Error> {
             let table = txn.open_table(CHAIN)?;
             Log::ALL
                 .iter()
@@ -1159,7 +1352,7 @@ impl StateStore {
                 })
                 .collect()
         };
-        let states = read().map_err(self.db_err("reading the chains"))?;
+        let states = self.read("reading the chains", read)?;
         let due = states.iter().flatten().any(|c| {
             if force {
                 c.unchecked > 0
@@ -1289,8 +1482,7 @@ impl StateStore {
         from: u64,
         limit: usize,
     ) -> Result<Vec<(u64, Vec<u8>)>, StateError> {
-        let read = || -> Result<Vec<(u64, Vec<u8>)>, redb::Error> {
-            let txn = self.db.begin_read()?;
+        let read = |txn: &redb::ReadTransaction| -> Result<Vec<(u64, Vec<u8>)>, redb::Error> {
             let table = txn.open_table(CHECKPOINTS)?;
             let name = log.name();
             let mut out = Vec::new();
@@ -1300,7 +1492,7 @@ impl StateStore {
             }
             Ok(out)
         };
-        read().map_err(self.db_err("reading checkpoints"))
+        self.read("reading checkpoints", read)
     }
 
     /// Up to `limit` stored rows of `log` from sequence number `from`, as stored (for
@@ -1326,8 +1518,7 @@ impl StateStore {
         limit: usize,
         operation: &'static str,
     ) -> Result<Vec<(u64, Vec<u8>)>, StateError> {
-        let read = || -> Result<Vec<(u64, Vec<u8>)>, redb::Error> {
-            let txn = self.db.begin_read()?;
+        let read = |txn: &redb::ReadTransaction| -> Result<Vec<(u64, Vec<u8>)>, redb::Error> {
             let table = txn.open_table(table)?;
             let mut out = Vec::new();
             for row in table.range(from..)?.take(limit) {
@@ -1336,7 +1527,7 @@ impl StateStore {
             }
             Ok(out)
         };
-        read().map_err(self.db_err(operation))
+        self.read(operation, read)
     }
 }
 
@@ -1519,16 +1710,18 @@ impl StateBackend for StateStore {
     fn checkpoint_due(&self) -> Result<Vec<Checkpoint>, StateError> {
         self.checkpoint(false)
     }
+    fn storage_health(&self) -> StorageHealth {
+        StateStore::storage_health(self)
+    }
     fn checkpoint_interval(&self) -> Option<Duration> {
         Some(self.checkpoint_policy().every)
     }
     fn key_record(&self, id: &str) -> Result<Option<(Vec<u8>, u64)>, StateError> {
-        let read = || -> Result<Option<Vec<u8>>, redb::Error> {
-            let txn = self.db.begin_read()?;
+        let read = |txn: &redb::ReadTransaction| -> Result<Option<Vec<u8>>, redb::Error> {
             let table = txn.open_table(KEYS)?;
             Ok(table.get(id)?.map(|g| g.value().to_vec()))
         };
-        match read().map_err(self.db_err("reading key metadata"))? {
+        match self.read("reading key metadata", read)? {
             None => Ok(None),
             Some(raw) => {
                 let (rev, body) = split_revision(&raw).ok_or_else(|| self.corrupt("keys", id))?;
@@ -1637,8 +1830,7 @@ impl StateStore {
         table: TableDefinition<&str, &[u8]>,
         operation: &'static str,
     ) -> Result<Vec<String>, StateError> {
-        let read = || -> Result<Vec<String>, redb::Error> {
-            let txn = self.db.begin_read()?;
+        let read = |txn: &redb::ReadTransaction| -> Result<Vec<String>, redb::Error> {
             let table = txn.open_table(table)?;
             let mut out = Vec::new();
             for row in table.iter()? {
@@ -1647,7 +1839,7 @@ impl StateStore {
             }
             Ok(out)
         };
-        read().map_err(self.db_err(operation))
+        self.read(operation, read)
     }
 
     fn values_of<T: serde::de::DeserializeOwned>(
@@ -1656,8 +1848,7 @@ impl StateStore {
         name: &'static str,
         operation: &'static str,
     ) -> Result<Vec<T>, StateError> {
-        let read = || -> Result<Vec<(String, Vec<u8>)>, redb::Error> {
-            let txn = self.db.begin_read()?;
+        let read = |txn: &redb::ReadTransaction| -> Result<Vec<(String, Vec<u8>)>, redb::Error> {
             let table = txn.open_table(table)?;
             let mut out = Vec::new();
             for row in table.iter()? {
@@ -1666,8 +1857,7 @@ impl StateStore {
             }
             Ok(out)
         };
-        read()
-            .map_err(self.db_err(operation))?
+        self.read(operation, read)?
             .into_iter()
             .map(|(k, raw)| serde_json::from_slice(&raw).map_err(|_| self.corrupt(name, &k)))
             .collect()
@@ -1770,6 +1960,7 @@ mod tests {
             principal: "p".into(),
             action: "a".into(),
             resource: "r".into(),
+            caller: None,
             policy_digest: "d".into(),
             decision: Decision::error("x"),
         }

@@ -24,6 +24,7 @@ fn record(i: u64) -> DecisionRecord {
         principal: format!("Workload::\"train-{i}\""),
         action: "Action::\"schedule\"".into(),
         resource: "Node::\"gpu-1\"".into(),
+        caller: None,
         policy_digest: "0".repeat(64),
         decision: Decision::error("blocked"),
     }

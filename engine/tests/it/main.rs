@@ -10,6 +10,7 @@
 
 mod audit;
 mod decision_log;
+mod disk_full;
 mod engine;
 mod facts;
 mod fanout;

@@ -242,6 +242,7 @@ mod tests {
                 .collect(),
             errors: vec![],
             score: 0,
+            unrecorded: false,
         }
     }
 

@@ -892,6 +892,10 @@ impl StateBackend for EtcdState {
         StateBackend::checkpoint_interval(self.core.local.as_ref())
     }
 
+    fn storage_health(&self) -> probity::state::StorageHealth {
+        self.core.local.storage_health()
+    }
+
     fn key_record(&self, id: &str) -> Result<Option<(Vec<u8>, u64)>, StateError> {
         let client = self.core.client.clone();
         let key = format!("{KEYS}{id}");

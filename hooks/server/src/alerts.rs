@@ -273,6 +273,7 @@ mod tests {
             principal: "Workload::\"w\"".into(),
             action: "Action::\"schedule\"".into(),
             resource: "Node::\"gpu-1\"".into(),
+            caller: None,
             policy_digest: "d".into(),
             decision: Decision {
                 decision: Effect::Deny,
@@ -284,6 +285,7 @@ mod tests {
                 obligations,
                 errors: vec![],
                 score: 0,
+                unrecorded: false,
             },
         }
     }

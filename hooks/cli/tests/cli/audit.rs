@@ -27,6 +27,7 @@ fn decision(effect: Effect, policy: &str, target: Option<&str>) -> Decision {
             .collect(),
         errors: Vec::new(),
         score: 0,
+        unrecorded: false,
     }
 }
 
@@ -37,6 +38,7 @@ fn record(principal: &str, resource: &str, decision: Decision) -> DecisionRecord
         principal: principal.into(),
         action: "Action::\"schedule\"".into(),
         resource: resource.into(),
+        caller: None,
         policy_digest: "0".repeat(64),
         decision,
     }

@@ -762,6 +762,7 @@ fn bug_a_closed_pipe_ends_audit_quietly_with_status_0() {
                 principal: format!("Workload::\"train-{i}\""),
                 action: "Action::\"schedule\"".into(),
                 resource: "Node::\"gpu-blocked\"".into(),
+                caller: None,
                 policy_digest: "0".repeat(64),
                 decision: probity::Decision::error("a blocked node takes part in this request"),
             })
