@@ -323,6 +323,9 @@ pub fn authorize_encrypt(
     key: &KeyId,
     actor: &str,
 ) -> Result<EncryptGrant, KeysError> {
+    // A key the keyring does not hold is named as such: the policies, asked about it,
+    // would list reasons that mislead ("created in the future", say).
+    keyring.key_status(key)?;
     publish_keys(engine, keyring)?;
     let request = encrypt_request(principal, key)?;
     let first = engine.decide(&request);

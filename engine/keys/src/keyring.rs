@@ -238,19 +238,19 @@ pub enum KeyError {
     #[error(transparent)]
     InvalidId(#[from] InvalidId),
     /// No such key.
-    #[error("no key {key:?} in the keyring")]
+    #[error("no key \"{key}\" in the keyring")]
     UnknownKey {
         /// The key.
         key: KeyId,
     },
     /// The key exists already.
-    #[error("key {key:?} already exists")]
+    #[error("key \"{key}\" already exists")]
     KeyExists {
         /// The key.
         key: KeyId,
     },
     /// No such version.
-    #[error("key {key:?} has no version {version} (primary is {primary})")]
+    #[error("key \"{key}\" has no version {version} (primary is {primary})")]
     UnknownVersion {
         /// The key.
         key: KeyId,
@@ -261,7 +261,7 @@ pub enum KeyError {
     },
     /// The version was destroyed (retired): its data key is gone.
     #[error(
-        "key {key:?} version {version} was destroyed on {} by {by}: data encrypted under it cannot be decrypted",
+        "key \"{key}\" version {version} was destroyed on {} by {by}: data encrypted under it cannot be decrypted",
         at.date()
     )]
     VersionDestroyed {
@@ -276,7 +276,7 @@ pub enum KeyError {
     },
     /// The version is below the key's minimum decryption version.
     #[error(
-        "key {key:?} version {version} is below the minimum decryption version {min}: it may no longer decrypt"
+        "key \"{key}\" version {version} is below the minimum decryption version {min}: it may no longer decrypt"
     )]
     BelowMinimum {
         /// The key.
@@ -288,7 +288,7 @@ pub enum KeyError {
     },
     /// The key's data subject was erased (crypto-shredded).
     #[error(
-        "key {key:?} of data subject {subject:?} was erased on {} by {by} (its KEK was destroyed): data encrypted under it cannot be decrypted",
+        "key \"{key}\" of data subject {subject:?} was erased on {} by {by} (its KEK was destroyed): data encrypted under it cannot be decrypted",
         at.date()
     )]
     Erased {
@@ -302,7 +302,7 @@ pub enum KeyError {
         by: String,
     },
     /// The primary version cannot be retired; rotate first.
-    #[error("key {key:?} version {version} is the primary: rotate before retiring it")]
+    #[error("key \"{key}\" version {version} is the primary: rotate before retiring it")]
     RetirePrimary {
         /// The key.
         key: KeyId,
@@ -311,7 +311,7 @@ pub enum KeyError {
     },
     /// The minimum decryption version may only rise, and not above the primary.
     #[error(
-        "key {key:?}: minimum decryption version {requested} refused: it is {current} now and the primary is {primary}"
+        "key \"{key}\": minimum decryption version {requested} refused: it is {current} now and the primary is {primary}"
     )]
     MinimumRefused {
         /// The key.
@@ -324,7 +324,7 @@ pub enum KeyError {
         primary: u32,
     },
     /// Another writer changed the key's record since it was read; nothing was written.
-    #[error("key {key:?} was changed by another writer; nothing was written, re-read and retry")]
+    #[error("key \"{key}\" was changed by another writer; nothing was written, re-read and retry")]
     Conflict {
         /// The key.
         key: KeyId,
@@ -347,7 +347,7 @@ pub enum KeyError {
         at: Timestamp,
     },
     /// A version that should have a wrapped data key has none (the record is inconsistent).
-    #[error("key {key:?} version {version} is {state} but its record holds no wrapped data key")]
+    #[error("key \"{key}\" version {version} is {state} but its record holds no wrapped data key")]
     MissingWrappedKey {
         /// The key.
         key: KeyId,
@@ -357,13 +357,13 @@ pub enum KeyError {
         state: VersionState,
     },
     /// The version numbers are exhausted.
-    #[error("key {key:?} cannot have more than {max} versions", max = u32::MAX)]
+    #[error("key \"{key}\" cannot have more than {max} versions", max = u32::MAX)]
     TooManyVersions {
         /// The key.
         key: KeyId,
     },
     /// The KEK provider failed for this key.
-    #[error("KEK {kek_label:?} could not {operation} the data key of {key:?} version {version}")]
+    #[error("KEK {kek_label:?} could not {operation} the data key of \"{key}\" version {version}")]
     Kek {
         /// The key.
         key: KeyId,
@@ -378,7 +378,7 @@ pub enum KeyError {
         source: Box<KekError>,
     },
     /// The metadata store failed.
-    #[error("key metadata store failed for {key:?}")]
+    #[error("key metadata store failed for \"{key}\"")]
     Store {
         /// The key (empty for a listing).
         key: String,

@@ -149,7 +149,7 @@ pub enum StreamError {
     },
     /// The header does not authenticate under the key version it names.
     #[error(
-        "header of object {object:?} (key {key:?} version {version}) failed authentication: header altered or its wrapped key damaged"
+        "header of object {object:?} (key \"{key}\" version {version}) failed authentication: header altered or its wrapped key damaged"
     )]
     HeaderTampered {
         /// The object id the header claims.
@@ -161,7 +161,7 @@ pub enum StreamError {
     },
     /// The header's wrap version was changed: the key unwraps under another version.
     #[error(
-        "header of object {object:?} names key {key:?} version {claimed}, but its key was wrapped under version {actual}: key version substituted"
+        "header of object {object:?} names key \"{key}\" version {claimed}, but its key was wrapped under version {actual}: key version substituted"
     )]
     KeyVersionSubstituted {
         /// The object.

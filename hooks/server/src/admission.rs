@@ -128,7 +128,7 @@ impl Answer {
             response.insert(
                 "status".into(),
                 json!({"code": self.code, "message": message,
-                       "reason": match self.code { 403 => "Forbidden", 429 => "TooManyRequests", _ => "BadRequest" }}),
+                       "reason": match self.code { 403 => "Forbidden", 429 => "TooManyRequests", 503 => "ServiceUnavailable", _ => "BadRequest" }}),
             );
         }
         if !self.warnings.is_empty() {
@@ -625,7 +625,8 @@ fn validate_workload(
             EntityUid::action(action).map_err(|e| e.to_string())?,
             resource,
         )
-        .with_entities(vec![w.entity.clone()]))
+        .with_entities(vec![w.entity.clone()])
+        .on_behalf_of(caller.0.as_str()))
     };
     let decide = |r: &Request| {
         // A dry run leaves no trace: no metrics, no records.
@@ -671,9 +672,10 @@ fn validate_workload(
         Ok(n) => n,
         Err(e) => return Answer::deny(uid, 400, e.to_string()),
     };
-    // Over the caller's budget of recorded decisions: a refusal, never an
-    // unrecorded deny.
-    let over_budget = |e: ApiError| Answer::deny(uid, 429, format!("probity: {e}"));
+    // Over the caller's budget of recorded decisions (429), or a decision the log
+    // could not record (503): a refusal the apiserver can tell from a policy's deny,
+    // never an unrecorded one.
+    let over_budget = |e: ApiError| Answer::deny(uid, e.status().as_u16(), format!("probity: {e}"));
     match request("admit", namespace) {
         Ok(_) if !check_admit => {}
         Ok(r) => match decide(&r) {

@@ -194,6 +194,7 @@ fn follow(
 ) {
     let mut next = stats.lock().unwrap_or_else(PoisonError::into_inner).cursor;
     let mut held: BTreeMap<BTreeMap<String, String>, (AlertSpec, Instant)> = BTreeMap::new();
+    let mut cursor_failing = false;
     loop {
         let mut wait = IDLE;
         match store.chained_decisions(next, BATCH) {
@@ -211,7 +212,25 @@ fn follow(
                     }
                     next = record.seq.saturating_add(1);
                 }
-                let stored = batch.is_empty() || cursor.store(next).is_ok();
+                let stored = batch.is_empty()
+                    || match cursor.store(next) {
+                        Ok(()) => true,
+                        Err(e) => {
+                            // Once per failing spell: a full disk would repeat it.
+                            if !cursor_failing {
+                                tracing::error!(
+                                    error = %crate::server::error_chain(&e),
+                                    cursor = ALERTS_CURSOR,
+                                    "cannot store the alert cursor; alerts since the last stored one will fire again after a restart"
+                                );
+                            }
+                            false
+                        }
+                    };
+                if stored && cursor_failing {
+                    tracing::info!(cursor = ALERTS_CURSOR, "the alert cursor is stored again");
+                }
+                cursor_failing = !stored;
                 let mut s = stats.lock().unwrap_or_else(PoisonError::into_inner);
                 s.fired += fired;
                 s.dropped += dropped;

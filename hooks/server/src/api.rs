@@ -161,6 +161,10 @@ pub(crate) async fn decide_batch(
         .collect::<Result<Vec<_>, _>>()?;
     // The caller is authorized to report at most once per batch.
     let caller = caller(&ext);
+    let requests: Vec<Request> = requests
+        .into_iter()
+        .map(|r| r.on_behalf_of(caller.0.as_str()))
+        .collect();
     let requests = if requests.iter().any(|r| state.engine().needs_reporter(r)) {
         let reporter = authorize(&state, &caller, "facts", "report", None)
             .await

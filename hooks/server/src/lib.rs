@@ -135,6 +135,9 @@ struct Inner {
     forwarders: std::sync::Mutex<Option<forward::Forwarders>>,
     /// The alert sinks fed from the decision log, while serving with `[alerts]`.
     alerts: std::sync::Mutex<Option<alerts::DecisionAlerts>>,
+    /// The state store's health as last observed ([`AppState::storage_health`]), so
+    /// that a change is logged once.
+    storage: std::sync::Mutex<probity::state::StorageHealth>,
 }
 
 impl AppState {
@@ -181,6 +184,7 @@ impl AppState {
                 local_logs: std::sync::OnceLock::new(),
                 forwarders: std::sync::Mutex::new(None),
                 alerts: std::sync::Mutex::new(None),
+                storage: std::sync::Mutex::new(probity::state::StorageHealth::default()),
             }),
         }
     }
@@ -198,6 +202,40 @@ impl AppState {
     /// Whether `/readyz` reports ready.
     pub fn is_ready(&self) -> bool {
         self.inner.ready.load(Ordering::Relaxed)
+    }
+
+    /// Whether the state store writes, asking it (which, while it fails, tries to
+    /// recover: a reopen, a probe write); `None` without a state store. Logs a change:
+    /// at error level when it starts failing, at info when it recovers. May write to
+    /// disk: call it off the async workers.
+    pub fn storage_health(&self) -> Option<probity::state::StorageHealth> {
+        let health = self.engine().state()?.storage_health();
+        let mut last = self
+            .inner
+            .storage
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        match (&last.failure, &health.failure) {
+            (None, Some(f)) => tracing::error!(
+                path = %f.path.display(),
+                operation = f.operation,
+                error = %f.detail,
+                "the state store cannot write: denies and obligations are answered 503 until it recovers"
+            ),
+            (Some(_), None) => tracing::info!("the state store writes again"),
+            _ => {}
+        }
+        *last = health.clone();
+        Some(health)
+    }
+
+    /// The state store's health as last observed, without asking it.
+    fn last_storage_health(&self) -> probity::state::StorageHealth {
+        self.inner
+            .storage
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
     }
 
     /// Sets readiness: the server clears it when it starts shutting down.
@@ -426,6 +464,16 @@ impl AppState {
             "# HELP probity_recorded_budget_refused_total Requests answered 429 for want of a caller's budget of recorded decisions.\n# TYPE probity_recorded_budget_refused_total counter\nprobity_recorded_budget_refused_total {}",
             self.inner.budget.refused()
         );
+        if self.engine().state().is_some() {
+            let h = self.last_storage_health();
+            let _ = writeln!(
+                out,
+                "# HELP probity_state_store_failing 1 while the state store cannot write (a full disk, say): denies and obligations are answered 503.\n# TYPE probity_state_store_failing gauge\nprobity_state_store_failing {}\n# HELP probity_state_store_failures_total State store operations that failed with an I/O error.\n# TYPE probity_state_store_failures_total counter\nprobity_state_store_failures_total {}\n# HELP probity_state_store_recoveries_total Times the state store went from failing back to writing.\n# TYPE probity_state_store_recoveries_total counter\nprobity_state_store_recoveries_total {}",
+                u8::from(h.failure.is_some()),
+                h.failures_total,
+                h.recoveries_total
+            );
+        }
         let _ = writeln!(
             out,
             "# HELP probity_io_jobs_in_flight Verification jobs on the I/O threads.\n# TYPE probity_io_jobs_in_flight gauge\nprobity_io_jobs_in_flight {}",
@@ -569,6 +617,19 @@ impl AppState {
         ))
     }
 
+    /// A decision that needed a record the log could not write becomes a 503: the
+    /// caller must not take it for a policy's deny (nor act on its obligations).
+    fn recorded(d: Decision) -> Result<Decision, ApiError> {
+        if d.unrecorded {
+            let why = d
+                .errors
+                .last()
+                .map_or("the decision could not be recorded", |e| e.message.as_str());
+            return Err(ApiError::Unavailable(format!("{why}; retry later")));
+        }
+        Ok(d)
+    }
+
     /// Decides and times the decision into the metrics, within `caller`'s budget of
     /// recorded decisions. Waits for the decision's record in place: for callers
     /// already off the async workers (admission reviews with a state store run on the
@@ -585,7 +646,7 @@ impl AppState {
             .pop()
             .unwrap_or_else(|| Decision::error("no decision"));
         self.metrics().record_decision(&d, start.elapsed());
-        Ok(d)
+        Self::recorded(d)
     }
 
     /// Decides within `caller`'s budget of recorded decisions. A decision that runs
@@ -598,6 +659,7 @@ impl AppState {
         request: Request,
     ) -> Result<Decision, ApiError> {
         let start = Instant::now();
+        let request = request.on_behalf_of(caller.0.as_str());
         let decision = if self.engine().runs_plugins(&request) {
             let s = self.clone();
             let c = caller.clone();
@@ -634,7 +696,7 @@ impl AppState {
             .next()
             .unwrap_or_else(|| Decision::error("the decision record could not be awaited"));
         self.metrics().record_decision(&decision, start.elapsed());
-        Ok(decision)
+        Self::recorded(decision)
     }
 
     pub(crate) fn decide_batch(
@@ -652,6 +714,10 @@ impl AppState {
         let per = start.elapsed() / u32::try_from(requests.len().max(1)).unwrap_or(u32::MAX);
         for d in &decisions {
             self.metrics().record_decision(d, per);
+        }
+        // One commit holds a batch's records: none was written.
+        if let Some(d) = decisions.iter().find(|d| d.unrecorded) {
+            return Self::recorded(d.clone()).map(|_| Vec::new());
         }
         Ok(decisions)
     }
@@ -731,6 +797,29 @@ async fn healthz() -> impl IntoResponse {
 }
 
 async fn readyz(State(state): State<AppState>) -> Response {
+    // Asking the store may write a probe: off the async workers.
+    let s = state.clone();
+    let storage = tokio::task::spawn_blocking(move || s.storage_health())
+        .await
+        .ok()
+        .flatten();
+    if let Some(f) = storage.as_ref().and_then(|h| h.failure.as_ref()) {
+        // Not ready: denies and obligations would be answered 503 here, so traffic is
+        // better sent to a replica whose store writes.
+        let body = serde_json::json!({
+            "status": "not ready",
+            "code": 503,
+            "reasons": [format!(
+                "the state store cannot write ({} at {}: {}); it retries every {:?}",
+                f.operation,
+                f.path.display(),
+                f.detail,
+                probity::state::RECOVERY_INTERVAL
+            )],
+            "state_store": {"failing_since_unix_ms": f.since_unix_ms},
+        });
+        return (StatusCode::SERVICE_UNAVAILABLE, axum::Json(body)).into_response();
+    }
     if state.is_ready() {
         let s = state.engine().status();
         let mut warnings = Vec::new();

@@ -48,6 +48,8 @@ impl Histogram {
 pub(crate) struct Metrics {
     allow: AtomicU64,
     deny: AtomicU64,
+    /// Decisions that needed a record the log could not write (answered 503).
+    unrecorded: AtomicU64,
     /// policy -> decisions it determined, [allow, deny]. Read-locked on the hot path.
     by_policy: RwLock<HashMap<String, [AtomicU64; 2]>>,
     /// (endpoint, allowed) -> admission reviews answered.
@@ -74,6 +76,9 @@ impl Metrics {
             }
         };
         self.decide_latency.observe(took);
+        if d.unrecorded {
+            self.unrecorded.fetch_add(1, Ordering::Relaxed);
+        }
         for r in &d.reasons {
             let read = self
                 .by_policy
@@ -131,6 +136,11 @@ impl Metrics {
         ] {
             let _ = writeln!(out, "probity_decisions_total{{outcome=\"{outcome}\"}} {n}");
         }
+        let _ = writeln!(
+            out,
+            "# HELP probity_decisions_unrecorded_total Decisions that needed a record the decision log could not write, answered as a failure (503).\n# TYPE probity_decisions_unrecorded_total counter\nprobity_decisions_unrecorded_total {}",
+            self.unrecorded.load(Ordering::Relaxed)
+        );
         let _ = writeln!(
             out,
             "# HELP probity_decision_reasons_total Decisions by the policy that determined them.\n# TYPE probity_decision_reasons_total counter"

@@ -262,7 +262,7 @@ fn checkpoint_policy(
 }
 
 /// An error and its causes, on one line (for start-up failures, which print once).
-fn error_chain(e: &dyn std::error::Error) -> String {
+pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
     let mut text = e.to_string();
     let mut cause = e.source();
     while let Some(c) = cause {
@@ -405,6 +405,7 @@ impl Server {
         start_forwarders(&self.state)?;
         start_alerts(&self.state)?;
         let retention = spawn_retention(&self.state);
+        let storage = spawn_storage_watch(&self.state);
         let rotation = crate::keys::spawn_rotation(&self.state);
         let digests = tokio::spawn(report_digests(self.state.clone()));
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
@@ -442,7 +443,7 @@ impl Server {
         if let Some(p) = socket_path {
             remove_socket(&p);
         }
-        for stop in [retention, rotation].into_iter().flatten() {
+        for stop in [retention, rotation, storage].into_iter().flatten() {
             let _ = stop.send(());
         }
         digests.abort();
@@ -649,6 +650,34 @@ fn start_forwarders(state: &AppState) -> Result<(), ServeError> {
     tracing::info!(siem = %address, transport = ?config.siem.transport, "forwarding the audit logs");
     state.set_forwarders(Some(forwarders));
     Ok(())
+}
+
+/// Asks the state store for its health every [`probity::state::RECOVERY_INTERVAL`],
+/// on a thread of its own: a failing store recovers (reopen, probe write) when the disk
+/// does, with or without traffic, and each change is logged and shown in the metrics.
+/// Stops when the returned sender drops.
+fn spawn_storage_watch(state: &AppState) -> Option<std::sync::mpsc::Sender<()>> {
+    state.engine().state()?;
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    let s = state.clone();
+    let spawned = std::thread::Builder::new()
+        .name("probity-storage".into())
+        .spawn(move || {
+            loop {
+                let _ = s.storage_health();
+                match rx.recv_timeout(probity::state::RECOVERY_INTERVAL) {
+                    Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+                    _ => return,
+                }
+            }
+        });
+    match spawned {
+        Ok(_) => Some(tx),
+        Err(e) => {
+            tracing::error!(error = %e, "cannot start the state store's health watch");
+            None
+        }
+    }
 }
 
 /// Prunes the decision log on an interval, on a thread of its own, and keeps the

@@ -18,7 +18,7 @@ fn yaml_pod(name: &str) -> Value {
 }
 
 /// An AdmissionReview CREATE of `object` (of `kind`) in `namespace`.
-fn review(kind: &str, namespace: &str, object: Value) -> Value {
+pub(crate) fn review(kind: &str, namespace: &str, object: Value) -> Value {
     json!({
         "apiVersion": "admission.k8s.io/v1",
         "kind": "AdmissionReview",
@@ -36,7 +36,7 @@ fn review(kind: &str, namespace: &str, object: Value) -> Value {
     })
 }
 
-fn gpu_pod(name: &str, gpus: u32, cpu: &str) -> Value {
+pub(crate) fn gpu_pod(name: &str, gpus: u32, cpu: &str) -> Value {
     json!({
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": name},
@@ -47,7 +47,7 @@ fn gpu_pod(name: &str, gpus: u32, cpu: &str) -> Value {
     })
 }
 
-async fn validate(s: &probity_server::AppState, body: &Value) -> Value {
+pub(crate) async fn validate(s: &probity_server::AppState, body: &Value) -> Value {
     let (status, out) = call(s, Method::POST, "/v1/admission/validate", Some(body), None).await;
     assert_eq!(status, StatusCode::OK, "{out}");
     assert_eq!(out["apiVersion"], "admission.k8s.io/v1");

@@ -442,6 +442,71 @@ async fn verify_without_a_state_directory_is_unavailable() {
     );
 }
 
+/// Issue 28, item 10: decision records did not name who asked, so a flood or a forged
+/// request could not be traced from the log.
+#[tokio::test]
+async fn decision_records_name_the_caller_who_asked() {
+    use probity::state::StateStore;
+    use std::sync::Arc;
+
+    let tmp = tempfile::tempdir().unwrap();
+    let store = Arc::new(StateStore::open(&tmp.path().join("state")).unwrap());
+    let engine = crate::engine();
+    engine.attach_state(store.clone()).unwrap();
+    let s = probity_server::AppState::new(engine, Config::default());
+    let deny = json!({"principal": "Workload::\"train-1\"", "action": "schedule",
+                      "resource": "Node::\"gpu-blocked\""});
+    let (status, _) = call(
+        &s,
+        Method::POST,
+        "/v1/decide",
+        Some(&deny),
+        Some("cn:scheduler"),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    let batch = json!({"requests": [deny.clone()]});
+    let (status, _) = call(
+        &s,
+        Method::POST,
+        "/v1/decide/batch",
+        Some(&batch),
+        Some("uid:1001"),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    let (status, _) = call(&s, Method::POST, "/v1/decide", Some(&deny), None).await;
+    assert_eq!(status, StatusCode::OK);
+    let mut pod = crate::admission::gpu_pod("on-blocked", 1, "4");
+    pod["spec"]["nodeName"] = json!("gpu-blocked");
+    let review = crate::admission::review("Pod", "ml-train", pod);
+    let (status, _) = call(
+        &s,
+        Method::POST,
+        "/v1/admission/validate",
+        Some(&review),
+        Some("cn:kube-apiserver"),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+
+    let callers: Vec<Option<String>> = store
+        .decisions(0, 100)
+        .unwrap()
+        .into_iter()
+        .map(|r| r.caller)
+        .collect();
+    assert_eq!(
+        callers,
+        [
+            Some("cn:scheduler".to_owned()),
+            Some("uid:1001".to_owned()),
+            Some("anonymous".to_owned()),
+            Some("cn:kube-apiserver".to_owned()),
+        ]
+    );
+}
+
 #[tokio::test]
 async fn the_decision_log_is_read_by_auditors_and_admins_only() {
     use probity::state::StateStore;

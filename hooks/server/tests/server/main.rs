@@ -13,6 +13,7 @@
 mod admission;
 mod api;
 mod deploy;
+mod disk_full;
 mod keys;
 mod net;
 mod placement;
