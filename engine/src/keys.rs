@@ -520,9 +520,14 @@ mod tests {
     fn an_unknown_key_is_refused_not_rotated() {
         let f = fixture();
         let key = KeyId::new("nobody-made-me").unwrap();
-        let grant = authorize_encrypt(&f.engine, &f.keyring, &alice(), &key, "alice").unwrap();
-        assert!(!grant.decision.is_allowed());
-        assert!(grant.rotation.is_none());
+        let err = authorize_encrypt(&f.engine, &f.keyring, &alice(), &key, "alice").unwrap_err();
+        assert_eq!(err.to_string(), "keyring");
+        assert!(
+            matches!(&err, KeysError::Key(KeyError::UnknownKey { key: k }) if k == &key),
+            "{err:?}"
+        );
+        // Nothing was made or rotated.
+        assert!(f.keyring.key_status(&key).is_err());
     }
 
     #[test]
