@@ -497,21 +497,13 @@ pub(crate) async fn verify(
     let key_path = state
         .config()
         .integrity
-        .public_key
-        .clone()
-        .or_else(|| {
-            state
-                .config()
-                .integrity
-                .state_dir
-                .as_ref()
-                .map(|d| d.join("trusted.pub"))
-        })
+        .pinned_key_path()
         .ok_or_else(|| ApiError::Unavailable("no pinned public key configured".into()))?;
+    let checker = state.clone();
     let outcome = state
         .io()
         .run(&caller.0, move || {
-            verify_blocking(&engine, store.as_ref(), &key_path, &roots, &body)
+            verify_blocking(&checker, &engine, store.as_ref(), &key_path, &roots, &body)
         })
         .await
         .map_err(|busy| match busy {
@@ -576,13 +568,14 @@ pub(crate) fn open_confined(
 }
 
 fn verify_blocking(
+    state: &AppState,
     engine: &probity::Engine,
     store: &dyn probity::state::StateBackend,
     key_path: &std::path::Path,
     roots: &[std::path::PathBuf],
     body: &VerifyBody,
 ) -> Result<Value, ApiError> {
-    use probity::integrity::{self, PublicKey, Verifier, VerifyOptions};
+    use probity::integrity::{self, Verifier, VerifyOptions};
     use std::io::Read;
     // The caller's paths first: what it may not read is refused before anything else.
     let manifest_path = body
@@ -591,10 +584,9 @@ fn verify_blocking(
         .unwrap_or_else(|| integrity::default_manifest_path(&body.path));
     let (object, object_path) = open_confined(roots, &body.path)?;
     let (manifest_file, _) = open_confined(roots, &manifest_path)?;
-    let key = std::fs::read_to_string(key_path)
-        .ok()
-        .and_then(|text| PublicKey::from_hex(&text).ok())
-        .ok_or_else(|| ApiError::Unavailable("the pinned public key cannot be read".into()))?;
+    // Judged on every read, as the CLI and sealed mode judge it: a key others may
+    // write proves nothing, and a server trusting it would pass forged data.
+    let key = state.pinned_key(key_path)?;
     let verifier = Verifier::new(key);
     let mut manifest = Vec::new();
     manifest_file

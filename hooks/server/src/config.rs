@@ -154,6 +154,15 @@ pub struct IntegrityConfig {
     pub data_roots: Vec<PathBuf>,
 }
 
+impl IntegrityConfig {
+    /// The pinned public key's file: `public_key`, else `STATE_DIR/trusted.pub`.
+    pub fn pinned_key_path(&self) -> Option<PathBuf> {
+        self.public_key
+            .clone()
+            .or_else(|| self.state_dir.as_ref().map(|d| d.join("trusted.pub")))
+    }
+}
+
 /// The keyring (`[keys]`): its metadata lives in the state backend, its KEKs in the HSM
 /// named here or, without one, in a software KEK under the state directory ("not an
 /// HSM", logged at start). Active whenever the server has a state directory.

@@ -138,6 +138,9 @@ struct Inner {
     /// The state store's health as last observed ([`AppState::storage_health`]), so
     /// that a change is logged once.
     storage: std::sync::Mutex<probity::state::StorageHealth>,
+    /// Whether the pinned public key that `/v1/verify` reads was trusted when last read
+    /// (`Err`: why not); `None` until verification is configured and the key read.
+    verify_key: std::sync::Mutex<Option<Result<(), String>>>,
 }
 
 impl AppState {
@@ -185,6 +188,7 @@ impl AppState {
                 forwarders: std::sync::Mutex::new(None),
                 alerts: std::sync::Mutex::new(None),
                 storage: std::sync::Mutex::new(probity::state::StorageHealth::default()),
+                verify_key: std::sync::Mutex::new(None),
             }),
         }
     }
@@ -227,6 +231,53 @@ impl AppState {
         }
         *last = health.clone();
         Some(health)
+    }
+
+    /// The pinned public key at `path`, judged as the CLI and sealed mode judge it
+    /// (owner, mode, and every directory on its path: see `probity::trust`): a key
+    /// others may write is refused with 503, and readiness says why. Logs a change of
+    /// verdict.
+    pub(crate) fn pinned_key(
+        &self,
+        path: &std::path::Path,
+    ) -> Result<probity::integrity::PublicKey, ApiError> {
+        let loaded = probity::integrity::load_pinned_key(path).map_err(|e| {
+            format!(
+                "the pinned public key is not trusted: {}",
+                server::error_chain(&e)
+            )
+        });
+        let verdict = loaded.as_ref().map(|_| ()).map_err(Clone::clone);
+        let mut last = self
+            .inner
+            .verify_key
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if last.as_ref() != Some(&verdict) {
+            match &verdict {
+                Err(why) => {
+                    tracing::error!(error = %why, "POST /v1/verify is refused until the key is fixed")
+                }
+                Ok(()) => tracing::info!(key = %path.display(), "the pinned public key is trusted"),
+            }
+        }
+        *last = Some(verdict);
+        loaded.map_err(|why| ApiError::Unavailable(format!("{why}; verification is refused")))
+    }
+
+    /// Judges the pinned key now, when `/v1/verify` is configured (data roots and a
+    /// key path): at start and on each readiness check. `None`: not configured.
+    pub fn check_verify_key(&self) -> Option<Result<(), String>> {
+        let integrity = &self.config().integrity;
+        if integrity.data_roots.is_empty() {
+            return None;
+        }
+        let path = integrity.pinned_key_path()?;
+        Some(
+            self.pinned_key(&path)
+                .map(|_| ())
+                .map_err(|e| e.to_string()),
+        )
     }
 
     /// The state store's health as last observed, without asking it.
@@ -464,6 +515,19 @@ impl AppState {
             "# HELP probity_recorded_budget_refused_total Requests answered 429 for want of a caller's budget of recorded decisions.\n# TYPE probity_recorded_budget_refused_total counter\nprobity_recorded_budget_refused_total {}",
             self.inner.budget.refused()
         );
+        let verify_key = self
+            .inner
+            .verify_key
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        if let Some(verdict) = verify_key {
+            let _ = writeln!(
+                out,
+                "# HELP probity_verify_key_trusted 1 while the pinned public key POST /v1/verify reads passes the trust checks (owner, mode, path); 0: verification is refused.\n# TYPE probity_verify_key_trusted gauge\nprobity_verify_key_trusted {}",
+                u8::from(verdict.is_ok())
+            );
+        }
         if self.engine().state().is_some() {
             let h = self.last_storage_health();
             let _ = writeln!(
@@ -799,10 +863,10 @@ async fn healthz() -> impl IntoResponse {
 async fn readyz(State(state): State<AppState>) -> Response {
     // Asking the store may write a probe: off the async workers.
     let s = state.clone();
-    let storage = tokio::task::spawn_blocking(move || s.storage_health())
-        .await
-        .ok()
-        .flatten();
+    let (storage, verify_key) =
+        tokio::task::spawn_blocking(move || (s.storage_health(), s.check_verify_key()))
+            .await
+            .unwrap_or_default();
     if let Some(f) = storage.as_ref().and_then(|h| h.failure.as_ref()) {
         // Not ready: denies and obligations would be answered 503 here, so traffic is
         // better sent to a replica whose store writes.
@@ -830,11 +894,17 @@ async fn readyz(State(state): State<AppState>) -> Response {
             );
         }
         state.siem_warnings(&mut warnings);
+        // Verification refused, everything else served: degraded, not unready.
+        let degraded = matches!(verify_key, Some(Err(_)));
+        if let Some(Err(why)) = verify_key {
+            warnings.push(format!("{why}: POST /v1/verify answers 503"));
+        }
         let shared = state.shared_health();
         if let Some(h) = &shared {
             state.state_warnings(h, &mut warnings);
         }
-        let mut body = serde_json::json!({"status": "ready", "digest": s.digest,
+        let status = if degraded { "degraded" } else { "ready" };
+        let mut body = serde_json::json!({"status": status, "digest": s.digest,
             "policies": s.policies, "warnings": warnings});
         if let (Some(h), Some(obj)) = (shared, body.as_object_mut()) {
             obj.insert(

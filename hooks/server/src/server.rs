@@ -88,15 +88,7 @@ pub async fn serve(config: Config) -> Result<(), ServeError> {
 fn seal_verifier(config: &Config) -> Result<probity::integrity::Verifier, ServeError> {
     let path = config
         .integrity
-        .public_key
-        .clone()
-        .or_else(|| {
-            config
-                .integrity
-                .state_dir
-                .as_ref()
-                .map(|d| d.join("trusted.pub"))
-        })
+        .pinned_key_path()
         .ok_or_else(|| ServeError::SealKey {
             path: "trusted.pub".into(),
             detail: "no integrity.public_key and no integrity.state_dir".into(),
@@ -364,6 +356,8 @@ impl Server {
             }
         };
         let state = AppState::new(engine, config);
+        // An untrusted key is logged at error level here, and refused on every read.
+        let _ = state.check_verify_key();
         match state.open_keyring() {
             Ok(true) => tracing::info!("keyring ready"),
             Ok(false) => {}

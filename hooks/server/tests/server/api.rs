@@ -430,6 +430,79 @@ async fn verify_passes_an_intact_checkpoint_and_blocks_the_node_on_a_flipped_byt
     );
 }
 
+/// Issue 28, item 1: `POST /v1/verify` read the pinned key on each request without the
+/// trust check the CLI and sealed mode make: a user who could write the key and the data
+/// sealed tampered bytes under a key of their own, and the server answered verified.
+#[tokio::test]
+async fn verify_refuses_a_pinned_key_that_others_can_write_and_readiness_says_why() {
+    use probity::integrity::{self, Anchor, HashOptions, SoftwareAnchor};
+    use probity::state::StateStore;
+    use std::os::unix::fs::PermissionsExt;
+    use std::sync::Arc;
+
+    let tmp = tempfile::tempdir().unwrap();
+    let state_dir = tmp.path().join("state");
+    let store = Arc::new(StateStore::open(&state_dir).unwrap());
+    // The attacker's own anchor, its key written where the server pins it.
+    let forger = SoftwareAnchor::load_or_generate(&tmp.path().join("forger.key")).unwrap();
+    let key_path = state_dir.join("trusted.pub");
+    std::fs::write(&key_path, forger.public_key().to_hex()).unwrap();
+    std::fs::set_permissions(&key_path, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let file = tmp.path().join("epoch-9.ckpt");
+    std::fs::write(&file, b"tampered weights").unwrap();
+    let signed = integrity::seal(
+        &file,
+        "llm/epoch-9",
+        1,
+        &forger,
+        store.as_ref(),
+        &HashOptions::default(),
+    )
+    .unwrap();
+    std::fs::write(tmp.path().join("epoch-9.ckpt.manifest"), signed.encode()).unwrap();
+
+    let mut config = Config::default();
+    config.integrity.state_dir = Some(state_dir.clone());
+    config.integrity.data_roots = vec![tmp.path().to_owned()];
+    let engine = crate::engine();
+    engine.attach_state(store).unwrap();
+    let s = probity_server::AppState::new(engine, config);
+    let body = json!({"path": file, "id": "llm/epoch-9", "node": "gpu-a1"});
+    let (status, out) = call(&s, Method::POST, "/v1/verify", Some(&body), Some("uid:0")).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{out}");
+    let message = out["error"].as_str().unwrap();
+    assert!(
+        message.starts_with("the pinned public key is not trusted: ")
+            && message.contains(&key_path.display().to_string())
+            && message.contains("lets group and others write it"),
+        "{out}"
+    );
+    let (status, ready) = call(&s, Method::GET, "/readyz", None, None).await;
+    assert_eq!(status, StatusCode::OK, "{ready}");
+    assert_eq!(ready["status"], "degraded", "{ready}");
+    assert!(
+        ready["warnings"]
+            .to_string()
+            .contains("POST /v1/verify answers 503"),
+        "{ready}"
+    );
+    let (_, metrics) = call(&s, Method::GET, "/metrics", None, None).await;
+    assert!(
+        metrics
+            .as_str()
+            .unwrap()
+            .contains("probity_verify_key_trusted 0"),
+        "{metrics}"
+    );
+
+    // The operator fixes the mode: verification is served again, at once.
+    std::fs::set_permissions(&key_path, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let (status, out) = call(&s, Method::POST, "/v1/verify", Some(&body), Some("uid:0")).await;
+    assert_eq!(status, StatusCode::OK, "{out}");
+    let (_, ready) = call(&s, Method::GET, "/readyz", None, None).await;
+    assert_eq!(ready["status"], "ready", "{ready}");
+}
+
 #[tokio::test]
 async fn verify_without_a_state_directory_is_unavailable() {
     let s = state();
