@@ -64,6 +64,8 @@ pub use manifest::{
 };
 pub use pkcs11::{DATA_APPLICATION, Pin, Pkcs11Anchor, Pkcs11Config, TokenDigest, token_digests};
 pub use reader::VerifiedReader;
+#[doc(hidden)]
+pub use signed::fuzzing;
 pub use signed::{
     SIGNED_FORMAT, SIGNED_MAGIC, SignatureProblem, SignedManifest, SignedManifestError,
 };

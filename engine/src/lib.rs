@@ -58,6 +58,9 @@ mod guard;
 pub mod integrity;
 pub mod keys;
 mod plugin;
+/// For the fuzz target `plugins_toml`; not part of the API.
+#[doc(hidden)]
+pub use plugin::fuzzing as plugin_fuzzing;
 pub mod policy_seal;
 mod request;
 pub mod scenario;

@@ -522,6 +522,40 @@ fn severity(s: wit::Severity) -> Severity {
     }
 }
 
+/// For the fuzz target `plugins_toml`: any bytes as a `plugins.toml`.
+#[doc(hidden)]
+pub mod fuzzing {
+    use std::sync::Arc;
+
+    use super::manifest::Manifest;
+    use crate::diagnostic::SourceDiagnostic;
+
+    /// Parses `data` as a plugin manifest, and locates any problem in it as the loader
+    /// does: the span must lie within the text. Reads no plugin file.
+    pub fn plugins_toml(data: &[u8]) {
+        let Ok(text) = std::str::from_utf8(data) else {
+            return;
+        };
+        if let Err(p) = Manifest::parse(text) {
+            assert!(
+                p.span.start <= p.span.end && p.span.end <= text.len(),
+                "span {:?} outside {} bytes",
+                p.span,
+                text.len()
+            );
+            let text: Arc<str> = Arc::from(text);
+            let d = SourceDiagnostic::new(
+                "plugins.toml",
+                &text,
+                p.span.start,
+                p.span.end - p.span.start,
+                p.message,
+            );
+            assert!(d.line >= 1);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -213,6 +213,27 @@ pub enum SignatureProblem {
     Invalid,
 }
 
+/// For the fuzz target `checkpoint_manifest`: any bytes as a `.manifest` file.
+#[doc(hidden)]
+pub mod fuzzing {
+    use super::SignedManifest;
+
+    /// Decodes `data` strictly; what decodes re-encodes to bytes that decode to the same
+    /// manifest digest, key and signature.
+    pub fn signed_manifest(data: &[u8]) {
+        if let Ok(m) = SignedManifest::decode(data) {
+            let encoded = m.encode();
+            assert_eq!(encoded, data, "a decoded manifest re-encodes to its input");
+            if let Ok(again) = SignedManifest::decode(&encoded) {
+                assert_eq!(again.digest(), m.digest());
+                assert_eq!(again.key_id(), m.key_id());
+            } else {
+                panic!("a re-encoded manifest does not decode");
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -30,7 +30,7 @@ use crate::error::ApiError;
 const API_VERSION: &str = "admission.k8s.io/v1";
 
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum Mode {
+pub(crate) enum Mode {
     Validate,
     Mutate,
 }
@@ -97,6 +97,9 @@ struct Answer {
     code: u16,
     warnings: Vec<String>,
     patch: Option<Vec<Value>>,
+    /// What the policies refused, one entry per decision (for comparing an UPDATE's
+    /// object with its old object).
+    denials: Vec<String>,
 }
 
 impl Answer {
@@ -108,6 +111,7 @@ impl Answer {
             code: 200,
             warnings: Vec::new(),
             patch: None,
+            denials: Vec::new(),
         }
     }
 
@@ -146,7 +150,7 @@ impl Answer {
     }
 }
 
-fn review(
+pub(crate) fn review(
     state: &AppState,
     caller: &Caller,
     body: Result<Bytes, BytesRejection>,
@@ -319,10 +323,22 @@ fn admit(
         Mode::Validate => WorkloadId::Review,
         Mode::Mutate => WorkloadId::Content,
     };
-    let workload = match workload(state, request, object, spec, meta_path, naming) {
+    let mut workload = match workload(state, request, object, spec, meta_path, naming) {
         Ok(w) => w,
         Err(message) => return Answer::deny(uid, 400, message),
     };
+    if mode == Mode::Validate && operation == "UPDATE" {
+        // A bound pod is past scheduling: its placement was decided when it was
+        // created (and bound); an update never decides it again.
+        if kind == "Pod" {
+            workload.node_name = None;
+        }
+        if let Some(answer) =
+            judge_update(state, uid, request, object, spec_path, meta_path, &workload)
+        {
+            return answer;
+        }
+    }
     match mode {
         Mode::Validate => validate_workload(state, caller, uid, &workload, dry_run, true),
         Mode::Mutate => {
@@ -341,6 +357,67 @@ fn admit(
             a
         }
     }
+}
+
+/// An UPDATE refuses only what it introduces. `Some(allow)` when it introduces
+/// nothing to judge: the object is being deleted (`deletionTimestamp`: finalizers
+/// must be removable whatever the node's state), or its judged facts (the workload the
+/// policies read, and a template's node) read as the old object's did (a
+/// metadata-only update, a finalizer, a status or replica change); or when every
+/// refusal of the new object already applied to the old one (then the refusals are
+/// warnings). `None`: judge the object as a CREATE.
+fn judge_update(
+    state: &AppState,
+    uid: &str,
+    request: &Map<String, Value>,
+    object: &Value,
+    spec_path: &str,
+    meta_path: &str,
+    new: &Workload,
+) -> Option<Answer> {
+    if object
+        .pointer("/metadata/deletionTimestamp")
+        .is_some_and(|t| !t.is_null())
+    {
+        let mut a = Answer::allow(uid);
+        a.warnings
+            .push("probity: the object is being deleted; its update is not judged".into());
+        return Some(a);
+    }
+    let old_object = request.get("oldObject").filter(|o| o.is_object())?;
+    let old_spec = old_object.pointer(spec_path).filter(|s| s.is_object())?;
+    let mut old = workload(
+        state,
+        request,
+        old_object,
+        old_spec,
+        meta_path,
+        WorkloadId::Review,
+    )
+    .ok()?;
+    if new.node_name.is_none() {
+        old.node_name = None;
+    }
+    if old.entity == new.entity && old.node_name == new.node_name {
+        return Some(Answer::allow(uid));
+    }
+    // Both judged without a trace (dry runs): only a refusal that stands is recorded,
+    // by the caller's full judgement.
+    let caller = Caller::anonymous();
+    let now = validate_workload(state, &caller, uid, new, true, true);
+    if now.allowed || now.denials.is_empty() {
+        return None;
+    }
+    let before = validate_workload(state, &caller, uid, &old, true, true);
+    if now.denials.iter().all(|d| before.denials.contains(d)) {
+        let mut a = Answer::allow(uid);
+        a.warnings = now.warnings;
+        a.warnings.extend(now.denials.iter().map(|d| {
+            format!("probity: already refused before this update, not introduced by it: {d}")
+        }));
+        return Some(a);
+    }
+    None
 }
 
 fn workload(
@@ -728,6 +805,7 @@ fn validate_workload(
             format!("probity denied {}: {}", w.name, denials.join(" | ")),
         );
         a.warnings = warnings;
+        a.denials = denials;
         a
     }
 }

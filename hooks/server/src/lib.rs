@@ -64,6 +64,8 @@ mod caller;
 mod config;
 mod error;
 pub mod forward;
+#[doc(hidden)]
+pub mod fuzzing;
 mod keys;
 mod limits;
 mod metrics;

@@ -331,12 +331,16 @@ pub(crate) async fn filter(
     State(state): State<AppState>,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    let s = state.clone();
-    let judged = tokio::task::spawn_blocking(move || judge(&s, body)).await;
-    let (args, verdicts) = match judged {
-        Ok(Ok(j)) => j,
-        Ok(Err((status, e))) => return filter_error(status, &e),
-        Err(e) => return filter_error(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
+    tokio::task::spawn_blocking(move || filter_blocking(&state, body))
+        .await
+        .unwrap_or_else(|e| filter_error(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()))
+}
+
+/// The filter's work, on a blocking thread (or a fuzz target).
+pub(crate) fn filter_blocking(state: &AppState, body: Result<Bytes, BytesRejection>) -> Response {
+    let (args, verdicts) = match judge(state, body) {
+        Ok(j) => j,
+        Err((status, e)) => return filter_error(status, &e),
     };
     let mut failed = Map::new();
     let mut passed = Vec::new();
@@ -394,19 +398,26 @@ pub(crate) async fn prioritize(
     State(state): State<AppState>,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    let s = state.clone();
-    let judged = tokio::task::spawn_blocking(move || judge(&s, body)).await;
-    let (args, verdicts) = match judged {
-        Ok(Ok(j)) => j,
-        Ok(Err((status, e))) => {
-            return (status, Json(json!({"Error": format!("probity: {e}")}))).into_response();
-        }
-        Err(e) => {
-            return (
+    tokio::task::spawn_blocking(move || prioritize_blocking(&state, body))
+        .await
+        .unwrap_or_else(|e| {
+            (
                 StatusCode::INTERNAL_SERVER_ERROR,
                 Json(json!({"Error": format!("probity: {e}")})),
             )
-                .into_response();
+                .into_response()
+        })
+}
+
+/// The prioritize's work, on a blocking thread (or a fuzz target).
+pub(crate) fn prioritize_blocking(
+    state: &AppState,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let (args, verdicts) = match judge(state, body) {
+        Ok(j) => j,
+        Err((status, e)) => {
+            return (status, Json(json!({"Error": format!("probity: {e}")}))).into_response();
         }
     };
     let list: Vec<Value> = args

@@ -671,3 +671,102 @@ async fn a_workload_class_spelled_another_way_is_refused() {
         "{r}"
     );
 }
+
+/// An UPDATE review of `object` whose old object was `old`.
+fn update(kind: &str, namespace: &str, object: Value, old: Value) -> Value {
+    let mut r = review(kind, namespace, object);
+    r["request"]["operation"] = json!("UPDATE");
+    r["request"]["oldObject"] = old;
+    r
+}
+
+/// Issue 28, item 4: a validating UPDATE of a bound pod decided `schedule` again, so
+/// once its node was blocked every update was refused, the removal of a finalizer
+/// included, and the pod stayed Terminating for good.
+#[tokio::test]
+async fn bug_a_pod_on_a_blocked_node_could_not_lose_its_finalizer() {
+    let s = state();
+    let mut old = gpu_pod("bound", 1, "8");
+    old["spec"]["nodeName"] = json!("gpu-blocked");
+    old["metadata"]["finalizers"] = json!(["example.com/cleanup"]);
+
+    // Deleting: the finalizer goes.
+    let mut deleting = old.clone();
+    deleting["metadata"]["deletionTimestamp"] = json!("2026-12-04T10:00:00Z");
+    let mut gone = deleting.clone();
+    gone["metadata"]["finalizers"] = json!([]);
+    let r = validate(&s, &update("Pod", "training", gone, deleting)).await;
+    assert_eq!(r["allowed"], true, "{r}");
+
+    // A metadata-only update (a label) of the same pod, not being deleted.
+    let mut labelled = old.clone();
+    labelled["metadata"]["labels"] = json!({"team": "a"});
+    let r = validate(&s, &update("Pod", "training", labelled, old.clone())).await;
+    assert_eq!(r["allowed"], true, "{r}");
+
+    // An update that changes what the policies read (the image) is judged for
+    // admission, but a bound pod's placement is never decided again.
+    let mut new_image = old.clone();
+    new_image["spec"]["containers"][0]["image"] = json!("nvcr.io/nvidia/tritonserver:25.02");
+    let r = validate(&s, &update("Pod", "training", new_image, old.clone())).await;
+    assert_eq!(r["allowed"], true, "{r}");
+    assert!(!r.to_string().contains("security.blocked-node"), "{r}");
+
+    // A CREATE onto the blocked node is still refused.
+    let r = validate(&s, &review("Pod", "training", old)).await;
+    assert_eq!(r["allowed"], false, "{r}");
+}
+
+/// Issue 28, item 4, for workload templates: an UPDATE refuses only what it
+/// introduces; a violation the old object already had is a warning.
+#[tokio::test]
+async fn a_template_update_refuses_only_the_violation_it_introduces() {
+    let s = state();
+    let deployment = |cpu: &str, replicas: u32| {
+        json!({"metadata": {"name": "d"}, "spec": {"replicas": replicas, "template": {
+            "metadata": {"labels": {"app": "x"}}, "spec": gpu_pod("t", 2, cpu)["spec"].clone()}}})
+    };
+    // 4 CPUs for 2 GPUs in inference is refused (see pod_templates_of_workload_kinds_are_checked).
+    let r = validate(&s, &review("Deployment", "inference", deployment("4", 1))).await;
+    assert_eq!(r["allowed"], false, "{r}");
+    // An update that introduces it is refused.
+    let r = validate(
+        &s,
+        &update(
+            "Deployment",
+            "inference",
+            deployment("4", 1),
+            deployment("16", 1),
+        ),
+    )
+    .await;
+    assert_eq!(r["allowed"], false, "{r}");
+    // Scaling a deployment that already had it: the template is unchanged, allowed.
+    let r = validate(
+        &s,
+        &update(
+            "Deployment",
+            "inference",
+            deployment("4", 3),
+            deployment("4", 1),
+        ),
+    )
+    .await;
+    assert_eq!(r["allowed"], true, "{r}");
+    // A template change that leaves the old violation as it was: allowed, with the
+    // violation as a warning.
+    let mut relabelled = deployment("4", 1);
+    relabelled["spec"]["template"]["spec"]["containers"][0]["image"] = json!("other:1");
+    let r = validate(
+        &s,
+        &update("Deployment", "inference", relabelled, deployment("4", 1)),
+    )
+    .await;
+    assert_eq!(r["allowed"], true, "{r}");
+    assert!(
+        r["warnings"]
+            .to_string()
+            .contains("already refused before this update"),
+        "{r}"
+    );
+}

@@ -1,0 +1,5 @@
+//! Any bytes as ExtenderArgs sent to the scheduler extender's filter: an answer (an AdmissionReview or a JSON error), never a panic or a 500.
+#![no_main]
+libfuzzer_sys::fuzz_target!(|data: &[u8]| {
+    probity_server::fuzzing::extender_filter(data);
+});
