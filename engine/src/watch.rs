@@ -241,7 +241,7 @@ fn changed(a: &Observation, b: &Observation) -> Option<PathBuf> {
 
 /// Keeps the engine's policy set in step with the files. Dropping it stops watching.
 pub struct ReloadWatcher {
-    watcher: Option<notify::RecommendedWatcher>,
+    watcher: Option<Arc<Mutex<notify::RecommendedWatcher>>>,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -301,6 +301,16 @@ impl Engine {
         if paths.is_empty() {
             return Err(WatchError::NothingToWatch);
         }
+        // A watched path that is a symlink (`--policies /srv/policies`, repointed by
+        // `ln -s new tmp && mv -T tmp /srv/policies`) is followed by the watch, which
+        // then sees the old target only: its parent is watched too, for the link's own
+        // replacement, and after each reload a path whose target moved is watched
+        // again, so edits under the new target are seen.
+        let links: Vec<PathBuf> = paths
+            .iter()
+            .filter(|p| std::fs::symlink_metadata(p).is_ok_and(|m| m.file_type().is_symlink()))
+            .cloned()
+            .collect();
         let (tx, rx) = mpsc::channel::<()>();
         let mut watcher =
             notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
@@ -326,16 +336,7 @@ impl Engine {
             if !path.is_dir() && dirs.iter().any(|d| path.starts_with(d)) {
                 continue;
             }
-            // Files are watched through their directory so that an editor's
-            // write-to-temp-then-rename is seen.
-            let (target, mode) = if path.is_dir() {
-                (path.as_path(), RecursiveMode::Recursive)
-            } else {
-                (
-                    path.parent().unwrap_or(Path::new(".")),
-                    RecursiveMode::NonRecursive,
-                )
-            };
+            let (target, mode) = watch_target(path);
             watcher
                 .watch(target, mode)
                 .map_err(|source| WatchError::Notify {
@@ -343,6 +344,26 @@ impl Engine {
                     source,
                 })?;
         }
+        for link in &links {
+            let parent = link.parent().unwrap_or(Path::new("."));
+            if paths.iter().any(|p| p.as_path() == parent) {
+                continue;
+            }
+            watcher
+                .watch(parent, RecursiveMode::NonRecursive)
+                .map_err(|source| WatchError::Notify {
+                    path: link.clone(),
+                    source,
+                })?;
+        }
+        let mut targets: Vec<Option<PathBuf>> = links
+            .iter()
+            .map(|l| std::fs::canonicalize(l).ok())
+            .collect();
+        let watcher = Arc::new(Mutex::new(watcher));
+        // Weak: dropping the ReloadWatcher drops the watcher, whose sender ends the
+        // thread's loop.
+        let rewatch = Arc::downgrade(&watcher);
         let engine = self.clone();
         let debounce = settle.debounce;
         let thread = std::thread::Builder::new()
@@ -354,6 +375,21 @@ impl Engine {
                             Ok(()) => continue,
                             Err(mpsc::RecvTimeoutError::Timeout) => break,
                             Err(mpsc::RecvTimeoutError::Disconnected) => return,
+                        }
+                    }
+                    for (link, target) in links.iter().zip(targets.iter_mut()) {
+                        let now = std::fs::canonicalize(link).ok();
+                        if now != *target
+                            && let Some(w) = rewatch.upgrade()
+                        {
+                            let mut w = w.lock().unwrap_or_else(PoisonError::into_inner);
+                            let (path, mode) = watch_target(link);
+                            let _ = w.unwatch(path);
+                            // A failure leaves the link's parent watched: the next
+                            // swap is seen and this is tried again.
+                            if w.watch(path, mode).is_ok() {
+                                *target = now;
+                            }
                         }
                     }
                     // The outcome is kept in the engine (last_error, status) and sent to
@@ -369,6 +405,19 @@ impl Engine {
             watcher: Some(watcher),
             thread: Some(thread),
         })
+    }
+}
+
+/// What to hand notify for `path`: a directory recursively; a file through its
+/// directory, so that an editor's write-to-temp-then-rename is seen.
+fn watch_target(path: &Path) -> (&Path, RecursiveMode) {
+    if path.is_dir() {
+        (path, RecursiveMode::Recursive)
+    } else {
+        (
+            path.parent().unwrap_or(Path::new(".")),
+            RecursiveMode::NonRecursive,
+        )
     }
 }
 

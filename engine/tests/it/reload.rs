@@ -501,3 +501,53 @@ fn the_watcher_reports_its_reloads() {
     assert_eq!(event.outcome, ReloadOutcome::Loaded);
     assert!(engine.decide(&listen(9100)).is_allowed());
 }
+
+/// Issue 28, item 7: `--policies` naming a symlink that a deploy repointed atomically
+/// (`ln -s new tmp && mv -T tmp link`) kept serving the old set: no reload, no error,
+/// the same digest; edits under the new target were ignored too.
+#[test]
+fn bug_a_swapped_symlink_to_the_policy_directory_was_never_noticed() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (v1, v2) = (tmp.path().join("v1"), tmp.path().join("v2"));
+    crate::copy_dir(&crate::root().join("policies"), &v1);
+    crate::copy_dir(&crate::root().join("policies"), &v2);
+    let config = |dir: &Path| dir.join("probity.toml");
+    let text = std::fs::read_to_string(config(&v2)).unwrap();
+    std::fs::write(
+        config(&v2),
+        text.replace("[22, 2379, 2380]", "[22, 2379, 2380, 9100]"),
+    )
+    .unwrap();
+    let link = tmp.path().join("policies");
+    std::os::unix::fs::symlink(&v1, &link).unwrap();
+    let engine = Engine::builder(&link).build().unwrap();
+    let _watcher = engine
+        .watch_with_debounce(Duration::from_millis(50))
+        .unwrap();
+    assert!(!engine.decide(&listen(9100)).is_allowed());
+    let before = engine.status().digest;
+
+    // The deploy: a new link beside the old one, renamed over it.
+    let next = tmp.path().join("policies.tmp");
+    std::os::unix::fs::symlink(&v2, &next).unwrap();
+    std::fs::rename(&next, &link).unwrap();
+    wait_for("the swapped-in set", || {
+        engine.decide(&listen(9100)).is_allowed()
+    });
+    assert_ne!(engine.status().digest, before);
+
+    // An edit under the new target is followed as well.
+    let text = std::fs::read_to_string(config(&v2)).unwrap();
+    crate::write_atomic(
+        &config(&v2),
+        &text.replace("[22, 2379, 2380, 9100]", "[22, 2379, 2380, 9100, 9200]"),
+    );
+    wait_for("the edit under the new target", || {
+        engine.decide(&listen(9200)).is_allowed()
+    });
+    // And the old target is no longer what serves.
+    let text = std::fs::read_to_string(config(&v1)).unwrap();
+    crate::write_atomic(&config(&v1), &text.replace("[22, 2379, 2380]", "[22]"));
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(engine.decide(&listen(9200)).is_allowed());
+}
