@@ -202,16 +202,93 @@ pub fn create_private_dir(path: &Path) -> Result<(), TrustError> {
     check_dir(path)
 }
 
-/// Checks that a directory of trust material is one: owned by this user or root, and
-/// neither it nor any directory above it world-writable without the sticky bit.
+/// Checks that a directory of trust material is one: owned by this user or root, its
+/// own mode letting neither group nor others write (not even with the sticky bit: in a
+/// 1777 directory anyone may plant a file, `anchor.key` say, and stop the server), no
+/// directory above it world-writable without the sticky bit, and every symlink on the
+/// way to it owned by this user or root in a directory that passes the same checks (a
+/// link another user owns can be repointed, at an empty directory that drops the
+/// blocklist, before the next start).
 pub fn check_dir(path: &Path) -> Result<(), TrustError> {
+    let link_dirs = path_links(path)?;
     let dir = std::fs::canonicalize(path).map_err(io(path, "inspect"))?;
     let meta = std::fs::metadata(&dir).map_err(io(&dir, "inspect"))?;
     if !meta.is_dir() {
         return Err(TrustError::NotRegular { path: dir });
     }
     check_owner(&dir, &meta)?;
-    check_ancestors(&dir, &dir)
+    check_ancestors(&dir, &dir)?;
+    let mode = meta.mode() & 0o7777;
+    if let Some(who) = who(mode, 0o020, 0o002) {
+        return Err(TrustError::Writable {
+            path: dir,
+            kind: "directory",
+            mode,
+            who,
+        });
+    }
+    for holder in &link_dirs {
+        let meta = std::fs::metadata(holder).map_err(io(holder, "inspect"))?;
+        check_owner(holder, &meta)?;
+        check_ancestors(holder, &dir)?;
+    }
+    Ok(())
+}
+
+/// Walks `path` component by component, following every symlink on the way (not only
+/// the last): each must be owned by this user or root. Returns the canonical
+/// directories that hold them.
+fn path_links(path: &Path) -> Result<Vec<PathBuf>, TrustError> {
+    use std::path::Component;
+    let absolute = if path.is_absolute() {
+        path.to_path_buf()
+    } else {
+        std::env::current_dir()
+            .map_err(io(path, "resolve"))?
+            .join(path)
+    };
+    let mut pending: std::collections::VecDeque<PathBuf> = absolute
+        .components()
+        .map(|c| PathBuf::from(c.as_os_str()))
+        .collect();
+    let mut current = PathBuf::from("/");
+    let mut holders = Vec::new();
+    let mut hops = 0;
+    while let Some(part) = pending.pop_front() {
+        match part.components().next() {
+            Some(Component::RootDir) => current = PathBuf::from("/"),
+            Some(Component::ParentDir) => {
+                current.pop();
+            }
+            Some(Component::Normal(name)) => {
+                let next = current.join(name);
+                let meta = std::fs::symlink_metadata(&next).map_err(io(&next, "inspect"))?;
+                if !meta.file_type().is_symlink() {
+                    current = next;
+                    continue;
+                }
+                hops += 1;
+                if hops > MAX_LINK_HOPS {
+                    return Err(TrustError::SymlinkLoop {
+                        path: path.to_owned(),
+                    });
+                }
+                check_owner(&next, &meta)?;
+                holders.push(std::fs::canonicalize(&current).map_err(io(&current, "resolve"))?);
+                let target = std::fs::read_link(&next).map_err(io(&next, "read the link"))?;
+                if target.is_absolute() {
+                    current = PathBuf::from("/");
+                }
+                for c in target.components().rev() {
+                    pending.push_front(PathBuf::from(c.as_os_str()));
+                }
+            }
+            _ => {}
+        }
+    }
+    holders.sort();
+    holders.dedup();
+    Ok(holders)
 }
 
 /// Creates a new file with mode 0600 whatever the umask; fails if it exists

@@ -228,3 +228,57 @@ fn a_software_key_of_another_user_is_refused() {
         "{e:?}"
     );
 }
+
+/// The trust error a state directory was refused with.
+fn state_refusal(dir: &Path) -> TrustError {
+    match StateStore::open(dir) {
+        Ok(_) => panic!("{} was trusted", dir.display()),
+        Err(StateError::Untrusted(e)) => e,
+        Err(e) => panic!("refused for another reason: {e}"),
+    }
+}
+
+/// Issue 28, item 9: the state directory was accepted with mode 1777 (where another
+/// user can plant `anchor.key` and stop the server), 0770 with a foreign group, and
+/// through a symlink another user owns (who can repoint it, at an empty directory that
+/// drops the blocklist, before the next start).
+#[test]
+fn bug_a_state_directory_others_can_write_or_repoint_was_trusted() {
+    let tmp = tempfile::tempdir().unwrap();
+
+    let sticky = tmp.path().join("sticky");
+    std::fs::create_dir(&sticky).unwrap();
+    set_mode(&sticky, 0o1777);
+    let e = state_refusal(&sticky);
+    assert!(
+        e.to_string()
+            .contains("mode 1777 lets group and others write it (chmod go-w it)"),
+        "{e}"
+    );
+
+    let shared = tmp.path().join("shared");
+    std::fs::create_dir(&shared).unwrap();
+    std::os::unix::fs::chown(&shared, None, Some(4242)).unwrap();
+    set_mode(&shared, 0o770);
+    let e = state_refusal(&shared);
+    assert!(
+        e.to_string().contains("mode 0770 lets group write it"),
+        "{e}"
+    );
+
+    // A link another user owns, to a directory that is fine in itself.
+    let private = tmp.path().join("private");
+    std::fs::create_dir(&private).unwrap();
+    set_mode(&private, 0o700);
+    let link = tmp.path().join("state-link");
+    symlink(&private, &link).unwrap();
+    std::os::unix::fs::lchown(&link, Some(4242), None).unwrap();
+    let e = state_refusal(&link.join("state"));
+    assert!(
+        matches!(&e, TrustError::Owner { path, owner: 4242, .. } if path == &link),
+        "{e}"
+    );
+    // The same link owned by this user is followed.
+    std::os::unix::fs::lchown(&link, Some(probity::trust::running_user()), None).unwrap();
+    StateStore::open(&link.join("state")).unwrap();
+}
