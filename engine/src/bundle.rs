@@ -118,6 +118,8 @@ pub(crate) struct PolicyMeta {
     pub obligation: Option<ObligationSpec>,
     /// `@score("N")` of a permit policy: what its allow adds to the decision's score.
     pub score: i64,
+    /// `@required`, or the schema's `@block_policy`: no reload may drop it.
+    pub required: bool,
 }
 
 /// A loaded, validated policy set.
@@ -247,6 +249,31 @@ impl Bundle {
                 }
                 origin.insert(id.clone(), (file_index, span));
                 meta.insert(id, Arc::new(m));
+            }
+        }
+
+        // The blocklist's enforcement is not left to the files: the schema names its
+        // policy, and a set without it (or with it as a permit) never loads.
+        if let Some(block) = conventions.block_policy()
+            && problems.is_empty()
+        {
+            let why = match meta.get(&PolicyId::new(block)) {
+                None => Some("is not in the set"),
+                Some(m) if !m.forbid => Some("is a permit, not a forbid"),
+                Some(_) => None,
+            };
+            if let Some(why) = why {
+                let needle = "@block_policy";
+                let offset = sources.schema.text.find(needle).unwrap_or(0);
+                problems.push(SourceDiagnostic::new(
+                    &sources.schema.name,
+                    &sources.schema.text,
+                    offset,
+                    needle.len(),
+                    format!(
+                        "the block policy {block:?} (@block_policy) {why}: without it a blocked node could take part in any request"
+                    ),
+                ));
             }
         }
 
@@ -559,6 +586,8 @@ fn read_meta(
                 format!("@score(\"{text}\") is not a whole number between -1000000 and 1000000")
             })?,
     };
+    let required =
+        annotation("required").is_some() || conventions.block_policy() == Some(id.as_str());
     Ok(PolicyMeta {
         id,
         forbid,
@@ -566,6 +595,7 @@ fn read_meta(
         message,
         obligation,
         score,
+        required,
     })
 }
 

@@ -10,6 +10,7 @@
 //! @obligations("alert block_node burst_to_cloud migrate rotate_key")
 //! @block_obligation("block_node")
 //! @verified_read("read")
+//! @block_policy("security.blocked-node")
 //! entity Conventions;
 //! ```
 //!
@@ -18,6 +19,13 @@
 //! | `@obligations` | `alert block_node burst_to_cloud migrate rotate_key` | the obligation kinds a policy's `@obligation` may name; another is a load error, so a typo cannot drop an obligation |
 //! | `@block_obligation` | `block_node` | the kind whose target the engine blocks when it carries out a decision (its type must be the blocklist's, `@owned("blocklist")`) |
 //! | `@verified_read` | `read` | the action [`Engine::decide_read`](crate::Engine::decide_read) asks: its principal is the reader, its resource the object, and its context holds a Bool `verified` and an optional String `failure` |
+//!
+//! | `@block_policy` | none | the id of the forbid policy that enforces the blocklist: a set without it, or with it as a permit, is refused (naming it), and no reload can drop it. The default schema declares `security.blocked-node` |
+//!
+//! A policy annotated `@required` is protected the same way: a reload whose set lacks a
+//! policy the live set marks `@required` (or has it as a permit where it was a forbid)
+//! is refused, naming it, and the live set keeps serving. To retire such a policy,
+//! remove its `@required` in one reload, then the policy in the next.
 //!
 //! A schema without the declaration gets the defaults. A declared name the schema does
 //! not back (a verified-read action it lacks) is a load error; a default one is simply
@@ -48,6 +56,7 @@ pub struct Conventions {
     obligation_kinds: BTreeSet<String>,
     block_obligation: String,
     verified_read: Option<VerifiedRead>,
+    block_policy: Option<String>,
 }
 
 /// The action a verify-before-read decides, and the types it relates.
@@ -75,6 +84,7 @@ impl Default for Conventions {
                 .collect(),
             block_obligation: "block_node".into(),
             verified_read: None,
+            block_policy: None,
         }
     }
 }
@@ -93,6 +103,11 @@ impl Conventions {
     /// The obligation kind whose target the engine blocks.
     pub fn block_obligation(&self) -> &str {
         &self.block_obligation
+    }
+
+    /// The id of the policy that enforces the blocklist, if the schema names one.
+    pub fn block_policy(&self) -> Option<&str> {
+        self.block_policy.as_deref()
     }
 
     /// The verify-before-read action, if the schema has one.
@@ -161,6 +176,14 @@ impl Conventions {
                 }
                 if let Some(kind) = get("block_obligation") {
                     out.block_obligation = kind.to_owned();
+                }
+                match get("block_policy") {
+                    Some(id) if id.trim().is_empty() => problems.push(problem(
+                        "@block_policy",
+                        format!("entity {qualified}: @block_policy names no policy"),
+                    )),
+                    Some(id) => out.block_policy = Some(id.to_owned()),
+                    None => {}
                 }
                 if let Some(action) = get("verified_read") {
                     match verified_read(json, action) {
@@ -262,6 +285,7 @@ mod tests {
                 reader: "Node".into(),
                 object: "Checkpoint".into(),
             }),
+            block_policy: Some("security.blocked-node".into()),
             ..Conventions::default()
         };
         assert_eq!(c, defaults);

@@ -1729,6 +1729,28 @@ impl Engine {
             if bundle.digest == w.bundle.digest && seal_digest(&bundle) == seal_digest(&w.bundle) {
                 return Ok(0);
             }
+            // What the live set marks required stays, as a forbid where it was one.
+            let mut dropped: Vec<String> = w
+                .bundle
+                .meta
+                .values()
+                .filter(|m| m.required)
+                .filter(|m| {
+                    bundle
+                        .meta
+                        .get(&cedar_policy::PolicyId::new(&m.id))
+                        .is_none_or(|n| m.forbid && !n.forbid)
+                })
+                .map(|m| m.id.clone())
+                .collect();
+            if !dropped.is_empty() {
+                dropped.sort();
+                *stash.lock().unwrap_or_else(PoisonError::into_inner) =
+                    Some(LoadError::RequiredDropped { ids: dropped });
+                return Err(EntityError::Invalid {
+                    detail: "required policies dropped".into(),
+                });
+            }
             if let Some(seal) = &bundle.seal {
                 let problem = match &w.bundle.seal {
                     Some(live) => policy_seal::compare_live(seal, live),

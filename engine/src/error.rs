@@ -70,6 +70,30 @@ pub enum LoadError {
         /// A file seen changing in the last round.
         path: PathBuf,
     },
+    /// The new set lacks a policy the live set marks `@required` (or the schema's
+    /// `@block_policy`), or has it as a permit where it was a forbid: the live set
+    /// keeps serving. Remove `@required` in one reload, then the policy in the next.
+    #[error(
+        "the new set drops required policies ({}): the previous set keeps serving; remove a policy's @required in one reload before removing the policy",
+        ids.join(", ")
+    )]
+    RequiredDropped {
+        /// The ids of the policies dropped.
+        ids: Vec<String>,
+    },
+    /// A writer kept a policy file open (written, not closed) for longer than the
+    /// watcher waits ([`crate::DEFAULT_OPEN_WAIT`]): it may be half-written, so the set
+    /// was not read. Its close tries again.
+    #[error(
+        "{} is still open for writing after {waited_ms} ms; the set was not read and the previous set keeps serving",
+        path.display()
+    )]
+    StillOpen {
+        /// The file a writer has open.
+        path: PathBuf,
+        /// How long the watcher waited for it, in milliseconds.
+        waited_ms: u64,
+    },
 }
 
 fn summary(problems: &[SourceDiagnostic]) -> String {

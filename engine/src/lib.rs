@@ -104,6 +104,6 @@ pub use settings::{SettingInfo, Settings, SettingsSchema};
 pub use slice::MAX_SLICE_ENTITIES;
 pub use source::MAX_SOURCE_BYTES;
 pub use watch::{
-    DEFAULT_DEBOUNCE, DEFAULT_SETTLE_ROUNDS, RELOAD_EVENT_BACKLOG, ReloadEvent, ReloadOutcome,
-    ReloadWatcher, Settle, Sleeper, ThreadSleeper,
+    DEFAULT_DEBOUNCE, DEFAULT_OPEN_WAIT, DEFAULT_SETTLE_ROUNDS, RELOAD_EVENT_BACKLOG, ReloadEvent,
+    ReloadOutcome, ReloadWatcher, Settle, Sleeper, ThreadSleeper,
 };

@@ -24,14 +24,22 @@
 //! comparison catches what sizes and times miss: a same-size rewrite within one tick of
 //! a coarse file-system clock.
 //!
-//! What it cannot protect against: **a writer that pauses longer than the debounce
-//! between two writes of one file.** After the first write the files are quiescent for
-//! a whole round, and if that first part is a valid set on its own (say, a file whose
-//! first half holds every policy but `security.blocked-node`), it goes live until the
-//! second write lands and settles. No waiting rule can tell a slow writer from a
-//! finished one. Deploy by atomic rename; where that cannot be guaranteed, run in
-//! sealed mode ([`crate::EngineBuilder::sealed`], [`crate::policy_seal`]), where a set
-//! that does not match its signed seal never loads, half-written or not.
+//! # Writers that pause
+//!
+//! The watcher also follows inotify's close-write: a file written and not yet closed is
+//! open for writing, and no set is read while one is, so **a writer that pauses between
+//! two writes of one file without closing it** is waited for, up to
+//! [`DEFAULT_OPEN_WAIT`] from its first write; past that the burst is refused
+//! ([`LoadError::StillOpen`]) and the previous set keeps serving until the close.
+//!
+//! What it cannot protect against: a writer that **closes** the file between two
+//! writes and pauses longer than a settling round (`cp` of the first half, then an
+//! append minutes later). If that first part is a valid set on its own, it goes live
+//! until the second write lands and settles; the schema's `@block_policy` and the
+//! policies marked `@required` are kept by any reload, but other rules are not. Deploy
+//! by atomic rename; where that cannot be guaranteed, run in sealed mode
+//! ([`crate::EngineBuilder::sealed`], [`crate::policy_seal`]), where a set that does not
+//! match its signed seal never loads, half-written or not.
 
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
@@ -54,6 +62,11 @@ pub const DEFAULT_DEBOUNCE: Duration = Duration::from_millis(50);
 /// Most settling rounds before the watcher gives up on files that keep changing
 /// ([`LoadError::Unsettled`]); the next change tries again.
 pub const DEFAULT_SETTLE_ROUNDS: u32 = 40;
+
+/// How long the watcher waits for a writer to close a policy file it wrote (inotify's
+/// close-write) before it gives up on that burst and reports [`LoadError::StillOpen`]:
+/// a file written in several writes with pauses between them is never read half-done.
+pub const DEFAULT_OPEN_WAIT: Duration = Duration::from_secs(5);
 
 /// Reload events a subscriber may have unread before it misses the newest ones.
 pub const RELOAD_EVENT_BACKLOG: usize = 256;
@@ -147,6 +160,7 @@ impl Sleeper for ThreadSleeper {
 #[derive(Clone)]
 pub struct Settle {
     debounce: Duration,
+    open_wait: Duration,
     max_rounds: u32,
     sleeper: Arc<dyn Sleeper>,
 }
@@ -171,6 +185,7 @@ impl Settle {
     pub fn new(debounce: Duration) -> Self {
         Self {
             debounce,
+            open_wait: DEFAULT_OPEN_WAIT,
             max_rounds: DEFAULT_SETTLE_ROUNDS,
             sleeper: Arc::new(ThreadSleeper),
         }
@@ -185,6 +200,13 @@ impl Settle {
     /// At most `rounds` rounds (at least 1).
     pub fn with_max_rounds(mut self, rounds: u32) -> Self {
         self.max_rounds = rounds.max(1);
+        self
+    }
+
+    /// How long the watcher waits for a writer to close a file it wrote (at least
+    /// one debounce); then the burst is refused ([`LoadError::StillOpen`]).
+    pub fn with_open_wait(mut self, wait: Duration) -> Self {
+        self.open_wait = wait.max(self.debounce);
         self
     }
 
@@ -312,13 +334,22 @@ impl Engine {
             .cloned()
             .collect();
         let (tx, rx) = mpsc::channel::<()>();
+        // Files written and not closed yet, with when the first write was seen.
+        let open_writes: Arc<Mutex<OpenWrites>> = Arc::default();
+        let noted = Arc::clone(&open_writes);
         let mut watcher =
             notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
+                if let Ok(e) = &event {
+                    note_writes(&noted, e);
+                }
                 let relevant = match event {
                     Ok(e) => !matches!(
                         e.kind,
                         EventKind::Access(notify::event::AccessKind::Open(_))
                             | EventKind::Access(notify::event::AccessKind::Read)
+                            | EventKind::Access(notify::event::AccessKind::Close(
+                                notify::event::AccessMode::Read
+                            ))
                     ),
                     // A watcher error may mean missed events: reload to be safe.
                     Err(_) => true,
@@ -366,6 +397,7 @@ impl Engine {
         let rewatch = Arc::downgrade(&watcher);
         let engine = self.clone();
         let debounce = settle.debounce;
+        let open_wait = settle.open_wait;
         let thread = std::thread::Builder::new()
             .name("probity-reload".into())
             .spawn(move || {
@@ -375,6 +407,17 @@ impl Engine {
                             Ok(()) => continue,
                             Err(mpsc::RecvTimeoutError::Timeout) => break,
                             Err(mpsc::RecvTimeoutError::Disconnected) => return,
+                        }
+                    }
+                    // A writer still holding a file open may be half-way: wait for its
+                    // close (which sends an event of its own), bounded.
+                    if let Err(e) = wait_for_writers(&open_writes, &rx, open_wait) {
+                        match e {
+                            Waited::Disconnected => return,
+                            Waited::TooLong(path, waited) => {
+                                engine.report_still_open(path, waited);
+                                continue;
+                            }
                         }
                     }
                     for (link, target) in links.iter().zip(targets.iter_mut()) {
@@ -418,6 +461,82 @@ fn watch_target(path: &Path) -> (&Path, RecursiveMode) {
             path.parent().unwrap_or(Path::new(".")),
             RecursiveMode::NonRecursive,
         )
+    }
+}
+
+type OpenWrites = std::collections::HashMap<PathBuf, Instant>;
+
+/// Keeps `open` in step with `event`: a write marks a file open for writing, its
+/// close-write (or its removal or rename) clears it.
+fn note_writes(open: &Mutex<OpenWrites>, event: &notify::Event) {
+    use notify::event::{AccessKind, AccessMode, CreateKind, ModifyKind};
+    let mut open = open.lock().unwrap_or_else(PoisonError::into_inner);
+    match event.kind {
+        EventKind::Modify(ModifyKind::Data(_) | ModifyKind::Any)
+        | EventKind::Create(CreateKind::File) => {
+            let now = Instant::now();
+            for p in &event.paths {
+                open.entry(p.clone()).or_insert(now);
+            }
+        }
+        EventKind::Access(AccessKind::Close(AccessMode::Write))
+        | EventKind::Remove(_)
+        | EventKind::Modify(ModifyKind::Name(_)) => {
+            for p in &event.paths {
+                open.remove(p);
+            }
+        }
+        _ => {}
+    }
+}
+
+/// Why the watcher did not go on to read the set.
+enum Waited {
+    /// The watcher is being dropped.
+    Disconnected,
+    /// A file stayed open for writing past the bound.
+    TooLong(PathBuf, Duration),
+}
+
+/// Waits until no watched file is open for writing, at most `bound` from its first
+/// write; events meanwhile (the close among them) are taken from `rx`.
+fn wait_for_writers(
+    open: &Mutex<OpenWrites>,
+    rx: &Receiver<()>,
+    bound: Duration,
+) -> Result<(), Waited> {
+    loop {
+        let oldest = open
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .min_by_key(|(_, at)| **at)
+            .map(|(p, at)| (p.clone(), *at));
+        let Some((path, since)) = oldest else {
+            return Ok(());
+        };
+        let waited = since.elapsed();
+        if waited >= bound {
+            return Err(Waited::TooLong(path, waited));
+        }
+        match rx.recv_timeout(bound.saturating_sub(waited)) {
+            Ok(()) | Err(mpsc::RecvTimeoutError::Timeout) => {}
+            Err(mpsc::RecvTimeoutError::Disconnected) => return Err(Waited::Disconnected),
+        }
+    }
+}
+
+impl Engine {
+    /// Reports a burst not read because `path` stayed open for writing.
+    fn report_still_open(&self, path: PathBuf, waited: Duration) {
+        let before = self.live_digest();
+        let waited_ms = u64::try_from(waited.as_millis()).unwrap_or(u64::MAX);
+        let _ = self.finish_reload(
+            Instant::now(),
+            before,
+            0,
+            Err(LoadError::StillOpen { path, waited_ms }),
+        );
     }
 }
 

@@ -111,17 +111,28 @@ fn negative_threshold_is_rejected_with_its_location() {
 }
 
 #[test]
-fn empty_policy_directory_denies_everything() {
+fn an_empty_policy_directory_is_refused_and_the_block_rule_alone_denies_everything_else() {
     let dir = policy_copy();
-    for sub in ["api", "security", "placement", "thermal", "integrity"] {
+    for sub in ["api", "placement", "thermal", "integrity"] {
         std::fs::remove_dir_all(dir.path().join(sub)).unwrap();
     }
+    for f in std::fs::read_dir(dir.path().join("security")).unwrap() {
+        let f = f.unwrap().path();
+        if !f.ends_with("blocklist.cedar") {
+            std::fs::remove_file(f).unwrap();
+        }
+    }
     let engine = Engine::builder(dir.path()).build().unwrap();
-    assert_eq!(engine.status().policies, 0);
+    assert_eq!(engine.status().policies, 1);
     crate::load_cluster(&engine);
     let d = engine.decide(&schedule("train-1", "gpu-a1"));
     assert_eq!(d.decision, Effect::Deny);
     assert!(d.reasons.is_empty());
+
+    // Without even the block rule, the schema's @block_policy refuses the set.
+    std::fs::remove_file(dir.path().join("security/blocklist.cedar")).unwrap();
+    let e = Engine::builder(dir.path()).build().err().unwrap().detail();
+    assert!(e.contains("(@block_policy) is not in the set"), "{e}");
 }
 
 #[test]

@@ -78,8 +78,15 @@ fn generation(g: u64) -> String {
 }
 
 fn install_generation_dir(dir: &Path) {
-    for sub in ["security", "placement", "thermal", "integrity"] {
+    for sub in ["placement", "thermal", "integrity"] {
         std::fs::remove_dir_all(dir.join(sub)).unwrap();
+    }
+    // The block rule stays: the schema's @block_policy requires it.
+    for f in std::fs::read_dir(dir.join("security")).unwrap() {
+        let f = f.unwrap().path();
+        if !f.ends_with("blocklist.cedar") {
+            std::fs::remove_file(f).unwrap();
+        }
     }
     std::fs::write(dir.join("gen.cedar"), generation(0)).unwrap();
 }
@@ -316,12 +323,13 @@ fn a_pause_longer_than_the_debounce_loads_only_once_the_file_is_stable() {
     assert!(!engine.decide(&schedule_blocked()).is_allowed());
 }
 
-/// What settling cannot protect against (see the `watch` module docs): a writer that
-/// pauses longer than a whole settling round. The first half is stable for a round, it
-/// is a valid set, and it goes live until the second half settles. Sealed mode is what
-/// refuses it: the first half does not match the seal.
+/// A writer that pauses longer than a whole settling round (see the `watch` module
+/// docs): the first half is stable for a round. Sealed mode refuses it (the first half
+/// does not match the seal); unsealed, the first half lacks the schema's
+/// `@block_policy` and is refused too. (A first half that kept the block rule would go
+/// live unsealed: deploy by rename, or seal.)
 #[test]
-fn a_pause_longer_than_a_settling_round_loads_the_first_half_unless_the_set_is_sealed() {
+fn a_pause_longer_than_a_settling_round_never_drops_the_block_rule_sealed_or_not() {
     for sealed in [false, true] {
         let dir = policy_copy();
         let keys = tempfile::tempdir().unwrap();
@@ -352,10 +360,11 @@ fn a_pause_longer_than_a_settling_round_loads_the_first_half_unless_the_set_is_s
             assert!(has_blocklist(&engine));
             assert!(!engine.decide(&schedule_blocked()).is_allowed());
         } else {
-            // The limitation, pinned: the blocked node is allowed until the rest lands.
-            assert_eq!(first.outcome, ReloadOutcome::Loaded);
-            assert!(!has_blocklist(&engine));
-            assert!(engine.decide(&schedule_blocked()).is_allowed());
+            // Once the limitation (the blocked node allowed until the rest landed); now
+            // the schema's @block_policy refuses a set without the block rule.
+            assert_eq!(first.outcome, ReloadOutcome::Rejected);
+            assert!(has_blocklist(&engine));
+            assert!(!engine.decide(&schedule_blocked()).is_allowed());
         }
         write_in_place(&h.path, &h.whole);
         engine.reload_when_settled(&settle_with(&script)).unwrap();
@@ -550,4 +559,178 @@ fn bug_a_swapped_symlink_to_the_policy_directory_was_never_noticed() {
     crate::write_atomic(&config(&v1), &text.replace("[22, 2379, 2380]", "[22]"));
     std::thread::sleep(Duration::from_millis(300));
     assert!(engine.decide(&listen(9200)).is_allowed());
+}
+
+/// Issue 28, item 8 (acceptance): a file written in two writes one second apart,
+/// without closing between them, is never live half-written. The old watcher loaded
+/// the first half (the blocklist file's header, a valid set without
+/// `security.blocked-node`) once it had been quiet for a settling round.
+#[test]
+fn bug_a_file_written_in_two_writes_a_second_apart_was_live_half_written() {
+    use std::io::Write as _;
+    let dir = policy_copy();
+    let engine = Engine::builder(dir.path()).build().unwrap();
+    crate::load_cluster(&engine);
+    let events = engine.reload_events();
+    let _watcher = engine.watch().unwrap();
+    let h = halves(dir.path());
+
+    let watching = Arc::new(AtomicBool::new(true));
+    let lost = Arc::new(AtomicBool::new(false));
+    let observer = {
+        let (engine, watching, lost) = (engine.clone(), watching.clone(), lost.clone());
+        std::thread::spawn(move || {
+            while watching.load(Ordering::Relaxed) {
+                if !has_blocklist(&engine) {
+                    lost.store(true, Ordering::Relaxed);
+                }
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        })
+    };
+    let mut file = std::fs::File::create(&h.path).unwrap();
+    file.write_all(h.first.as_bytes()).unwrap();
+    file.flush().unwrap();
+    std::thread::sleep(Duration::from_secs(1));
+    file.write_all(h.whole[h.first.len()..].as_bytes()).unwrap();
+    drop(file);
+    wait_for("the whole file to load", || {
+        events
+            .try_recv()
+            .is_ok_and(|e| e.outcome == ReloadOutcome::Loaded)
+    });
+    watching.store(false, Ordering::Relaxed);
+    observer.join().unwrap();
+    assert!(
+        !lost.load(Ordering::Relaxed),
+        "security.blocked-node was not live for a while"
+    );
+    assert_eq!(
+        engine.decide(&schedule_blocked()).reasons[0].policy,
+        "security.blocked-node"
+    );
+}
+
+/// A writer that never closes: the burst is refused after the bounded wait, the
+/// previous set keeps serving, and the close loads the file.
+#[test]
+fn a_file_a_writer_keeps_open_is_refused_after_the_wait_then_loaded_on_close() {
+    use std::io::Write as _;
+    let dir = policy_copy();
+    let engine = Engine::builder(dir.path()).build().unwrap();
+    crate::load_cluster(&engine);
+    let events = engine.reload_events();
+    let _watcher = engine
+        .watch_settled(
+            Settle::new(Duration::from_millis(50)).with_open_wait(Duration::from_millis(400)),
+        )
+        .unwrap();
+    let h = halves(dir.path());
+    let mut file = std::fs::File::create(&h.path).unwrap();
+    file.write_all(h.first.as_bytes()).unwrap();
+    let mut refused = None;
+    wait_for("the refusal", || {
+        if let Ok(e) = events.try_recv() {
+            assert_ne!(
+                e.outcome,
+                ReloadOutcome::Loaded,
+                "a half-written file loaded"
+            );
+            if e.outcome == ReloadOutcome::Rejected {
+                refused = e.error;
+            }
+        }
+        refused.is_some()
+    });
+    let message = refused.unwrap().to_string();
+    assert!(
+        message.contains("security/blocklist.cedar is still open for writing after"),
+        "{message}"
+    );
+    assert!(has_blocklist(&engine));
+    file.write_all(h.whole[h.first.len()..].as_bytes()).unwrap();
+    drop(file);
+    wait_for("the whole file to load", || {
+        events
+            .try_recv()
+            .is_ok_and(|e| e.outcome == ReloadOutcome::Loaded)
+    });
+    assert!(has_blocklist(&engine));
+}
+
+/// Issue 28, item 8: a set without the blocklist's rule loaded (a half-written file, a
+/// careless edit). The schema names the rule (`@block_policy`): a set without it never
+/// loads, at start or by a reload, and the message names it.
+#[test]
+fn bug_a_set_without_the_block_rule_was_accepted() {
+    let dir = policy_copy();
+    let engine = Engine::builder(dir.path()).build().unwrap();
+    crate::load_cluster(&engine);
+    let digest = engine.status().digest;
+    let h = halves(dir.path());
+    write_atomic(&h.path, &h.first);
+    let e = engine.reload().unwrap_err().detail();
+    assert!(
+        e.contains("the block policy \"security.blocked-node\" (@block_policy) is not in the set"),
+        "{e}"
+    );
+    assert!(
+        e.contains("probity.cedarschema"),
+        "located in the schema: {e}"
+    );
+    assert_eq!(engine.status().digest, digest);
+    assert!(!engine.decide(&schedule_blocked()).is_allowed());
+
+    // A permit under its id is refused too.
+    write_atomic(
+        &h.path,
+        "@id(\"security.blocked-node\")\npermit (principal, action, resource);\n",
+    );
+    let e = engine.reload().unwrap_err().detail();
+    assert!(e.contains("is a permit, not a forbid"), "{e}");
+
+    // And a fresh start on such a directory fails with the same message.
+    write_atomic(&h.path, &h.first);
+    let e = Engine::builder(dir.path())
+        .build()
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains("policy set rejected"), "{e}");
+}
+
+/// `@required` extends the protection to an operator's own rules: a reload that drops
+/// one is refused, naming it; removing the annotation first lets it go.
+#[test]
+fn a_reload_that_drops_a_required_policy_is_refused_until_the_annotation_goes() {
+    let dir = policy_copy();
+    let file = dir.path().join("security/site.cedar");
+    let policy = |required: &str| {
+        format!(
+            "{required}@id(\"site.no-port-23\")\n@severity(\"high\")\n@message(\"telnet is not allowed\")\nforbid (principal, action == Action::\"listen\", resource)\nwhen {{ context.port == 23 }};\n"
+        )
+    };
+    std::fs::write(&file, policy("@required\n")).unwrap();
+    let engine = Engine::builder(dir.path()).build().unwrap();
+    assert!(!engine.decide(&listen(23)).is_allowed());
+
+    std::fs::remove_file(&file).unwrap();
+    let e = engine.reload().unwrap_err().to_string();
+    assert!(
+        e.contains("the new set drops required policies (site.no-port-23)"),
+        "{e}"
+    );
+    assert!(!engine.decide(&listen(23)).is_allowed());
+
+    // Without the annotation first, then without the policy.
+    std::fs::write(&file, policy("")).unwrap();
+    engine.reload().unwrap();
+    std::fs::remove_file(&file).unwrap();
+    engine.reload().unwrap();
+    assert!(
+        !engine
+            .policy_ids()
+            .iter()
+            .any(|(id, _)| id == "site.no-port-23")
+    );
 }

@@ -210,11 +210,13 @@ fn a_seal_made_with_another_key_or_altered_is_refused() {
     );
 }
 
-/// The replay the issue describes: an old signed set without `security.blocked-node`
-/// goes back into the directory. A live engine refuses it; so does a restarted one
-/// whose state store remembers the newer version.
+/// The replay the issue describes: an old signed set goes back into the directory. A
+/// live engine refuses it; so does a restarted one whose state store remembers the
+/// newer version. (The issue's old set lacked `security.blocked-node`; such a set no
+/// longer loads at all, see `reload::bug_a_set_without_the_block_rule_was_accepted`,
+/// so the old set here differs by a rule of its own.)
 #[test]
-fn bug_an_older_signed_set_without_the_blocklist_cannot_be_replayed_even_across_restarts() {
+fn bug_an_older_signed_set_cannot_be_replayed_even_across_restarts() {
     let dir = policy_copy();
     let keys = tempfile::tempdir().unwrap();
     let state_dir = tempfile::tempdir().unwrap();
@@ -222,8 +224,11 @@ fn bug_an_older_signed_set_without_the_blocklist_cannot_be_replayed_even_across_
     let blocklist = dir.path().join("security/blocklist.cedar");
     let forbid = std::fs::read_to_string(&blocklist).unwrap();
 
-    // Version 1: no blocklist forbid. Keep its files to replay them.
-    std::fs::write(&blocklist, "// not yet\n").unwrap();
+    // Version 1: an extra permit that version 2 withdrew. Keep its files to replay them.
+    let old_text = format!(
+        "{forbid}\n@id(\"old.permit-all-listens\")\npermit (principal, action == Action::\"listen\", resource);\n"
+    );
+    std::fs::write(&blocklist, &old_text).unwrap();
     policy_seal::seal_policy_dir(dir.path(), "prod", 1, &a).unwrap();
     let old_seal = std::fs::read(dir.path().join("policy.seal")).unwrap();
     // Version 2: with it.
@@ -249,7 +254,7 @@ fn bug_an_older_signed_set_without_the_blocklist_cannot_be_replayed_even_across_
 
     // The replay, file by file as an attacker would: the old seal, then the old file.
     std::fs::write(dir.path().join("policy.seal"), &old_seal).unwrap();
-    std::fs::write(&blocklist, "// not yet\n").unwrap();
+    std::fs::write(&blocklist, &old_text).unwrap();
     let e = engine.reload().unwrap_err();
     assert!(
         sealed_error(&e).contains("version 1 is older than the live version 2"),
