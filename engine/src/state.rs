@@ -62,6 +62,8 @@ const CHAIN: TableDefinition<&str, &[u8]> = TableDefinition::new("chain");
 /// Checkpoints (signed tree heads): (log name, the last record covered) -> the rest of
 /// the [`Checkpoint`].
 const CHECKPOINTS: TableDefinition<(&str, u64), &[u8]> = TableDefinition::new("checkpoints");
+/// Facts of admitted objects (pods), by `namespace/name`: JSON [`AdmittedFacts`].
+const ADMITTED: TableDefinition<&str, &[u8]> = TableDefinition::new("admitted");
 
 /// How much of the decision log to keep.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -389,6 +391,44 @@ pub struct SharedHealth {
     pub last_error: Option<String>,
 }
 
+/// The facts of an object an admission webhook admitted, remembered so that a later
+/// request about it (a pod's binding, which names only the pod) is judged with them.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AdmittedFacts {
+    /// The object's namespace.
+    pub namespace: String,
+    /// Its name.
+    pub name: String,
+    /// Its uid: a later request naming another uid (a pod deleted and made again under
+    /// the same name) does not get these facts.
+    pub uid: String,
+    /// The attributes of the request-scoped entity it was judged as (a `Workload`).
+    pub attrs: serde_json::Value,
+    /// When it was admitted, in Unix milliseconds.
+    pub admitted_at_ms: u64,
+}
+
+impl AdmittedFacts {
+    /// The key it is kept under.
+    pub fn key(namespace: &str, name: &str) -> String {
+        format!("{namespace}/{name}")
+    }
+
+    /// Whether it is older than `max_age_seconds` at `now_ms`.
+    pub fn expired(&self, now_ms: u64, max_age_seconds: u64) -> bool {
+        now_ms.saturating_sub(self.admitted_at_ms) > max_age_seconds.saturating_mul(1000)
+    }
+}
+
+/// How many admitted objects' facts a backend keeps, and for how long.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AdmittedLimits {
+    /// Most entries kept; past it, expired ones are purged, then the oldest.
+    pub max: usize,
+    /// Seconds an entry is kept.
+    pub seconds: u64,
+}
+
 /// Everything durable goes through this trait, so that one machine (the embedded
 /// [`StateStore`]) and a cluster (etcd, `probity_etcd::EtcdState`) are interchangeable.
 /// A write returns once it is durable; a refusal (a rollback, a lost compare-and-swap)
@@ -504,6 +544,35 @@ pub trait StateBackend: Send + Sync + std::fmt::Debug {
 
     /// Every key id with metadata.
     fn key_ids(&self) -> Result<Vec<String>, StateError>;
+
+    /// Remembers the facts of an admitted object (a pod, at admission) until it is
+    /// forgotten or `limits.seconds` pass; at most `limits.max` are kept (the oldest
+    /// go first). Default: a backend that remembers nothing.
+    fn remember_admitted(
+        &self,
+        facts: &AdmittedFacts,
+        limits: &AdmittedLimits,
+    ) -> Result<(), StateError> {
+        let _ = (facts, limits);
+        Ok(())
+    }
+
+    /// The facts remembered for `namespace/name`, unless expired (`max_age_seconds`).
+    fn admitted(
+        &self,
+        namespace: &str,
+        name: &str,
+        max_age_seconds: u64,
+    ) -> Result<Option<AdmittedFacts>, StateError> {
+        let _ = (namespace, name, max_age_seconds);
+        Ok(None)
+    }
+
+    /// Forgets the facts of `namespace/name` (its binding was decided).
+    fn forget_admitted(&self, namespace: &str, name: &str) -> Result<(), StateError> {
+        let _ = (namespace, name);
+        Ok(())
+    }
 
     /// Publishes a node agent's facts (replacing the node's earlier ones).
     fn publish_facts(&self, facts: &NodeFacts) -> Result<(), StateError>;
@@ -746,6 +815,7 @@ impl StateStore {
             txn.open_table(META)?;
             txn.open_table(CHAIN)?;
             txn.open_table(CHECKPOINTS)?;
+            txn.open_table(ADMITTED)?;
             Ok(())
         })?;
         Ok(store)
@@ -1788,6 +1858,66 @@ impl StateBackend for StateStore {
     fn key_ids(&self) -> Result<Vec<String>, StateError> {
         self.keys_of(KEYS, "listing key metadata")
     }
+    fn remember_admitted(
+        &self,
+        facts: &AdmittedFacts,
+        limits: &AdmittedLimits,
+    ) -> Result<(), StateError> {
+        let bytes = self.encode("encoding admitted facts", facts)?;
+        let key = AdmittedFacts::key(&facts.namespace, &facts.name);
+        let now = facts.admitted_at_ms;
+        self.write("remembering admitted facts", |txn| {
+            let mut table = txn.open_table(ADMITTED)?;
+            table.insert(key.as_str(), bytes.as_slice())?;
+            if usize::try_from(table.len()?).unwrap_or(usize::MAX) <= limits.max {
+                return Ok(());
+            }
+            // Over the bound: the expired go, then the oldest, down to 90% of it so
+            // that this scan is not made on every admission.
+            let mut entries: Vec<(u64, String)> = Vec::new();
+            for row in table.iter()? {
+                let (k, v) = row?;
+                let at = serde_json::from_slice::<AdmittedFacts>(v.value())
+                    .map_or(0, |f| f.admitted_at_ms);
+                entries.push((at, k.value().to_owned()));
+            }
+            entries.sort();
+            let keep = limits.max.saturating_mul(9) / 10;
+            let excess = entries.len().saturating_sub(keep);
+            for (i, (at, k)) in entries.iter().enumerate() {
+                let expired = now.saturating_sub(*at) > limits.seconds.saturating_mul(1000);
+                if (i < excess || expired) && k != &key {
+                    table.remove(k.as_str())?;
+                }
+            }
+            Ok(())
+        })
+    }
+    fn admitted(
+        &self,
+        namespace: &str,
+        name: &str,
+        max_age_seconds: u64,
+    ) -> Result<Option<AdmittedFacts>, StateError> {
+        let key = AdmittedFacts::key(namespace, name);
+        let read = |txn: &redb::ReadTransaction| -> Result<Option<Vec<u8>>, redb::Error> {
+            let table = txn.open_table(ADMITTED)?;
+            Ok(table.get(key.as_str())?.map(|g| g.value().to_vec()))
+        };
+        let Some(raw) = self.read("reading admitted facts", read)? else {
+            return Ok(None);
+        };
+        let facts: AdmittedFacts =
+            serde_json::from_slice(&raw).map_err(|_| self.corrupt("admitted", &key))?;
+        Ok((!facts.expired(now_unix_ms(), max_age_seconds)).then_some(facts))
+    }
+    fn forget_admitted(&self, namespace: &str, name: &str) -> Result<(), StateError> {
+        let key = AdmittedFacts::key(namespace, name);
+        self.write("forgetting admitted facts", |txn| {
+            txn.open_table(ADMITTED)?.remove(key.as_str())?;
+            Ok(())
+        })
+    }
     fn publish_facts(&self, facts: &NodeFacts) -> Result<(), StateError> {
         let bytes = self.encode("encoding node facts", facts)?;
         self.write("publishing node facts", |txn| {
@@ -1872,6 +2002,51 @@ fn split_revision(raw: &[u8]) -> Option<(u64, &[u8])> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn admitted_facts_are_bounded_in_count_and_expire() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = StateStore::open(tmp.path()).unwrap();
+        let limits = AdmittedLimits {
+            max: 10,
+            seconds: 60,
+        };
+        let now = now_unix_ms();
+        let facts = |i: u64, at: u64| AdmittedFacts {
+            namespace: "ns".into(),
+            name: format!("pod-{i}"),
+            uid: format!("uid-{i}"),
+            attrs: serde_json::json!({"gpus": i}),
+            admitted_at_ms: at,
+        };
+        for i in 0..11 {
+            store
+                .remember_admitted(&facts(i, now - 1000 + i), &limits)
+                .unwrap();
+        }
+        // Past the bound: the oldest went, down to 90% of it, the newest stayed.
+        let kept: Vec<bool> = (0..11)
+            .map(|i| {
+                store
+                    .admitted("ns", &format!("pod-{i}"), 60)
+                    .unwrap()
+                    .is_some()
+            })
+            .collect();
+        assert_eq!(kept.iter().filter(|k| **k).count(), 9, "{kept:?}");
+        assert!(!kept[0] && !kept[1] && kept[10], "{kept:?}");
+        assert_eq!(
+            store.admitted("ns", "pod-10", 60).unwrap().unwrap(),
+            facts(10, now - 990)
+        );
+        // Older than the time: not returned.
+        store
+            .remember_admitted(&facts(20, now - 120_000), &limits)
+            .unwrap();
+        assert!(store.admitted("ns", "pod-20", 60).unwrap().is_none());
+        store.forget_admitted("ns", "pod-10").unwrap();
+        assert!(store.admitted("ns", "pod-10", 60).unwrap().is_none());
+    }
 
     #[test]
     fn sequence_numbers_never_wrap() {

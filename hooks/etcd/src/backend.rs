@@ -43,6 +43,7 @@
 
 pub mod records;
 
+mod admitted;
 mod follow;
 
 use std::collections::{BTreeMap, HashMap};
@@ -285,6 +286,8 @@ pub(crate) struct Core {
     registry: RwLock<Option<RegistryMirror>>,
     facts: Mutex<HashMap<String, FactsLease>>,
     digest: Mutex<DigestLease>,
+    /// The lease admitted facts are written under, and when it was granted.
+    admitted_lease: Mutex<Option<(crate::lease::LeaseId, Instant)>>,
     outbox: Mutex<BTreeMap<String, Queued>>,
     outbox_wake: tokio::sync::Notify,
 }
@@ -392,6 +395,7 @@ impl EtcdState {
             registry: RwLock::new(None),
             facts: Mutex::new(HashMap::new()),
             digest: Mutex::new(DigestLease::default()),
+            admitted_lease: Mutex::new(None),
             outbox: Mutex::new(outbox),
             outbox_wake: tokio::sync::Notify::new(),
         });
@@ -894,6 +898,27 @@ impl StateBackend for EtcdState {
 
     fn storage_health(&self) -> probity::state::StorageHealth {
         self.core.local.storage_health()
+    }
+
+    fn remember_admitted(
+        &self,
+        facts: &probity::state::AdmittedFacts,
+        limits: &probity::state::AdmittedLimits,
+    ) -> Result<(), StateError> {
+        self.remember_admitted_shared(facts, limits)
+    }
+
+    fn admitted(
+        &self,
+        namespace: &str,
+        name: &str,
+        max_age_seconds: u64,
+    ) -> Result<Option<probity::state::AdmittedFacts>, StateError> {
+        self.admitted_shared(namespace, name, max_age_seconds)
+    }
+
+    fn forget_admitted(&self, namespace: &str, name: &str) -> Result<(), StateError> {
+        self.forget_admitted_shared(namespace, name)
     }
 
     fn key_record(&self, id: &str) -> Result<Option<(Vec<u8>, u64)>, StateError> {

@@ -340,7 +340,13 @@ fn admit(
         }
     }
     match mode {
-        Mode::Validate => validate_workload(state, caller, uid, &workload, dry_run, true),
+        Mode::Validate => {
+            let answer = validate_workload(state, caller, uid, &workload, dry_run, true);
+            if answer.allowed && !dry_run && kind == "Pod" && operation == "CREATE" {
+                remember_pod(state, request, object, &workload);
+            }
+            answer
+        }
         Mode::Mutate => {
             let mut a = Answer::allow(uid);
             // A bound pod is past scheduling, and a pod's affinity cannot change after create.
@@ -672,20 +678,111 @@ fn validate_binding(
     else {
         return Answer::deny(uid, 400, "Binding has no target.name".into());
     };
-    let pod = json!({
-        "metadata": object.get("metadata").cloned().unwrap_or_else(|| json!({})),
-        "spec": {"containers": [], "nodeName": node},
-    });
-    let spec = pod.get("spec").cloned().unwrap_or_default();
-    let workload = match workload(state, request, &pod, &spec, "/metadata", WorkloadId::Review) {
-        Ok(w) => w,
-        Err(message) => return Answer::deny(uid, 400, message),
+    let meta = object.get("metadata");
+    let namespace = text_at(request.get("namespace"))
+        .or_else(|| text_at(meta.and_then(|m| m.get("namespace"))))
+        .unwrap_or("default");
+    let name = text_at(meta.and_then(|m| m.get("name"))).or_else(|| text_at(request.get("name")));
+    // The scheduler's Binding carries the pod's uid.
+    let pod_uid = text_at(meta.and_then(|m| m.get("uid")));
+    let cfg = &state.config().admission;
+    let remembered = match (state.engine().state(), name) {
+        (Some(store), Some(name)) => store
+            .admitted(namespace, name, cfg.admitted_facts_seconds)
+            .unwrap_or_else(|e| {
+                tracing::warn!(error = %crate::server::error_chain(&e), "cannot read admitted facts");
+                None
+            }),
+        _ => None,
+    };
+    let pod_name = format!("{namespace}/{}", name.unwrap_or("(unnamed)"));
+    let (workload, fallback) = match remembered {
+        Some(f) if pod_uid.is_some_and(|u| u == f.uid) => {
+            let id = format!("review/{uid}");
+            let entity = json!({
+                "uid": {"type": "Workload", "id": id},
+                "attrs": f.attrs,
+                "parents": [{"type": "Namespace", "id": namespace}],
+            });
+            let w = Workload {
+                id,
+                name: pod_name.clone(),
+                namespace: namespace.to_owned(),
+                node_name: Some(node.to_owned()),
+                entity,
+            };
+            (w, None)
+        }
+        found => {
+            let why = match (found, pod_uid) {
+                (Some(f), Some(u)) => format!(
+                    "the pod admitted as {pod_name} had uid {}, this binding names {u}",
+                    f.uid
+                ),
+                (Some(_), None) => "this binding names no pod uid".to_owned(),
+                (None, _) => format!("no facts of pod {pod_name} were remembered at its admission"),
+            };
+            let pod = json!({
+                "metadata": object.get("metadata").cloned().unwrap_or_else(|| json!({})),
+                "spec": {"containers": [], "nodeName": node},
+            });
+            let spec = pod.get("spec").cloned().unwrap_or_default();
+            match workload(state, request, &pod, &spec, "/metadata", WorkloadId::Review) {
+                Ok(w) => (w, Some(why)),
+                Err(message) => return Answer::deny(uid, 400, message),
+            }
+        }
     };
     let mut answer = validate_workload(state, caller, uid, &workload, dry_run, false);
-    answer.warnings.push(
-        "probity: a binding is checked with the node-level rules only (the pod itself is not visible here)".into(),
-    );
+    match fallback {
+        Some(why) => answer.warnings.push(format!(
+            "probity: {why}; the binding is checked with the node-level rules only"
+        )),
+        None if answer.allowed && !dry_run => {
+            if let (Some(store), Some(name)) = (state.engine().state(), name)
+                && let Err(e) = store.forget_admitted(namespace, name)
+            {
+                tracing::warn!(error = %crate::server::error_chain(&e), "cannot forget admitted facts");
+            }
+        }
+        None => {}
+    }
     answer
+}
+
+/// A non-empty string at `v`.
+fn text_at(v: Option<&Value>) -> Option<&str> {
+    v.and_then(Value::as_str).filter(|s| !s.is_empty())
+}
+
+/// Remembers an admitted pod's facts in the state backend, for its binding (which
+/// names only the pod). Without a state backend, a name or a uid, nothing is kept.
+fn remember_pod(state: &AppState, request: &Map<String, Value>, object: &Value, w: &Workload) {
+    let Some(store) = state.engine().state() else {
+        return;
+    };
+    let meta = object.get("metadata");
+    let (Some(name), Some(uid)) = (
+        text_at(meta.and_then(|m| m.get("name"))).or_else(|| text_at(request.get("name"))),
+        text_at(meta.and_then(|m| m.get("uid"))),
+    ) else {
+        return;
+    };
+    let cfg = &state.config().admission;
+    let facts = probity::state::AdmittedFacts {
+        namespace: w.namespace.clone(),
+        name: name.to_owned(),
+        uid: uid.to_owned(),
+        attrs: w.entity.get("attrs").cloned().unwrap_or_default(),
+        admitted_at_ms: state.engine().clock().now_unix_ms(),
+    };
+    let limits = probity::state::AdmittedLimits {
+        max: cfg.admitted_facts_max,
+        seconds: cfg.admitted_facts_seconds,
+    };
+    if let Err(e) = store.remember_admitted(&facts, &limits) {
+        tracing::warn!(error = %crate::server::error_chain(&e), pod = %format!("{}/{name}", w.namespace), "cannot remember the admitted pod's facts; its binding will be checked with the node-level rules only");
+    }
 }
 
 fn validate_workload(

@@ -749,6 +749,12 @@ pub struct AdmissionConfig {
     pub hostname_label: String,
     /// Node label holding a node's Probity zone id. Default `"topology.probity.io/zone"`.
     pub zone_label: String,
+    /// Most admitted pods whose facts are remembered for their binding (in the state
+    /// backend: every replica sees them). Default 100,000.
+    pub admitted_facts_max: usize,
+    /// Seconds an admitted pod's facts are remembered; a binding later than that is
+    /// judged with the node-level rules only. Default 86,400 (a day).
+    pub admitted_facts_seconds: u64,
 }
 
 impl Default for AdmissionConfig {
@@ -766,6 +772,8 @@ impl Default for AdmissionConfig {
             ]),
             hostname_label: "kubernetes.io/hostname".into(),
             zone_label: "topology.probity.io/zone".into(),
+            admitted_facts_max: 100_000,
+            admitted_facts_seconds: 86_400,
         }
     }
 }

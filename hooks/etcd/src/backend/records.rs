@@ -27,6 +27,9 @@ pub const REGISTRY: &str = "registry/";
 pub const KEYS: &str = "keys/";
 /// Key prefix of node facts.
 pub const FACTS: &str = "facts/";
+/// Key prefix of admitted objects' facts (`admitted/<namespace>/<name>`), each under a
+/// lease that ends them after the configured time.
+pub const ADMITTED: &str = "admitted/";
 /// Key prefix of served policy digests.
 pub const DIGESTS: &str = "digests/";
 

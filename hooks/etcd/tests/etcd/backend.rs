@@ -823,3 +823,50 @@ fn a_quiet_log_on_etcd_is_checkpointed_by_time() {
     });
     assert_eq!(checkpoint.seq, 0, "{checkpoint:?}");
 }
+
+/// Issue 28, item 3: an admitted pod's facts, remembered by one webhook replica, are
+/// read by another (the apiserver calls either for the binding), forgotten by either,
+/// and live under a lease of the configured time.
+#[test]
+fn admitted_facts_remembered_by_one_replica_are_read_and_forgotten_by_another() {
+    use probity::state::{AdmittedFacts, AdmittedLimits};
+    let rt = runtime();
+    let etcd = Etcd::single();
+    rt.block_on(etcd.wait_healthy(None));
+    let a = Peer::new(etcd.config(), Role::Webhook, "webhook:a");
+    let b = Peer::new(etcd.config(), Role::Webhook, "webhook:b");
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    let facts = AdmittedFacts {
+        namespace: "training".into(),
+        name: "rl-0".into(),
+        uid: "pod-uid-1".into(),
+        attrs: json!({"class": "rlhf", "gpus": 1}),
+        admitted_at_ms: now,
+    };
+    let limits = AdmittedLimits {
+        max: 100,
+        seconds: 2,
+    };
+    a.state.remember_admitted(&facts, &limits).unwrap();
+    assert_eq!(
+        b.state.admitted("training", "rl-0", 60).unwrap(),
+        Some(facts.clone())
+    );
+    b.state.forget_admitted("training", "rl-0").unwrap();
+    assert_eq!(a.state.admitted("training", "rl-0", 60).unwrap(), None);
+
+    // The lease (2 s plus a quarter, rounded up to whole seconds) removes what no
+    // binding came for.
+    a.state.remember_admitted(&facts, &limits).unwrap();
+    wait_for(WAIT, "the lease to remove the entry", || {
+        // A long max age: only the lease can make it vanish.
+        b.state
+            .admitted("training", "rl-0", 3600)
+            .unwrap()
+            .is_none()
+            .then_some(())
+    });
+}

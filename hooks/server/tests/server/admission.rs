@@ -770,3 +770,96 @@ async fn a_template_update_refuses_only_the_violation_it_introduces() {
         "{r}"
     );
 }
+
+fn binding(namespace: &str, name: &str, pod_uid: &str, node: &str) -> Value {
+    json!({
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": format!("bind-{name}-{node}"),
+            "kind": {"group": "", "version": "v1", "kind": "Binding"},
+            "resource": {"group": "", "version": "v1", "resource": "pods"},
+            "subResource": "binding",
+            "namespace": namespace,
+            "name": name,
+            "operation": "CREATE",
+            "userInfo": {"username": "system:kube-scheduler"},
+            "object": {"apiVersion": "v1", "kind": "Binding",
+                "metadata": {"name": name, "namespace": namespace, "uid": pod_uid},
+                "target": {"apiVersion": "v1", "kind": "Node", "name": node}},
+            "oldObject": null,
+            "dryRun": false
+        }
+    })
+}
+
+/// Issue 28, item 3: a binding was judged as a workload of the default class, so
+/// `placement.dedicated-zone` refused every binding of an RL-HF pod to the RL-HF nodes,
+/// the only ones the extender lets it use: with the shipped webhooks RL-HF pods could
+/// never bind. The pod's facts are now remembered at admission and the binding judged
+/// with them.
+#[tokio::test]
+async fn bug_an_rlhf_pod_could_never_bind_to_its_dedicated_zone() {
+    use probity::state::StateBackend as _;
+    let tmp = tempfile::tempdir().unwrap();
+    let store =
+        std::sync::Arc::new(probity::state::StateStore::open(&tmp.path().join("state")).unwrap());
+    let engine = crate::engine();
+    engine.attach_state(store.clone()).unwrap();
+    let s = probity_server::AppState::new(engine, probity_server::Config::default());
+
+    let mut pod = gpu_pod("rl-0", 1, "8");
+    pod["metadata"]["labels"] = json!({"probity.io/class": "rlhf"});
+    pod["metadata"]["uid"] = json!("pod-uid-1");
+    let r = validate(&s, &review("Pod", "training", pod)).await;
+    assert_eq!(r["allowed"], true, "{r}");
+    assert_eq!(
+        store
+            .admitted("training", "rl-0", 3600)
+            .unwrap()
+            .unwrap()
+            .uid,
+        "pod-uid-1"
+    );
+
+    // Bound into its dedicated zone: allowed, judged as the RL-HF pod it is.
+    let r = validate(&s, &binding("training", "rl-0", "pod-uid-1", "gpu-h1")).await;
+    assert_eq!(r["allowed"], true, "{r}");
+    assert!(!r.to_string().contains("node-level rules only"), "{r}");
+    // Decided: forgotten.
+    assert!(store.admitted("training", "rl-0", 3600).unwrap().is_none());
+
+    // A binding after that (or of a pod never seen) falls back, and says so.
+    let r = validate(&s, &binding("training", "rl-0", "pod-uid-1", "gpu-h1")).await;
+    assert_eq!(r["allowed"], false, "{r}");
+    assert!(
+        r["warnings"].to_string().contains(
+            "no facts of pod training/rl-0 were remembered at its admission; the binding is checked with the node-level rules only"
+        ),
+        "{r}"
+    );
+    // The RL-HF pod's facts do not go to another pod under the same name.
+    let mut pod = gpu_pod("rl-1", 1, "8");
+    pod["metadata"]["labels"] = json!({"probity.io/class": "rlhf"});
+    pod["metadata"]["uid"] = json!("pod-uid-2");
+    let r = validate(&s, &review("Pod", "training", pod)).await;
+    assert_eq!(r["allowed"], true, "{r}");
+    let r = validate(&s, &binding("training", "rl-1", "pod-uid-3", "gpu-h1")).await;
+    assert_eq!(r["allowed"], false, "{r}");
+    assert!(
+        r["warnings"]
+            .to_string()
+            .contains("had uid pod-uid-2, this binding names pod-uid-3"),
+        "{r}"
+    );
+    // A remembered batch pod is still refused the RL-HF zone, by its own facts.
+    let mut pod = gpu_pod("batch-0", 1, "8");
+    pod["metadata"]["uid"] = json!("pod-uid-4");
+    let r = validate(&s, &review("Pod", "training", pod)).await;
+    assert_eq!(r["allowed"], true, "{r}");
+    let r = validate(&s, &binding("training", "batch-0", "pod-uid-4", "gpu-h1")).await;
+    assert_eq!(r["allowed"], false, "{r}");
+    assert!(r.to_string().contains("placement.dedicated-zone"), "{r}");
+    let r = validate(&s, &binding("training", "batch-0", "pod-uid-4", "gpu-a1")).await;
+    assert_eq!(r["allowed"], true, "{r}");
+}
