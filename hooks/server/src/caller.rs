@@ -4,6 +4,10 @@
 use probity::{Decision, EntityUid, Request};
 use serde_json::{Map, Value};
 
+/// How an anonymous caller's network is written after `anonymous`: no other identity
+/// (`uid:`, `cn:`, `uri:`) starts so.
+const ANONYMOUS_AT: &str = "anonymous@";
+
 /// The identity of a connection's peer, put into each request's extensions by the
 /// listener: `uid:<n>` on the Unix socket, `cn:<subject CN>` with a client certificate.
 /// A request without one is `anonymous`.
@@ -14,6 +18,35 @@ impl Caller {
     /// The caller of a request with no identity.
     pub fn anonymous() -> Self {
         Caller("anonymous".into())
+    }
+
+    /// An anonymous caller over TCP, counted by its network: its IPv4 address, or the
+    /// /64 of its IPv6 address (one host holds a whole /64). To the policies it is
+    /// `anonymous` ([`Caller::identity`]); budgets and limits keyed by [`Caller`] count
+    /// each network apart, so one flooding client cannot spend another's budget.
+    pub fn anonymous_at(ip: std::net::IpAddr) -> Self {
+        use std::net::IpAddr;
+        let network = match ip {
+            IpAddr::V4(v4) => v4.to_string(),
+            IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+                Some(v4) => v4.to_string(),
+                None => {
+                    let s = v6.segments();
+                    format!("{:x}:{:x}:{:x}:{:x}::/64", s[0], s[1], s[2], s[3])
+                }
+            },
+        };
+        Caller(format!("{ANONYMOUS_AT}{network}"))
+    }
+
+    /// The identity the policies see: `anonymous` for every anonymous caller, wherever
+    /// it connects from; the caller's name otherwise.
+    pub fn identity(&self) -> &str {
+        if self.0.starts_with(ANONYMOUS_AT) {
+            "anonymous"
+        } else {
+            &self.0
+        }
     }
 
     /// A Unix socket peer.
@@ -42,7 +75,7 @@ impl Caller {
             context.insert("node".into(), Value::String(n.into()));
         }
         Ok(Request::new(
-            EntityUid::new("ApiCaller", &self.0)?,
+            EntityUid::new("ApiCaller", self.identity())?,
             EntityUid::action("manage")?,
             EntityUid::new("Api", api)?,
         )
@@ -237,5 +270,22 @@ mod tests {
             ],
         );
         assert_eq!(certificate_identity(&two), Err(IdentityError::ManyUris(2)));
+    }
+
+    /// Issue 28 item 5: anonymous callers shared one budget; each network has its own,
+    /// an IPv6 host's whole /64 counting as one, and the policies still see `anonymous`.
+    #[test]
+    fn anonymous_callers_are_counted_by_network() {
+        let at = |s: &str| Caller::anonymous_at(s.parse().unwrap());
+        assert_eq!(at("192.0.2.7").0, "anonymous@192.0.2.7");
+        assert_ne!(at("192.0.2.7"), at("192.0.2.8"));
+        assert_eq!(at("2001:db8:1:2:aaaa::1"), at("2001:db8:1:2:bbbb::9"));
+        assert_eq!(at("2001:db8:1:2::1").0, "anonymous@2001:db8:1:2::/64");
+        assert_ne!(at("2001:db8:1:2::1"), at("2001:db8:1:3::1"));
+        assert_eq!(at("::ffff:192.0.2.7"), at("192.0.2.7"));
+        assert_eq!(at("192.0.2.7").identity(), "anonymous");
+        let request = at("192.0.2.7").manage_request("entities", "upsert", None).unwrap();
+        assert_eq!(request.principal().to_string(), r#"ApiCaller::"anonymous""#);
+        assert_eq!(Caller::common_name("anonymous@x").identity(), "cn:anonymous@x");
     }
 }

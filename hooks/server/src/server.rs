@@ -788,7 +788,7 @@ async fn accept_tcp(
                 };
                 serve_connection(
                     stream,
-                    None,
+                    Some(Caller::anonymous_at(peer.ip())),
                     router.clone(),
                     graceful.watcher(),
                     permit,
@@ -819,6 +819,7 @@ async fn accept_tcp(
                             return;
                         }
                     };
+                    // Without a certificate the caller is anonymous, counted by network.
                     let caller = match tls.get_ref().1.peer_certificates().and_then(|c| c.first()) {
                         None => None,
                         Some(cert) => match certificate_identity(cert) {
@@ -843,7 +844,15 @@ async fn accept_tcp(
                             }
                         },
                     };
-                    serve_connection(tls, caller, router, watcher, permit, limits.header_timeout);
+                    let caller = caller.unwrap_or_else(|| Caller::anonymous_at(peer.ip()));
+                    serve_connection(
+                        tls,
+                        Some(caller),
+                        router,
+                        watcher,
+                        permit,
+                        limits.header_timeout,
+                    );
                 });
             }
         }

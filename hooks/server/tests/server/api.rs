@@ -1130,3 +1130,55 @@ async fn a_permission_answered_from_the_cache_ends_when_the_caller_leaves_its_gr
     let (status, _) = call(&s, Method::GET, "/v1/entities/Zone/z4", None, None).await;
     assert_eq!(status, StatusCode::NOT_FOUND);
 }
+
+/// Issue 28 item 5: every anonymous caller shared one budget of recorded decisions, so
+/// one client flooding denies over TCP made another's denies come back 429. Anonymous
+/// callers are now counted by their network.
+#[tokio::test]
+async fn bug_one_anonymous_client_spent_every_anonymous_clients_budget() {
+    use http_body_util::BodyExt as _;
+    use tower::ServiceExt as _;
+    let tmp = tempfile::tempdir().unwrap();
+    let store =
+        std::sync::Arc::new(probity::state::StateStore::open(&tmp.path().join("state")).unwrap());
+    let mut config = Config::default();
+    config.limits.recorded_per_second = 1;
+    config.limits.recorded_burst = 3;
+    let engine = crate::engine();
+    engine.attach_state(store).unwrap();
+    let s = probity_server::AppState::new(engine, config);
+    let deny = json!({"principal": "Workload::\"train-1\"", "action": "schedule", "resource": "Node::\"gpu-blocked\""});
+    let send = |from: &'static str| {
+        let s = s.clone();
+        let body = serde_json::to_vec(&deny).unwrap();
+        async move {
+            let mut req = axum::http::Request::post("/v1/decide")
+                .header("content-type", "application/json")
+                .body(axum::body::Body::from(body))
+                .unwrap();
+            req.extensions_mut()
+                .insert(probity_server::Caller::anonymous_at(from.parse().unwrap()));
+            let response = probity_server::app(s).oneshot(req).await.unwrap();
+            let status = response.status();
+            let bytes = response.into_body().collect().await.unwrap().to_bytes();
+            (status, String::from_utf8_lossy(&bytes).into_owned())
+        }
+    };
+    let mut flood = Vec::new();
+    for _ in 0..10 {
+        flood.push(send("2001:db8:0:1::66").await.0);
+    }
+    assert!(
+        flood.contains(&StatusCode::TOO_MANY_REQUESTS),
+        "the flooder is limited: {flood:?}"
+    );
+    // Another address of the flooder's /64 is the same client.
+    let (status, _) = send("2001:db8:0:1::67").await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+    // Another network's anonymous client still gets its deny.
+    for other in ["192.0.2.10", "2001:db8:0:2::1"] {
+        let (status, body) = send(other).await;
+        assert_eq!(status, StatusCode::OK, "{other}: {body}");
+        assert!(body.contains("\"deny\""), "{body}");
+    }
+}
