@@ -284,8 +284,13 @@ mod tests {
         assert_ne!(at("2001:db8:1:2::1"), at("2001:db8:1:3::1"));
         assert_eq!(at("::ffff:192.0.2.7"), at("192.0.2.7"));
         assert_eq!(at("192.0.2.7").identity(), "anonymous");
-        let request = at("192.0.2.7").manage_request("entities", "upsert", None).unwrap();
+        let request = at("192.0.2.7")
+            .manage_request("entities", "upsert", None)
+            .unwrap();
         assert_eq!(request.principal().to_string(), r#"ApiCaller::"anonymous""#);
-        assert_eq!(Caller::common_name("anonymous@x").identity(), "cn:anonymous@x");
+        assert_eq!(
+            Caller::common_name("anonymous@x").identity(),
+            "cn:anonymous@x"
+        );
     }
 }

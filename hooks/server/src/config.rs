@@ -704,11 +704,33 @@ pub enum UnknownSchedulerNodes {
 }
 
 /// The kube-scheduler extender endpoints.
-#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
 pub struct SchedulerConfig {
     /// Nodes absent from the store: `"filter"` (the default) or `"allow"`.
     pub unknown_nodes: UnknownSchedulerNodes,
+    /// Most nodes one ExtenderArgs may name; more is a 413. Default 15,000 (three times
+    /// the 5,000 nodes Kubernetes supports in one cluster).
+    pub max_nodes: usize,
+    /// Largest ExtenderArgs body in bytes; larger is a 413. Default 4 MiB.
+    pub max_body_bytes: usize,
+    /// A request naming more than this many nodes is large. Default 1,000.
+    pub large_request_nodes: usize,
+    /// Large requests judged at once; one more is a 503 the scheduler retries.
+    /// Default 2.
+    pub max_large_requests: usize,
+}
+
+impl Default for SchedulerConfig {
+    fn default() -> Self {
+        Self {
+            unknown_nodes: UnknownSchedulerNodes::default(),
+            max_nodes: 15_000,
+            max_body_bytes: 4 * 1024 * 1024,
+            large_request_nodes: 1_000,
+            max_large_requests: 2,
+        }
+    }
 }
 
 /// What to do with an AdmissionReview for a kind that holds no pod spec.

@@ -143,6 +143,8 @@ struct Inner {
     /// Whether the pinned public key that `/v1/verify` reads was trusted when last read
     /// (`Err`: why not); `None` until verification is configured and the key read.
     verify_key: std::sync::Mutex<Option<Result<(), String>>>,
+    /// Places for large scheduler extender requests (`[scheduler] max_large_requests`).
+    large_scheduler_requests: Arc<limits::Connections>,
 }
 
 impl AppState {
@@ -169,8 +171,11 @@ impl AppState {
             config.server.max_fact_streams,
             config.server.max_fact_streams_per_caller,
         );
+        let large = config.scheduler.max_large_requests;
+        let large_scheduler_requests = limits::Connections::new(large, large);
         Self {
             inner: Arc::new(Inner {
+                large_scheduler_requests,
                 engine,
                 config,
                 metrics: metrics::Metrics::default(),
@@ -331,6 +336,10 @@ impl AppState {
 
     pub(crate) fn fact_streams(&self) -> &Arc<limits::Connections> {
         &self.inner.fact_streams
+    }
+
+    pub(crate) fn large_scheduler_requests(&self) -> &Arc<limits::Connections> {
+        &self.inner.large_scheduler_requests
     }
 
     pub(crate) fn io(&self) -> &limits::IoPool {
@@ -795,6 +804,7 @@ pub fn app(state: AppState) -> Router {
     let server = &state.config().server;
     let limit = server.max_body_bytes;
     let concurrency = server.max_concurrency;
+    let extender_limit = state.config().scheduler.max_body_bytes;
     Router::new()
         .route("/v1/decide", post(api::decide))
         .route("/v1/decide/batch", post(api::decide_batch))
@@ -818,8 +828,15 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/decrypt", post(keys::decrypt))
         .route("/v1/admission/validate", post(admission::validate))
         .route("/v1/admission/mutate", post(admission::mutate))
-        .route("/v1/scheduler/filter", post(placement::filter))
-        .route("/v1/scheduler/prioritize", post(placement::prioritize))
+        // The extender's own body bound ([scheduler] max_body_bytes) replaces the server's.
+        .route(
+            "/v1/scheduler/filter",
+            post(placement::filter).layer(DefaultBodyLimit::max(extender_limit)),
+        )
+        .route(
+            "/v1/scheduler/prioritize",
+            post(placement::prioritize).layer(DefaultBodyLimit::max(extender_limit)),
+        )
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics_text))

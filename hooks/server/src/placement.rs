@@ -21,7 +21,6 @@ use serde_json::{Map, Value, json};
 
 use crate::AppState;
 use crate::admission::{Workload, pod_workload};
-use crate::api::json_body;
 use crate::config::UnknownSchedulerNodes;
 
 /// Largest score the scheduler takes from an extender (`MaxExtenderPriority`).
@@ -238,50 +237,135 @@ struct ExtenderArgs {
     node_objects: Option<Vec<Value>>,
 }
 
-/// Reads ExtenderArgs as Go's encoder writes it (`Pod`, `Nodes`, `NodeNames`) or in
-/// lower case.
-fn extender_args(body: &Value) -> Result<ExtenderArgs, String> {
-    let Some(obj) = body.as_object() else {
-        return Err("ExtenderArgs must be a JSON object".into());
-    };
-    let field = |upper: &str, lower: &str| {
-        obj.get(upper)
-            .or_else(|| obj.get(lower))
-            .filter(|v| !v.is_null())
-    };
-    let pod = field("Pod", "pod")
-        .cloned()
-        .ok_or("ExtenderArgs has no Pod")?;
-    if !pod.is_object() {
-        return Err("ExtenderArgs Pod is not an object".into());
+/// ExtenderArgs on the wire, as Go's encoder writes it (`Pod`, `Nodes`, `NodeNames`) or
+/// in lower case. Names are borrowed from the body, so a long list costs a slice per
+/// name rather than a JSON tree.
+#[derive(serde::Deserialize)]
+struct WireArgs<'a> {
+    #[serde(rename = "Pod", alias = "pod", default)]
+    pod: Option<Value>,
+    #[serde(
+        rename = "NodeNames",
+        alias = "nodenames",
+        alias = "nodeNames",
+        default,
+        borrow
+    )]
+    node_names: Option<NodeNames<'a>>,
+    #[serde(rename = "Nodes", alias = "nodes", default)]
+    nodes: Option<WireNodeList>,
+}
+
+/// One node name, borrowed from the body unless it holds an escape.
+#[derive(serde::Deserialize)]
+struct WireName<'a>(#[serde(borrow)] std::borrow::Cow<'a, str>);
+
+/// `NodeNames`, read element by element so that a bad one is named by its index.
+struct NodeNames<'a>(Vec<std::borrow::Cow<'a, str>>);
+
+impl<'de: 'a, 'a> serde::Deserialize<'de> for NodeNames<'a> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Names<'a>(std::marker::PhantomData<&'a ()>);
+        impl<'de: 'a, 'a> serde::de::Visitor<'de> for Names<'a> {
+            type Value = NodeNames<'a>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a list of node names")
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<Self::Value, A::Error> {
+                let mut names = Vec::new();
+                loop {
+                    match seq.next_element::<WireName<'a>>() {
+                        Ok(Some(n)) => names.push(n.0),
+                        Ok(None) => return Ok(NodeNames(names)),
+                        Err(_) => {
+                            return Err(serde::de::Error::custom(format!(
+                                "ExtenderArgs NodeNames[{}] is not a node name",
+                                names.len()
+                            )));
+                        }
+                    }
+                }
+            }
+        }
+        d.deserialize_seq(Names(std::marker::PhantomData))
     }
-    if let Some(names) = field("NodeNames", "nodenames").or_else(|| obj.get("nodeNames")) {
-        let list = names
-            .as_array()
-            .ok_or("ExtenderArgs NodeNames is not a list")?;
+}
+
+#[derive(serde::Deserialize)]
+struct WireNodeList {
+    items: Option<Vec<Value>>,
+}
+
+/// Why an ExtenderArgs is refused, and with which status.
+fn too_many(names: usize, max: usize) -> (StatusCode, String) {
+    (
+        StatusCode::PAYLOAD_TOO_LARGE,
+        format!(
+            "ExtenderArgs names {names} nodes; at most {max} are judged at once ([scheduler] max_nodes)"
+        ),
+    )
+}
+
+/// Reads ExtenderArgs, refusing more than `max_nodes` names.
+fn extender_args(body: &[u8], max_nodes: usize) -> Result<ExtenderArgs, (StatusCode, String)> {
+    let bad = |m: String| (StatusCode::BAD_REQUEST, m);
+    // A list would pass for a struct's fields in order; ExtenderArgs is an object.
+    let first = body.iter().find(|b| !b.is_ascii_whitespace());
+    if first.is_some_and(|b| *b != b'{')
+        && serde_json::from_slice::<serde::de::IgnoredAny>(body).is_ok()
+    {
+        return Err(bad("ExtenderArgs must be a JSON object".into()));
+    }
+    let wire: WireArgs<'_> = serde_json::from_slice(body).map_err(|e| {
+        bad(if e.is_syntax() || e.is_eof() {
+            format!(
+                "ExtenderArgs is not valid JSON at line {}, column {}",
+                e.line(),
+                e.column()
+            )
+        } else {
+            format!("ExtenderArgs: {e}")
+        })
+    })?;
+    let pod = wire
+        .pod
+        .ok_or_else(|| bad("ExtenderArgs has no Pod".into()))?;
+    if !pod.is_object() {
+        return Err(bad("ExtenderArgs Pod is not an object".into()));
+    }
+    if let Some(NodeNames(list)) = wire.node_names.filter(|l| !l.0.is_empty()) {
+        if list.len() > max_nodes {
+            return Err(too_many(list.len(), max_nodes));
+        }
         let names = list
-            .iter()
+            .into_iter()
             .enumerate()
             .map(|(i, n)| {
-                n.as_str()
-                    .filter(|s| !s.is_empty())
-                    .map(str::to_owned)
-                    .ok_or_else(|| format!("ExtenderArgs NodeNames[{i}] is not a node name"))
+                if n.is_empty() {
+                    Err(bad(format!(
+                        "ExtenderArgs NodeNames[{i}] is not a node name"
+                    )))
+                } else {
+                    Ok(n.into_owned())
+                }
             })
             .collect::<Result<Vec<_>, _>>()?;
-        if !names.is_empty() {
-            return Ok(ExtenderArgs {
-                pod,
-                names,
-                node_objects: None,
-            });
-        }
+        return Ok(ExtenderArgs {
+            pod,
+            names,
+            node_objects: None,
+        });
     }
-    if let Some(nodes) = field("Nodes", "nodes") {
+    if let Some(nodes) = wire.nodes {
         let items = nodes
-            .get("items")
-            .and_then(Value::as_array)
-            .ok_or("ExtenderArgs Nodes has no items list")?;
+            .items
+            .ok_or_else(|| bad("ExtenderArgs Nodes has no items list".into()))?;
+        if items.len() > max_nodes {
+            return Err(too_many(items.len(), max_nodes));
+        }
         let names = items
             .iter()
             .enumerate()
@@ -290,28 +374,65 @@ fn extender_args(body: &Value) -> Result<ExtenderArgs, String> {
                     .and_then(Value::as_str)
                     .filter(|s| !s.is_empty())
                     .map(str::to_owned)
-                    .ok_or_else(|| format!("ExtenderArgs Nodes.items[{i}] has no metadata.name"))
+                    .ok_or_else(|| {
+                        bad(format!(
+                            "ExtenderArgs Nodes.items[{i}] has no metadata.name"
+                        ))
+                    })
             })
             .collect::<Result<Vec<_>, _>>()?;
         if !names.is_empty() {
             return Ok(ExtenderArgs {
                 pod,
                 names,
-                node_objects: Some(items.clone()),
+                node_objects: Some(items),
             });
         }
     }
-    Err("ExtenderArgs names no nodes (NodeNames and Nodes are both empty or absent)".into())
+    Err(bad(
+        "ExtenderArgs names no nodes (NodeNames and Nodes are both empty or absent)".into(),
+    ))
 }
 
-/// Reads the body and judges every node it names.
+/// Reads the body and judges every node it names. A large request (over
+/// `[scheduler] large_request_nodes` names) holds one of `max_large_requests` places
+/// while it is judged; without one it is a 503, which the scheduler retries.
 fn judge(
     state: &AppState,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<(ExtenderArgs, Vec<Verdict>), (StatusCode, String)> {
-    let value = json_body(state, body, "ExtenderArgs")
-        .map_err(|e| (StatusCode::BAD_REQUEST, e.to_string()))?;
-    let args = extender_args(&value).map_err(|e| (StatusCode::BAD_REQUEST, e))?;
+    let limits = &state.config().scheduler;
+    let bytes = body.map_err(|r| {
+        if r.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            (
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!(
+                    "ExtenderArgs is over {} bytes ([scheduler] max_body_bytes)",
+                    limits.max_body_bytes
+                ),
+            )
+        } else {
+            (
+                StatusCode::BAD_REQUEST,
+                "cannot read the request body".to_owned(),
+            )
+        }
+    })?;
+    let args = extender_args(&bytes, limits.max_nodes.max(1))?;
+    drop(bytes);
+    let _place = if args.names.len() > limits.large_request_nodes {
+        Some(state.large_scheduler_requests().admit("scheduler").map_err(|_| {
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!(
+                    "{} large requests are being judged already ([scheduler] max_large_requests); retry",
+                    limits.max_large_requests
+                ),
+            )
+        })?)
+    } else {
+        None
+    };
     let workload = pod_workload(state, &args.pod).map_err(|e| (StatusCode::BAD_REQUEST, e))?;
     let names: Vec<&str> = args.names.iter().map(String::as_str).collect();
     let verdicts = judge_nodes(
