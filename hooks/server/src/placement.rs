@@ -260,8 +260,19 @@ struct WireArgs<'a> {
 #[derive(serde::Deserialize)]
 struct WireName<'a>(#[serde(borrow)] std::borrow::Cow<'a, str>);
 
-/// `NodeNames`, read element by element so that a bad one is named by its index.
-struct NodeNames<'a>(Vec<std::borrow::Cow<'a, str>>);
+/// `NodeNames`, read element by element so that a bad one is named by its index, and
+/// kept only up to the cap of [`NAMES_KEPT`]: past it the rest are counted, not kept, so
+/// a refused list costs no more than an accepted one.
+struct NodeNames<'a> {
+    kept: Vec<std::borrow::Cow<'a, str>>,
+    total: usize,
+}
+
+thread_local! {
+    /// Most names [`NodeNames`] keeps while this thread reads one ExtenderArgs (serde's
+    /// derive passes no state down, and the read is synchronous on one thread).
+    static NAMES_KEPT: std::cell::Cell<usize> = const { std::cell::Cell::new(usize::MAX) };
+}
 
 impl<'de: 'a, 'a> serde::Deserialize<'de> for NodeNames<'a> {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
@@ -275,15 +286,23 @@ impl<'de: 'a, 'a> serde::Deserialize<'de> for NodeNames<'a> {
                 self,
                 mut seq: A,
             ) -> Result<Self::Value, A::Error> {
-                let mut names = Vec::new();
+                let cap = NAMES_KEPT.with(std::cell::Cell::get);
+                let mut kept = Vec::new();
+                let mut total = 0usize;
                 loop {
-                    match seq.next_element::<WireName<'a>>() {
-                        Ok(Some(n)) => names.push(n.0),
-                        Ok(None) => return Ok(NodeNames(names)),
+                    let next = if total < cap {
+                        seq.next_element::<WireName<'a>>()
+                            .map(|n| n.map(|n| kept.push(n.0)))
+                    } else {
+                        seq.next_element::<serde::de::IgnoredAny>()
+                            .map(|n| n.map(drop))
+                    };
+                    match next {
+                        Ok(Some(())) => total += 1,
+                        Ok(None) => return Ok(NodeNames { kept, total }),
                         Err(_) => {
                             return Err(serde::de::Error::custom(format!(
-                                "ExtenderArgs NodeNames[{}] is not a node name",
-                                names.len()
+                                "ExtenderArgs NodeNames[{total}] is not a node name"
                             )));
                         }
                     }
@@ -319,7 +338,10 @@ fn extender_args(body: &[u8], max_nodes: usize) -> Result<ExtenderArgs, (StatusC
     {
         return Err(bad("ExtenderArgs must be a JSON object".into()));
     }
-    let wire: WireArgs<'_> = serde_json::from_slice(body).map_err(|e| {
+    NAMES_KEPT.with(|c| c.set(max_nodes.saturating_add(1)));
+    let read = serde_json::from_slice::<WireArgs<'_>>(body);
+    NAMES_KEPT.with(|c| c.set(usize::MAX));
+    let wire = read.map_err(|e| {
         bad(if e.is_syntax() || e.is_eof() {
             format!(
                 "ExtenderArgs is not valid JSON at line {}, column {}",
@@ -336,9 +358,9 @@ fn extender_args(body: &[u8], max_nodes: usize) -> Result<ExtenderArgs, (StatusC
     if !pod.is_object() {
         return Err(bad("ExtenderArgs Pod is not an object".into()));
     }
-    if let Some(NodeNames(list)) = wire.node_names.filter(|l| !l.0.is_empty()) {
-        if list.len() > max_nodes {
-            return Err(too_many(list.len(), max_nodes));
+    if let Some(NodeNames { kept: list, total }) = wire.node_names.filter(|l| l.total > 0) {
+        if total > max_nodes {
+            return Err(too_many(total, max_nodes));
         }
         let names = list
             .into_iter()

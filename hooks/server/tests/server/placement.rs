@@ -598,7 +598,11 @@ async fn extender_memory_under_200k_names() {
     let mut config = Config::default();
     config.server.max_body_bytes = 4 * 1024 * 1024;
     let s = crate::state_with(config);
-    let many: Vec<String> = (0..200_000).map(|i| format!("n{i}")).collect();
+    let count: usize = std::env::var("EXTENDER_NAMES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(200_000);
+    let many: Vec<String> = (0..count).map(|i| format!("n{i}")).collect();
     let refs: Vec<&str> = many.iter().map(String::as_str).collect();
     let body = serde_json::to_vec(&args(gpu_pod("p", "batch", 1), &refs)).unwrap();
     let before = peak_rss_kib();
