@@ -564,3 +564,51 @@ fn the_sidecar_keeps_its_state_on_the_host_so_verify_works_out_of_the_box() {
         assert!(mount_is_read_only(container, root), "{}", root.display());
     }
 }
+
+/// Issue 28 item 5: the webhook's apiserver was anonymous. The shipped
+/// AdmissionConfiguration gives both webhook plugins one kubeconfig whose user is the
+/// webhook Service's DNS name, with a client certificate.
+#[test]
+fn the_apiserver_presents_a_client_certificate_to_the_webhook_service() {
+    let docs = documents();
+    let of = |kind: &str| -> Vec<&Value> {
+        docs.iter()
+            .filter(|(f, v)| f == "apiserver-admission-config.yaml" && v["kind"] == kind)
+            .map(|(_, v)| v)
+            .collect()
+    };
+    let admission = of("AdmissionConfiguration");
+    let plugins = admission[0]["plugins"].as_array().unwrap();
+    let mut named: Vec<&str> = plugins
+        .iter()
+        .map(|p| p["name"].as_str().unwrap())
+        .collect();
+    named.sort_unstable();
+    assert_eq!(
+        named,
+        ["MutatingAdmissionWebhook", "ValidatingAdmissionWebhook"]
+    );
+    for p in plugins {
+        assert!(
+            p["configuration"]["kubeConfigFile"]
+                .as_str()
+                .unwrap()
+                .ends_with(".yaml")
+        );
+    }
+    let service = docs
+        .iter()
+        .find(|(_, v)| v["kind"] == "Service" && v["metadata"]["name"] == "probity-webhook")
+        .map(|(_, v)| v)
+        .unwrap();
+    let host = format!(
+        "{}.{}.svc",
+        service["metadata"]["name"].as_str().unwrap(),
+        service["metadata"]["namespace"].as_str().unwrap()
+    );
+    let kubeconfig = of("Config");
+    let user = &kubeconfig[0]["users"][0];
+    assert_eq!(user["name"], host.as_str());
+    assert!(user["user"]["client-certificate"].is_string());
+    assert!(user["user"]["client-key"].is_string());
+}
