@@ -224,11 +224,11 @@ pub mod fuzzing {
         if let Ok(m) = SignedManifest::decode(data) {
             let encoded = m.encode();
             assert_eq!(encoded, data, "a decoded manifest re-encodes to its input");
-            if let Ok(again) = SignedManifest::decode(&encoded) {
+            let again = SignedManifest::decode(&encoded);
+            assert!(again.is_ok(), "a re-encoded manifest does not decode");
+            if let Ok(again) = again {
                 assert_eq!(again.digest(), m.digest());
                 assert_eq!(again.key_id(), m.key_id());
-            } else {
-                panic!("a re-encoded manifest does not decode");
             }
         }
     }

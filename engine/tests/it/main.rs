@@ -36,6 +36,7 @@ pub fn policy_copy() -> tempfile::TempDir {
     tmp
 }
 
+/// Copies the directory tree `from` into `to`.
 pub fn copy_dir(from: &Path, to: &Path) {
     std::fs::create_dir_all(to).unwrap();
     for entry in std::fs::read_dir(from).unwrap() {

@@ -592,7 +592,8 @@ fn bug_a_file_written_in_two_writes_a_second_apart_was_live_half_written() {
     file.write_all(h.first.as_bytes()).unwrap();
     file.flush().unwrap();
     std::thread::sleep(Duration::from_secs(1));
-    file.write_all(h.whole[h.first.len()..].as_bytes()).unwrap();
+    file.write_all(&h.whole.as_bytes()[h.first.len()..])
+        .unwrap();
     drop(file);
     wait_for("the whole file to load", || {
         events
@@ -648,7 +649,8 @@ fn a_file_a_writer_keeps_open_is_refused_after_the_wait_then_loaded_on_close() {
         "{message}"
     );
     assert!(has_blocklist(&engine));
-    file.write_all(h.whole[h.first.len()..].as_bytes()).unwrap();
+    file.write_all(&h.whole.as_bytes()[h.first.len()..])
+        .unwrap();
     drop(file);
     wait_for("the whole file to load", || {
         events
