@@ -9,7 +9,8 @@ use serde_json::json;
 
 use crate::root;
 
-fn schedule(workload: &str, node: &str) -> Request {
+/// `workload` asking to be scheduled onto `node`.
+pub fn schedule(workload: &str, node: &str) -> Request {
     Request::from_json_value(&json!({
         "principal": format!("Workload::\"{workload}\""),
         "action": "schedule",

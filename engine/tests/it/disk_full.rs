@@ -7,22 +7,13 @@ use std::time::{Duration, Instant};
 
 use probity::audit;
 use probity::state::StateStore;
-use probity::{Effect, Engine, Request};
-use serde_json::json;
+use probity::{Effect, Engine};
 
+use crate::decision_log::schedule;
 use crate::root;
 
 #[path = "../../../hooks/testsupport/small_disk.rs"]
 mod small_disk;
-
-fn schedule(workload: &str, node: &str) -> Request {
-    Request::from_json_value(&json!({
-        "principal": format!("Workload::\"{workload}\""),
-        "action": "schedule",
-        "resource": format!("Node::\"{node}\""),
-    }))
-    .unwrap()
-}
 
 /// Issue 28, item 2: one ENOSPC left redb refusing every write ("Previous I/O error
 /// occurred") until a restart, and denies answered while the disk filled were never

@@ -9,7 +9,7 @@
 )]
 
 mod audit;
-mod decision_log;
+pub mod decision_log;
 mod disk_full;
 mod engine;
 mod facts;
