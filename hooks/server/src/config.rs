@@ -532,8 +532,14 @@ pub struct ServerConfig {
     pub tls_cert: Option<PathBuf>,
     /// PEM private key for TLS.
     pub tls_key: Option<PathBuf>,
-    /// PEM CA bundle: when set, TCP clients must present a certificate it signed (mTLS).
+    /// PEM CA bundle: when set, TCP clients present a certificate it signed (mTLS).
     pub client_ca: Option<PathBuf>,
+    /// With `client_ca`: `"required"` (the default: a client without a certificate is
+    /// refused at the handshake) or `"optional"` (a client without one is served as
+    /// `anonymous`, budgeted per network; one with a certificate must present a valid
+    /// one). Optional lets the kubelet's probes in while the apiserver and the scheduler
+    /// authenticate.
+    pub client_auth: ClientAuth,
     /// Largest request body in bytes. Default 1 MiB.
     pub max_body_bytes: usize,
     /// Longest time one request may take, in milliseconds. Default 5000.
@@ -571,6 +577,7 @@ impl Default for ServerConfig {
             tls_cert: None,
             tls_key: None,
             client_ca: None,
+            client_auth: ClientAuth::Required,
             max_body_bytes: 1024 * 1024,
             request_timeout_ms: 5000,
             max_concurrency: 1024,
@@ -673,6 +680,18 @@ impl AuthConfig {
         }
         serde_json::Value::Array(out)
     }
+}
+
+/// Whether TCP clients must present a certificate when `client_ca` is set.
+#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum ClientAuth {
+    /// Every client presents a certificate `client_ca` signed. The default.
+    #[default]
+    Required,
+    /// A client may present none and is then `anonymous`; a certificate it presents
+    /// must verify.
+    Optional,
 }
 
 /// What admission does with a pod bound to a node the store holds no facts about.

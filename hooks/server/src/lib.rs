@@ -91,10 +91,10 @@ const AUTHORIZATION_CACHE_ENTRIES: usize = 4_096;
 
 pub use caller::{Caller, IdentityError, certificate_common_name, certificate_identity};
 pub use config::{
-    AdmissionConfig, AuthConfig, Config, ConfigError, DEFAULT_SOCKET, DecisionLogConfig,
-    IntegrityConfig, KeysConfig, LimitsConfig, LogConfig, LogFormat, NODE_NAME_ENV, PolicyConfig,
-    ServerConfig, SiemConfig, SiemTransport, StateBackendKind, StateConfig, StateRole,
-    UnknownKinds, UnknownNodes,
+    AdmissionConfig, AuthConfig, ClientAuth, Config, ConfigError, DEFAULT_SOCKET,
+    DecisionLogConfig, IntegrityConfig, KeysConfig, LimitsConfig, LogConfig, LogFormat,
+    NODE_NAME_ENV, PolicyConfig, ServerConfig, SiemConfig, SiemTransport, StateBackendKind,
+    StateConfig, StateRole, UnknownKinds, UnknownNodes,
 };
 pub use error::{ApiError, ServeError};
 pub use server::{Server, init_logging, serve, shutdown_signal};

@@ -542,7 +542,11 @@ fn tls_acceptor(config: &Config) -> Result<TlsAcceptor, ServeError> {
             let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
                 Arc::new(roots),
                 provider,
-            )
+            );
+            let verifier = match s.client_auth {
+                crate::ClientAuth::Required => verifier,
+                crate::ClientAuth::Optional => verifier.allow_unauthenticated(),
+            }
             .build()
             .map_err(|e| ServeError::Tls(format!("{}: {e}", ca.display())))?;
             builder.with_client_cert_verifier(verifier)

@@ -464,6 +464,79 @@ async fn mtls_accepts_known_clients_by_common_name_and_refuses_others() {
     running.stop().await;
 }
 
+/// Issue 28, item 5: with `client_ca` required, the kubelet's probes (no certificate)
+/// could not reach `/readyz`, so the shipped webhook could not authenticate the
+/// apiserver. `client_auth = "optional"` serves a client without a certificate as
+/// anonymous, still refuses a certificate from another CA, and names the apiserver by
+/// its certificate.
+#[tokio::test]
+async fn optional_client_auth_serves_probes_anonymously_and_names_certified_callers() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (pki, issuer) = pki();
+    let apiserver = leaf("kube-apiserver-probity", vec![], &issuer);
+    let (rogue_params, rogue_key, _) = ca("rogue CA");
+    let rogue = leaf(
+        "kube-apiserver-probity",
+        vec![],
+        &Issuer::new(rogue_params, rogue_key),
+    );
+    let mut config = no_socket();
+    config.server.listen = Some("127.0.0.1:0".parse().unwrap());
+    config.server.tls_cert = Some(write(tmp.path(), "tls.crt", &pki.server_cert));
+    config.server.tls_key = Some(write(tmp.path(), "tls.key", &pki.server_key));
+    config.server.client_ca = Some(write(tmp.path(), "ca.crt", &pki.ca_pem));
+    config.server.client_auth = probity_server::ClientAuth::Optional;
+    config
+        .auth
+        .groups
+        .insert("admins".into(), vec!["cn:kube-apiserver-probity".into()]);
+    let running = Running::start(config).await;
+    let addr = running.addr.unwrap();
+
+    // A probe without a certificate is served, as anonymous (no admin rights).
+    let mut probe = tls_connect(addr, &tls_client(&pki.ca_pem, None))
+        .await
+        .unwrap();
+    let (status, _) = send(&mut probe, Method::GET, "/readyz", None).await;
+    assert_eq!(status, StatusCode::OK);
+    let (status, body) = send(&mut probe, Method::POST, "/v1/nodes/gpu-a1/unblock", None).await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
+    assert!(
+        body["error"]
+            .as_str()
+            .unwrap()
+            .starts_with("anonymous@127.0.0.1 may not unblock"),
+        "{body}"
+    );
+
+    // The certified caller is named by its certificate.
+    let mut c = tls_connect(addr, &tls_client(&pki.ca_pem, Some(&apiserver)))
+        .await
+        .unwrap();
+    let (status, body) = send(
+        &mut c,
+        Method::POST,
+        "/v1/nodes/gpu-a1/block",
+        Some(&block_body()),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+
+    // A certificate from another CA is still refused.
+    let refused = match tls_connect(addr, &tls_client(&pki.ca_pem, Some(&rogue))).await {
+        Err(_) => true,
+        Ok(mut s) => {
+            let req = Request::get("/healthz")
+                .header("host", "x")
+                .body(Full::new(Bytes::new()))
+                .unwrap();
+            s.send_request(req).await.is_err()
+        }
+    };
+    assert!(refused, "a certificate from another CA was accepted");
+    running.stop().await;
+}
+
 #[tokio::test]
 async fn bad_configurations_are_refused_before_binding() {
     let mut config = no_socket();
