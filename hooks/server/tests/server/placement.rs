@@ -581,55 +581,6 @@ async fn with_no_node_stored_a_new_block_still_reaches_the_next_patch() {
     assert!(second.contains("n1") && second.contains("n2"), "{second}");
 }
 
-fn peak_rss_kib() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .unwrap()
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap()
-}
-
-/// Measures the extender's peak memory under one request of 200,000 node names, then
-/// 32 at once (run alone: `--ignored --nocapture extender_memory`).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "a measurement, not a check"]
-async fn extender_memory_under_200k_names() {
-    let mut config = Config::default();
-    config.server.max_body_bytes = 4 * 1024 * 1024;
-    let s = crate::state_with(config);
-    let count: usize = std::env::var("EXTENDER_NAMES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(200_000);
-    let many: Vec<String> = (0..count).map(|i| format!("n{i}")).collect();
-    let refs: Vec<&str> = many.iter().map(String::as_str).collect();
-    let body = serde_json::to_vec(&args(gpu_pod("p", "batch", 1), &refs)).unwrap();
-    let before = peak_rss_kib();
-    let (status, _) = call_raw(&s, Method::POST, "/v1/scheduler/filter", body.clone(), None).await;
-    let one = peak_rss_kib();
-    let mut tasks = Vec::new();
-    for _ in 0..32 {
-        let (s, body) = (s.clone(), body.clone());
-        tasks.push(tokio::spawn(async move {
-            call_raw(&s, Method::POST, "/v1/scheduler/filter", body, None)
-                .await
-                .0
-        }));
-    }
-    let mut statuses = Vec::new();
-    for t in tasks {
-        statuses.push(t.await.unwrap());
-    }
-    let all = peak_rss_kib();
-    println!(
-        "body {} bytes; status {status}; peak RSS before {before} KiB, after one {one} KiB (+{}), after 32 {all} KiB (+{}); statuses {statuses:?}",
-        body.len(),
-        one - before,
-        all - before
-    );
-}
-
 /// Issue 28 item 6: one 1 MB ExtenderArgs of 200,000 names cost about 64 MB, and 32 at
 /// once 2.1 GB. A request may name at most `[scheduler] max_nodes` nodes and carry at
 /// most `[scheduler] max_body_bytes`; past either it is a 413 saying which bound.
