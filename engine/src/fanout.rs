@@ -30,9 +30,10 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use cedar_policy_core::ast::{self, EntityUID};
 
+use crate::block::BlockRecord;
 use crate::bundle::Bundle;
 use crate::decision::Decision;
-use crate::engine::{BlockRecord, Engine, Snapshot};
+use crate::engine::{Engine, Snapshot};
 
 use crate::request::{EntityUid, Request};
 use crate::slice::Dependency;

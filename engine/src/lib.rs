@@ -43,6 +43,7 @@
 struct ReadmeDoctests;
 
 pub mod audit;
+mod block;
 mod bundle;
 mod clock;
 mod conformance;
@@ -83,15 +84,14 @@ pub(crate) fn available_cores() -> std::num::NonZeroUsize {
     *CORES
         .get_or_init(|| std::thread::available_parallelism().unwrap_or(std::num::NonZeroUsize::MIN))
 }
+pub use block::{BlockEvent, BlockRecord};
 pub use conventions::{
     CONVENTIONS_ANNOTATION, Conventions, DEFAULT_OBLIGATION_KINDS, VerifiedRead,
 };
 pub use decision::{Decision, DecisionError, Effect, Obligation, Reason, Severity};
 pub use decision_log::{Awaiting, Settled};
 pub use diagnostic::SourceDiagnostic;
-pub use engine::{
-    BlockEvent, BlockRecord, Engine, EngineBuilder, EntitiesByReference, PolicyStatus,
-};
+pub use engine::{Engine, EngineBuilder, EntitiesByReference, PolicyStatus};
 pub use error::{EntityError, LoadError, RequestError, WatchError};
 pub use facts::{EntityOwner, OWNED_ANNOTATION};
 pub use fanout::{DEFAULT_DECISION_CACHE_ENTRIES, DecisionCache};

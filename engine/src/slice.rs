@@ -39,7 +39,7 @@ use cedar_policy_core::entities::{Entities as CoreEntities, NoEntitiesSchema, TC
 use cedar_policy_core::extensions::Extensions;
 use smol_str::SmolStr;
 
-use crate::engine::BlockRecord;
+use crate::block::BlockRecord;
 use crate::store::{Store, Stored, materialize};
 
 /// Most entities one decision's slice may hold.

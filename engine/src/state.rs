@@ -35,8 +35,8 @@ use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 use crate::audit::{self, Checkpoint, CheckpointPolicy, GENESIS, Log};
+use crate::block::BlockRecord;
 use crate::decision::Decision;
-use crate::engine::BlockRecord;
 use crate::trust::{self, Material, TrustError};
 
 /// Object id -> registry record (version, digest, signed manifest).

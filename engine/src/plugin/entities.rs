@@ -19,7 +19,7 @@ use cedar_policy_core::ast::EntityUID;
 use serde_json::Value;
 use smol_str::SmolStr;
 
-use crate::engine::BlockRecord;
+use crate::block::BlockRecord;
 use crate::store::{self, Store};
 
 /// Most entities `entities-of-type` returns; a plugin that asks for more traps (a deny

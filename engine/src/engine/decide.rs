@@ -1,0 +1,641 @@
+//! Deciding: the request's effective context and entities, evaluation against the
+//! policy set, combination, and the reasons and obligations a decision carries.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use cedar_policy::{Context, Entities, EvalResult};
+use cedar_policy_core::ast::EntityUID;
+use serde_json::{Map, Value};
+
+use super::Engine;
+use super::entities::check_claimed_block;
+use super::snapshot::Snapshot;
+use crate::bundle::{MessagePart, MessageTemplate, PolicyMeta, TargetPath, TargetRoot};
+use crate::decision::{Decision, DecisionError, Effect, Obligation, Reason};
+use crate::decision_log::{self, Settled};
+use crate::facts::ContextOwner;
+use crate::plugin::PluginEntities;
+use crate::request::{EntityUid, Request};
+use crate::store::{self, Stored};
+
+impl Engine {
+    /// Decides one request. Never panics and never fails: problems become a deny
+    /// whose `errors` say what went wrong.
+    ///
+    /// With a state store attached ([`Engine::attach_state`]), a decision that denies
+    /// or carries obligations is recorded in its decision log before this returns; if
+    /// it cannot be, the answer is a deny saying so.
+    pub fn decide(&self, request: &Request) -> Decision {
+        self.decide_deferred(request)
+            .settle()
+            .pop()
+            .unwrap_or_else(|| Decision::error("no decision"))
+    }
+
+    /// Decides many requests against one policy set and store. Their records (see
+    /// [`Engine::decide`]) share one durable commit.
+    pub fn decide_batch(&self, requests: &[Request]) -> Vec<Decision> {
+        self.decide_batch_deferred(requests).settle()
+    }
+
+    /// Decides without recording anything: for dry runs and what-if tools, whose
+    /// answers are not acted on.
+    pub fn decide_dry_run(&self, request: &Request) -> Decision {
+        let snapshot = self.shared.current.load();
+        self.decide_in(&snapshot, request)
+    }
+
+    /// The live snapshot, held.
+    pub(crate) fn snapshot_now(&self) -> Arc<Snapshot> {
+        self.shared.current.load_full()
+    }
+
+    /// Whether `request`'s decisions depend only on their slice: no fact from the
+    /// clock, no plugin (which may look beyond it).
+    ///
+    /// The decision cache relies on more: for a cacheable request without entities of
+    /// its own, [`Engine::prepare`] reads only the request and the policy set, so a
+    /// remembered one-resource answer is served before preparing. A fact `prepare`
+    /// comes to read elsewhere (the store, the blocklist, the clock for an action this
+    /// does not refuse) must be refused here or keyed by the cache.
+    pub(crate) fn cacheable(&self, snapshot: &Snapshot, request: &Request) -> bool {
+        let action = request.action.id();
+        let clocked = snapshot
+            .bundle
+            .origins
+            .action(action)
+            .is_some_and(|f| f.clock_attrs().next().is_some());
+        !clocked && snapshot.bundle.plugins.for_action(action).is_empty()
+    }
+
+    /// [`Engine::decide`] without waiting for the record: the caller must
+    /// [`Settled::settle`] before acknowledging the decision. For async servers, which
+    /// wait for the commit off their event loop.
+    pub fn decide_deferred(&self, request: &Request) -> Settled {
+        let snapshot = self.shared.current.load();
+        let decision = self.decide_in(&snapshot, request);
+        self.record(&snapshot, &[request], vec![decision])
+    }
+
+    /// [`Engine::decide_deferred`] under a budget for recorded decisions: when the
+    /// decision must be recorded (it denies or carries obligations, and a state store
+    /// is attached) and `admit` says no, nothing is recorded and `None` is returned,
+    /// so the caller answers "too many requests" rather than a deny it could not
+    /// record. `admit` is asked only for decisions that would be recorded.
+    pub fn decide_deferred_within(
+        &self,
+        request: &Request,
+        admit: impl FnOnce() -> bool,
+    ) -> Option<Settled> {
+        let snapshot = self.shared.current.load();
+        let decision = self.decide_in(&snapshot, request);
+        if self.shared.decision_log.get().is_some()
+            && decision_log::needs_record(&decision)
+            && !admit()
+        {
+            return None;
+        }
+        Some(self.record(&snapshot, &[request], vec![decision]))
+    }
+
+    /// [`Engine::decide_batch_deferred`] under a budget: `admit` is told how many of the
+    /// batch's decisions would be recorded, and when it says no, nothing is recorded
+    /// and `None` is returned.
+    pub fn decide_batch_deferred_within(
+        &self,
+        requests: &[Request],
+        admit: impl FnOnce(usize) -> bool,
+    ) -> Option<Settled> {
+        let snapshot = self.shared.current.load();
+        let decisions: Vec<Decision> = requests
+            .iter()
+            .map(|r| self.decide_in(&snapshot, r))
+            .collect();
+        let recorded = decisions
+            .iter()
+            .filter(|d| decision_log::needs_record(d))
+            .count();
+        if self.shared.decision_log.get().is_some() && recorded > 0 && !admit(recorded) {
+            return None;
+        }
+        let asked: Vec<&Request> = requests.iter().collect();
+        Some(self.record(&snapshot, &asked, decisions))
+    }
+
+    /// Whether deciding `request` runs WebAssembly plugins (whose deadlines can reach
+    /// seconds), so that an async server decides it off its event loop.
+    pub fn runs_plugins(&self, request: &Request) -> bool {
+        !self
+            .shared
+            .current
+            .load()
+            .bundle
+            .plugins
+            .for_action(request.action.id())
+            .is_empty()
+    }
+
+    /// [`Engine::decide_batch`] without waiting for the records.
+    pub fn decide_batch_deferred(&self, requests: &[Request]) -> Settled {
+        let snapshot = self.shared.current.load();
+        let decisions = requests
+            .iter()
+            .map(|r| self.decide_in(&snapshot, r))
+            .collect();
+        let asked: Vec<&Request> = requests.iter().collect();
+        self.record(&snapshot, &asked, decisions)
+    }
+
+    pub(super) fn record(
+        &self,
+        snapshot: &Snapshot,
+        asked: &[&Request],
+        decisions: Vec<Decision>,
+    ) -> Settled {
+        decision_log::submit(
+            self.shared.decision_log.get(),
+            &snapshot.bundle.digest,
+            self.shared.clock.now_unix_ms(),
+            asked,
+            decisions,
+        )
+    }
+
+    /// Whether `request` carries facts only an authorized reporter may supply (an
+    /// owned context attribute, or an action only reporters may ask), so that a server
+    /// knows to authorize its caller before marking it
+    /// [`Request::as_fact_reporter`].
+    pub fn needs_reporter(&self, request: &Request) -> bool {
+        let snapshot = self.shared.current.load();
+        let Some(facts) = snapshot.bundle.origins.action(request.action.id()) else {
+            return false;
+        };
+        facts.reporter_only
+            || request.context.as_ref().is_some_and(|c| {
+                facts.context.iter().any(|(attr, owner)| {
+                    c.contains_key(attr.as_str())
+                        && matches!(owner, ContextOwner::Reporter | ContextOwner::Clock)
+                })
+            })
+    }
+
+    /// The context a decision sees: the request's, checked against what the engine
+    /// owns, with the clock's attributes filled.
+    pub(super) fn effective_context(
+        &self,
+        snapshot: &Snapshot,
+        request: &Request,
+    ) -> Result<Option<Map<String, Value>>, String> {
+        let action = request.action.id();
+        let Some(facts) = snapshot.bundle.origins.action(action) else {
+            return Ok(request.context.clone());
+        };
+        if facts.reporter_only && !request.reporter {
+            return Err(format!(
+                "only a caller authorized to report facts may ask `{action}`: its context is facts the engine owns"
+            ));
+        }
+        let mut context = request.context.clone().unwrap_or_default();
+        if !request.reporter {
+            for (attr, owner) in &facts.context {
+                if context.contains_key(attr.as_str()) {
+                    let source = match owner {
+                        ContextOwner::Clock => "the engine's clock",
+                        ContextOwner::Reporter => "an authorized reporter",
+                    };
+                    return Err(format!(
+                        "context.{attr} is a fact the engine owns (it comes from {source}); this caller may not supply it"
+                    ));
+                }
+            }
+        }
+        for attr in facts.clock_attrs() {
+            if !context.contains_key(attr.as_str()) {
+                context.insert(attr.to_string(), Value::from(self.shared.clock.now_unix()));
+            }
+        }
+        Ok(if context.is_empty() {
+            None
+        } else {
+            Some(context)
+        })
+    }
+
+    /// Converts and checks a request's own entities: they only add what the store
+    /// does not hold, and never an entity or attribute the engine owns.
+    pub(super) fn request_entities(
+        snapshot: &Snapshot,
+        items: &[Value],
+    ) -> Result<HashMap<EntityUID, Arc<Stored>>, String> {
+        let bundle = &snapshot.bundle;
+        let converter = bundle.converter();
+        let mut out: HashMap<EntityUID, Arc<Stored>> = HashMap::with_capacity(items.len());
+        for (i, item) in items.iter().enumerate() {
+            let at = |uid: &EntityUID| format!("request entities[{i}] ({uid})");
+            // Ownership first: an owned entity is refused for what it is, not for how
+            // it is written.
+            if let Some(uid) = item.get("uid").and_then(|u| store::parse_uid(u).ok())
+                && let Some(owner) = bundle.origins.owner_of(&uid.entity_type().to_string())
+            {
+                return Err(format!(
+                    "{}: {} entities come from the engine ({}), never from a request",
+                    at(&uid),
+                    uid.entity_type(),
+                    owner.as_str()
+                ));
+            }
+            let c = converter.entity(item).map_err(|(uid, e)| match uid {
+                Some(u) => format!("request entities[{i}] ({u}): {e}"),
+                None => format!("request entities[{i}]: {e}"),
+            })?;
+            if let Some(owner) = bundle.origins.owner_of(&c.uid.entity_type().to_string()) {
+                return Err(format!(
+                    "{}: {} entities come from the engine ({}), never from a request",
+                    at(&c.uid),
+                    c.uid.entity_type(),
+                    owner.as_str()
+                ));
+            }
+            if snapshot.store.contains(&c.uid) {
+                return Err(format!(
+                    "{}: the store holds this entity, and a request may only add facts the store does not hold",
+                    at(&c.uid)
+                ));
+            }
+            check_claimed_block(snapshot, &c).map_err(|e| format!("{}: {e}", at(&c.uid)))?;
+            out.insert(c.uid, Arc::new(c.stored));
+        }
+        Ok(out)
+    }
+
+    pub(super) fn decide_in(&self, snapshot: &Snapshot, request: &Request) -> Decision {
+        match self.prepare(snapshot, request) {
+            Ok(prepared) => {
+                self.decide_prepared(snapshot, request, &prepared, &request.resource, None)
+            }
+            Err(denied) => denied,
+        }
+    }
+
+    /// What every decision of one request shares, whatever its resource: the
+    /// effective context and the request's own entities, checked. Without request
+    /// entities it reads only the request, the policy set and, for clocked actions,
+    /// the clock (see [`Engine::cacheable`], which the decision cache relies on).
+    pub(crate) fn prepare(
+        &self,
+        snapshot: &Snapshot,
+        request: &Request,
+    ) -> Result<Prepared, Decision> {
+        let schema = &snapshot.bundle.schema;
+        let context_json = self
+            .effective_context(snapshot, request)
+            .map_err(Decision::error)?;
+        let context = match &context_json {
+            None => Context::empty(),
+            Some(map) => Context::from_json_value(
+                Value::Object(map.clone()),
+                Some((schema, &request.action.0)),
+            )
+            .map_err(|e| Decision::error(format!("invalid context: {e}")))?,
+        };
+        let extra = if request.entities.is_empty() {
+            HashMap::new()
+        } else {
+            Self::request_entities(snapshot, &request.entities).map_err(Decision::error)?
+        };
+        Ok(Prepared {
+            context_json,
+            context,
+            extra,
+        })
+    }
+
+    /// Decides `request` with `resource` in place of its own. With `deps`, the stored
+    /// entities the decision read are pushed there (for [`DecisionCache`]).
+    pub(crate) fn decide_prepared(
+        &self,
+        snapshot: &Snapshot,
+        request: &Request,
+        prepared: &Prepared,
+        resource_uid: &EntityUid,
+        deps: Option<&mut Vec<crate::slice::Dependency>>,
+    ) -> Decision {
+        let bundle = &snapshot.bundle;
+        let schema = &bundle.schema;
+        let context_json = &prepared.context_json;
+        let extra = &prepared.extra;
+        let cedar_request = match cedar_policy::Request::new(
+            request.principal.0.clone(),
+            request.action.0.clone(),
+            resource_uid.0.clone(),
+            prepared.context.clone(),
+            Some(schema),
+        ) {
+            Ok(r) => r,
+            Err(e) => return Decision::error(format!("invalid request: {e}")),
+        };
+        let principal: &EntityUID = request.principal.0.as_ref();
+        let resource: &EntityUID = resource_uid.0.as_ref();
+        let mut roots: Vec<EntityUID> = vec![principal.clone(), resource.clone()];
+        if let Some(c) = &context_json {
+            for v in c.values() {
+                context_refs(v, &mut roots, 0);
+            }
+        }
+        roots.extend(bundle.literals_for(&request.action.0).iter().cloned());
+        #[cfg(test)]
+        let entities = if crate::slice::reference::whole_store() {
+            Ok(crate::slice::reference::whole(
+                &snapshot.slicer(extra),
+                roots,
+            ))
+        } else {
+            snapshot.slicer(extra).cut(roots, deps)
+        };
+        #[cfg(not(test))]
+        let entities = snapshot.slicer(extra).cut(roots, deps);
+        let entities = match entities {
+            Ok(e) => e,
+            Err(e) => return Decision::error(e.to_string()),
+        };
+        let response = self.shared.authorizer.is_authorized(
+            &cedar_request,
+            bundle.policies_for(&request.action.0),
+            &entities,
+        );
+        let mut errors = Vec::new();
+        let mut failed_forbids = Vec::new();
+        for err in response.diagnostics().errors() {
+            let cedar_policy::AuthorizationError::PolicyEvaluationError(err) = err;
+            let meta = bundle.meta.get(err.policy_id());
+            if let Some(m) = meta.filter(|m| m.forbid) {
+                failed_forbids.push(Arc::clone(m));
+            }
+            errors.push(DecisionError {
+                policy: meta.map(|m| m.id.clone()),
+                message: err.inner().to_string(),
+            });
+        }
+        let fired = response
+            .diagnostics()
+            .reason()
+            .filter_map(|id| bundle.meta.get(id).cloned());
+        // A forbid that could not be evaluated counts as fired: deciding fails closed.
+        // It gives a reason but no obligation, since its condition was never
+        // established; and only when no forbid fired outright (then the failures are
+        // errors, not the explanation of the deny).
+        let (decision, determining): (Effect, Vec<(Arc<PolicyMeta>, bool)>) =
+            if response.decision() == cedar_policy::Decision::Allow && failed_forbids.is_empty() {
+                (Effect::Allow, fired.map(|m| (m, true)).collect())
+            } else {
+                let forbids: Vec<_> = fired.filter(|m| m.forbid).map(|m| (m, true)).collect();
+                if forbids.is_empty() {
+                    (
+                        Effect::Deny,
+                        failed_forbids.into_iter().map(|m| (m, false)).collect(),
+                    )
+                } else {
+                    (Effect::Deny, forbids)
+                }
+            };
+        // Cedar reports the determining policies as a set; the most severe first, then
+        // by id, so that the same question always gets the same answer.
+        let mut determining = determining;
+        determining
+            .sort_by(|(a, _), (b, _)| b.severity.cmp(&a.severity).then_with(|| a.id.cmp(&b.id)));
+        let facts = Facts {
+            principal: &request.principal.0,
+            resource: &resource_uid.0,
+            entities: &entities,
+            context: context_json.as_ref(),
+        };
+        let obligations = determining
+            .iter()
+            .filter(|(_, fired)| *fired)
+            .filter_map(|(m, _)| {
+                let spec = m.obligation.as_ref()?;
+                Some(Obligation {
+                    kind: spec.kind.clone(),
+                    target: spec.target.as_ref().and_then(|t| facts.target(t)),
+                    parameters: spec
+                        .parameters
+                        .iter()
+                        .map(|(k, v)| (k.clone(), facts.render(v)))
+                        .collect(),
+                    policy: m.id.clone(),
+                })
+            })
+            .collect();
+        let score = if decision == Effect::Allow {
+            determining
+                .iter()
+                .filter(|(m, fired)| *fired && !m.forbid)
+                .fold(0i64, |sum, (m, _)| sum.saturating_add(m.score))
+        } else {
+            0
+        };
+        let cedar = Decision {
+            score,
+            unrecorded: false,
+            decision,
+            reasons: determining
+                .iter()
+                .map(|(m, _)| Reason {
+                    policy: m.id.clone(),
+                    message: facts.render(&m.message),
+                    severity: m.severity,
+                })
+                .collect(),
+            obligations,
+            errors,
+        };
+        if bundle.plugins.is_empty() {
+            return cedar;
+        }
+        match bundle.plugins.for_action(request.action.id()) {
+            [] => cedar,
+            plugins => {
+                let view = if extra.is_empty() {
+                    Arc::clone(&snapshot.plugin_entities)
+                } else {
+                    // Request-scoped entities get a cache of their own for this call.
+                    Arc::new(PluginEntities::new(
+                        snapshot.store.clone(),
+                        Arc::clone(&snapshot.blocked),
+                        bundle.blocklist_target(),
+                    ))
+                };
+                // Plugins see the request as decided, with this resource.
+                let asked;
+                let request = if &request.resource == resource_uid {
+                    request
+                } else {
+                    asked = Request {
+                        resource: resource_uid.clone(),
+                        ..request.clone()
+                    };
+                    &asked
+                };
+                crate::plugin::combine(
+                    plugins,
+                    request,
+                    context_json.as_ref(),
+                    &view,
+                    &bundle.conventions,
+                    cedar,
+                )
+            }
+        }
+    }
+
+    /// Runs one plugin of the live set alone on `request`, as `decide` would call it,
+    /// without Cedar: `None` if no plugin has that name. For benchmarks and debugging;
+    /// not a stable API.
+    #[doc(hidden)]
+    pub fn decide_plugin_only(&self, name: &str, request: &Request) -> Option<Decision> {
+        let snapshot = self.shared.current.load();
+        let plugin = snapshot.bundle.plugins.by_name(name)?;
+        let neutral = Decision {
+            decision: Effect::Allow,
+            reasons: Vec::new(),
+            obligations: Vec::new(),
+            errors: Vec::new(),
+            score: 0,
+            unrecorded: false,
+        };
+        Some(crate::plugin::combine(
+            std::slice::from_ref(plugin),
+            request,
+            request.context.as_ref(),
+            &snapshot.plugin_entities,
+            &snapshot.bundle.conventions,
+            neutral,
+        ))
+    }
+
+    /// Calls one plugin's `describe` in a fresh sandbox: the fixed cost of a call
+    /// (store, instantiation). For benchmarks; not a stable API.
+    #[doc(hidden)]
+    pub fn describe_plugin(&self, name: &str) -> Option<bool> {
+        let snapshot = self.shared.current.load();
+        Some(snapshot.bundle.plugins.by_name(name)?.describe_ok())
+    }
+}
+
+/// Entity values in a context: `{"__entity": ..}` or `{"type", "id"}` objects.
+pub(super) fn context_refs(v: &Value, out: &mut Vec<EntityUID>, depth: usize) {
+    if depth > 32 {
+        return;
+    }
+    match v {
+        Value::Object(o) => {
+            if (o.contains_key("__entity")
+                || (o.len() == 2 && o.contains_key("type") && o.contains_key("id")))
+                && let Ok(u) = store::parse_uid(v)
+            {
+                out.push(u);
+                return;
+            }
+            for x in o.values() {
+                context_refs(x, out, depth + 1);
+            }
+        }
+        Value::Array(a) => {
+            for x in a {
+                context_refs(x, out, depth + 1);
+            }
+        }
+        _ => {}
+    }
+}
+
+/// What every decision of one request shares (see [`Engine::prepare`]).
+pub(crate) struct Prepared {
+    pub(super) context_json: Option<Map<String, Value>>,
+    pub(super) context: Context,
+    pub(super) extra: HashMap<EntityUID, Arc<Stored>>,
+}
+
+/// What a decision's reasons and obligations may name: the request, its slice and
+/// its context.
+pub(super) struct Facts<'a> {
+    pub(super) principal: &'a cedar_policy::EntityUid,
+    pub(super) resource: &'a cedar_policy::EntityUid,
+    pub(super) entities: &'a Entities,
+    pub(super) context: Option<&'a Map<String, Value>>,
+}
+
+impl Facts<'_> {
+    /// Follows a `@target` path through entity-valued attributes.
+    pub(super) fn target(&self, path: &TargetPath) -> Option<String> {
+        let mut uid = match path.root {
+            TargetRoot::Principal => self.principal.clone(),
+            TargetRoot::Resource => self.resource.clone(),
+            TargetRoot::Context => return None,
+        };
+        for attr in &path.attrs {
+            match self.entities.get(&uid)?.attr(attr)? {
+                Ok(EvalResult::EntityUid(next)) => uid = next,
+                _ => return None,
+            }
+        }
+        Some(uid.to_string())
+    }
+
+    /// A message or parameter with its `{path}` placeholders filled.
+    pub(super) fn render(&self, template: &MessageTemplate) -> String {
+        let parts = match template {
+            MessageTemplate::Plain(s) => return s.clone(),
+            MessageTemplate::Parts(parts) => parts,
+        };
+        let mut out = String::new();
+        for part in parts {
+            match part {
+                MessagePart::Text(t) => out.push_str(t),
+                MessagePart::Path(p) => out.push_str(&self.show(p)),
+            }
+        }
+        out
+    }
+
+    pub(super) fn show(&self, path: &TargetPath) -> String {
+        const UNKNOWN: &str = "(unknown)";
+        let mut value: EvalResult = match path.root {
+            TargetRoot::Principal => EvalResult::EntityUid(self.principal.clone()),
+            TargetRoot::Resource => EvalResult::EntityUid(self.resource.clone()),
+            TargetRoot::Context => {
+                let mut v = match self.context {
+                    Some(c) => Value::Object(c.clone()),
+                    None => return UNKNOWN.into(),
+                };
+                for a in &path.attrs {
+                    v = match v.get(a) {
+                        Some(x) => x.clone(),
+                        None => return UNKNOWN.into(),
+                    };
+                }
+                return match v {
+                    Value::String(s) => s,
+                    other => other.to_string(),
+                };
+            }
+        };
+        for attr in &path.attrs {
+            let EvalResult::EntityUid(uid) = &value else {
+                return UNKNOWN.into();
+            };
+            value = match self.entities.get(uid).and_then(|e| e.attr(attr)) {
+                Some(Ok(v)) => v,
+                _ => return UNKNOWN.into(),
+            };
+        }
+        match value {
+            EvalResult::EntityUid(u) => u.id().unescaped().to_owned(),
+            EvalResult::String(s) => s,
+            EvalResult::Long(n) => n.to_string(),
+            EvalResult::Bool(b) => b.to_string(),
+            other => other.to_string(),
+        }
+    }
+}
