@@ -1,0 +1,219 @@
+//! The [`StateBackend`] trait: everything durable goes through it.
+
+use std::time::Duration;
+
+use super::*;
+use crate::audit::Checkpoint;
+use crate::block::BlockRecord;
+
+/// Everything durable goes through this trait, so that one machine (the embedded
+/// [`StateStore`]) and a cluster (etcd, `probity_etcd::EtcdState`) are interchangeable.
+/// A write returns once it is durable; a refusal (a rollback, a lost compare-and-swap)
+/// is an error and changes nothing. The decision and event logs stay with the
+/// process that wrote them (they are forwarded to the SIEM), whatever the backend.
+pub trait StateBackend: Send + Sync + std::fmt::Debug {
+    /// What it is and where, for status lines (`redb /var/lib/probity/state.redb`).
+    fn describe(&self) -> String;
+
+    /// The registry entry of `object_id`, if any version was accepted.
+    fn registry_entry(&self, object_id: &str) -> Result<Option<RegistryEntry>, StateError>;
+
+    /// Checks, without changing anything, that `version` with `digest` may be accepted.
+    fn check_version(
+        &self,
+        object_id: &str,
+        version: u64,
+        digest: &[u8; 32],
+    ) -> Result<(), StateError> {
+        match self.registry_entry(object_id)? {
+            Some(entry) => check_against(object_id, version, digest, &entry),
+            None => Ok(()),
+        }
+    }
+
+    /// Records `version` as accepted for `object_id`, atomically refusing a rollback or
+    /// a different digest for the accepted version; accepting it again is a no-op.
+    fn accept(
+        &self,
+        object_id: &str,
+        version: u64,
+        digest: &[u8; 32],
+        signed_manifest: &[u8],
+    ) -> Result<(), StateError>;
+
+    /// Stores `node`'s block record as it is (the engine computes it).
+    fn put_block(&self, node: &str, record: &BlockRecord) -> Result<(), StateError>;
+
+    /// Unblocks `node`; whether it was blocked.
+    fn unblock_node(&self, node: &str) -> Result<bool, StateError>;
+
+    /// Blocks `node` with `reason`: a node already blocked keeps its first reason and
+    /// time, and this block joins its history. For programs that run no engine; an
+    /// engine computes the record itself and calls [`StateBackend::put_block`].
+    fn block_node(&self, node: &str, reason: &str) -> Result<(), StateError> {
+        let now = now_unix();
+        let record = match self.blocked_nodes()?.into_iter().find(|b| b.node == node) {
+            Some(b) => b.record.blocked_again(reason, now),
+            None => BlockRecord::new(reason, now),
+        };
+        self.put_block(node, &record)
+    }
+
+    /// Every blocked node.
+    fn blocked_nodes(&self) -> Result<Vec<BlockedNode>, StateError>;
+
+    /// Appends an event to the event log; its sequence number.
+    fn record_event(
+        &self,
+        object_id: &str,
+        node: Option<&str>,
+        kind: &str,
+        detail: &str,
+    ) -> Result<u64, StateError>;
+
+    /// Events with sequence number `from` or later, in order.
+    fn events(&self, from: u64) -> Result<Vec<Event>, StateError>;
+
+    /// Appends decision records in one durable transaction; the first's sequence number.
+    fn record_decisions(&self, records: &mut [DecisionRecord]) -> Result<u64, StateError>;
+
+    /// Up to `limit` decision records from sequence number `from`, in order.
+    fn decisions(&self, from: u64, limit: usize) -> Result<Vec<DecisionRecord>, StateError>;
+
+    /// How much the decision log holds.
+    fn decision_log_usage(&self) -> Result<LogUsage, StateError>;
+
+    /// Prunes the decision log up to checkpoints (see [`StateStore::prune_decisions`]).
+    fn prune_decisions(&self, retention: &Retention, now_ms: u64) -> Result<u64, StateError>;
+
+    /// Makes the checkpoints that are due by time (see [`crate::audit`]): the decision
+    /// log's writer calls it every [`StateBackend::checkpoint_interval`] while no record
+    /// arrives (appends make the others). Default: the backend keeps no checkpoints.
+    fn checkpoint_due(&self) -> Result<Vec<Checkpoint>, StateError> {
+        Ok(Vec::new())
+    }
+
+    /// Whether the local store writes (see [`StateStore::storage_health`]); while it
+    /// fails, asking tries to recover. Default: a backend that cannot fail this way.
+    fn storage_health(&self) -> StorageHealth {
+        StorageHealth::default()
+    }
+
+    /// How often [`StateBackend::checkpoint_due`] is worth calling; `None`: never.
+    fn checkpoint_interval(&self) -> Option<Duration> {
+        None
+    }
+
+    /// A key's metadata record and its revision.
+    fn key_record(&self, id: &str) -> Result<Option<(Vec<u8>, u64)>, StateError>;
+
+    /// Writes a key's metadata if its revision is still `expected` (`None`: it must not
+    /// exist yet); the new revision. A lost race is [`StateError::Conflict`].
+    fn put_key_record(
+        &self,
+        id: &str,
+        record: &[u8],
+        expected: Option<u64>,
+    ) -> Result<u64, StateError>;
+
+    /// Deletes a key's metadata if its revision is still `expected`.
+    fn delete_key_record(&self, id: &str, expected: u64) -> Result<(), StateError>;
+
+    /// Every key id with metadata.
+    fn key_ids(&self) -> Result<Vec<String>, StateError>;
+
+    /// Remembers the facts of an admitted object (a pod, at admission) until it is
+    /// forgotten or `limits.seconds` pass; at most `limits.max` are kept (the oldest
+    /// go first). Default: a backend that remembers nothing.
+    fn remember_admitted(
+        &self,
+        facts: &AdmittedFacts,
+        limits: &AdmittedLimits,
+    ) -> Result<(), StateError> {
+        let _ = (facts, limits);
+        Ok(())
+    }
+
+    /// The facts remembered for `namespace/name`, unless expired (`max_age_seconds`).
+    fn admitted(
+        &self,
+        namespace: &str,
+        name: &str,
+        max_age_seconds: u64,
+    ) -> Result<Option<AdmittedFacts>, StateError> {
+        let _ = (namespace, name, max_age_seconds);
+        Ok(None)
+    }
+
+    /// Forgets the facts of `namespace/name` (its binding was decided).
+    fn forget_admitted(&self, namespace: &str, name: &str) -> Result<(), StateError> {
+        let _ = (namespace, name);
+        Ok(())
+    }
+
+    /// Publishes a node agent's facts (replacing the node's earlier ones).
+    fn publish_facts(&self, facts: &NodeFacts) -> Result<(), StateError>;
+
+    /// Every node's published facts (stale ones included: the reader judges).
+    fn node_facts(&self) -> Result<Vec<NodeFacts>, StateError>;
+
+    /// Says which policy set this process serves.
+    fn report_digest(&self, served: &ServedDigest) -> Result<(), StateError>;
+
+    /// What every process said it serves.
+    fn served_digests(&self) -> Result<Vec<ServedDigest>, StateError>;
+
+    /// Whether other processes write this backend too. An engine then applies every
+    /// blocklist change, its own included, from [`StateBackend::changes`] (see the
+    /// module docs); otherwise it writes its memory itself.
+    fn is_shared(&self) -> bool {
+        false
+    }
+
+    /// [`StateBackend::put_block`], returning the backend's revision of the write when
+    /// it is shared (`None` otherwise), for [`StateBackend::await_applied`].
+    fn put_block_at(&self, node: &str, record: &BlockRecord) -> Result<Option<u64>, StateError> {
+        self.put_block(node, record).map(|()| None)
+    }
+
+    /// [`StateBackend::unblock_node`], also returning the backend's revision of the
+    /// write when it is shared.
+    fn unblock_node_at(&self, node: &str) -> Result<(bool, Option<u64>), StateError> {
+        self.unblock_node(node).map(|was| (was, None))
+    }
+
+    /// Waits, within the backend's read-your-writes bound, until the follower of
+    /// [`StateBackend::changes`] has applied the blocklist up to `revision`;
+    /// [`StateError::NotYetApplied`] when the bound passes first.
+    fn await_applied(&self, revision: u64) -> Result<(), StateError> {
+        let _ = revision;
+        Ok(())
+    }
+
+    /// Makes a block that is already in force in this process durable as soon as the
+    /// backend can take it: queued (durably, where the backend can) and retried in the
+    /// background until it lands. For a block that must not wait for the network: a
+    /// node that failed verification is blocked here at once. A backend that is not
+    /// shared writes it at once.
+    fn queue_block(&self, node: &str, record: &BlockRecord) -> Result<(), StateError> {
+        self.put_block(node, record)
+    }
+
+    /// Blocks queued by [`StateBackend::queue_block`] that have not landed yet. An
+    /// engine keeps them in force whatever the shared blocklist says until they land.
+    fn unshared_blocks(&self) -> Vec<BlockedNode> {
+        Vec::new()
+    }
+
+    /// How current a shared backend's view is; `None` for one only this process writes.
+    fn shared_health(&self) -> Option<SharedHealth> {
+        None
+    }
+
+    /// Changes to shared state, in order, for a backend shared between processes;
+    /// `None` for a backend only this process writes. A backend feeds one follower:
+    /// the first call starts the watches, later calls return `None`.
+    fn changes(&self) -> Option<std::sync::mpsc::Receiver<ChangeBatch>> {
+        None
+    }
+}
