@@ -1,4 +1,5 @@
 use super::*;
+use serde_json::json;
 
 const SCHEMA: &str = include_str!("../../../policies/probity.cedarschema");
 const DEFAULT: &str = include_str!("../../../policies/probity.toml");
