@@ -24,7 +24,7 @@ use crate::error::LoadError;
 use crate::facts::FactOrigins;
 use crate::plugin::PluginSet;
 use crate::settings::SettingsSchema;
-use crate::source::{SourceFile, Sources};
+use crate::source::{Origin, SourceFile, Sources};
 use crate::store::{Converter, Stored};
 
 /// Where an obligation points: the principal or resource, optionally followed
@@ -690,6 +690,21 @@ pub(crate) fn policy_spans(text: &str) -> Vec<(usize, usize)> {
         i += 1;
     }
     spans
+}
+
+/// Every file the set from `origin` is built from, plugin components included (see
+/// [`Origin::set_files`]).
+pub(crate) fn set_files(origin: &Origin) -> Result<Vec<std::path::PathBuf>, LoadError> {
+    origin.set_files(crate::plugin::component_paths)
+}
+
+/// The bytes of a file of a policy set: a source or a plugin component (whichever limit
+/// is larger).
+pub(crate) fn read_set_file(path: &std::path::Path) -> Result<Vec<u8>, LoadError> {
+    crate::source::read_limited_bytes(
+        path,
+        crate::source::MAX_SOURCE_BYTES.max(crate::plugin::MAX_PLUGIN_BYTES),
+    )
 }
 
 #[cfg(test)]

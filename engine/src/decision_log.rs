@@ -238,9 +238,9 @@ fn write_loop(store: &dyn StateBackend, inbox: &Receiver<Job>) {
             .iter_mut()
             .flat_map(|j| std::mem::take(&mut j.records))
             .collect();
-        let result = store
-            .record_decisions(&mut records)
-            .map_err(|e| crate::error::join_chain(e.to_string(), std::error::Error::source(&e)));
+        let result = store.record_decisions(&mut records).map_err(|e| {
+            crate::diagnostic::join_chain(e.to_string(), std::error::Error::source(&e))
+        });
         failing = result.is_err();
         // Each job learns the sequence number of its first record.
         let mut next = result.as_ref().ok().copied();

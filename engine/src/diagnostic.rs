@@ -61,7 +61,7 @@ impl SourceDiagnostic {
             .map(|label| (label.offset(), label.len()))
             .unwrap_or((0, 0));
         // Cedar puts the useful detail of some errors in their sources.
-        let message = crate::error::join_chain(diag.to_string(), std::error::Error::source(diag));
+        let message = join_chain(diag.to_string(), std::error::Error::source(diag));
         Self::new(file, text, offset, len, message).with_help(diag.help().map(|h| h.to_string()))
     }
 
@@ -96,6 +96,24 @@ fn line_column(text: &str, offset: usize) -> (usize, usize) {
     let line_start = before.rfind('\n').map_or(0, |i| i + 1);
     let column = before.get(line_start..).map_or(0, |s| s.chars().count()) + 1;
     (line, column)
+}
+
+/// `text` followed by each cause in `cause`'s chain that it does not already contain,
+/// joined with ": ". For messages that cross an API boundary as plain text (HTTP, the
+/// status endpoint), where the caller cannot walk `source()` itself.
+pub(crate) fn join_chain(
+    mut text: String,
+    mut cause: Option<&(dyn std::error::Error + 'static)>,
+) -> String {
+    while let Some(inner) = cause {
+        let inner_text = inner.to_string();
+        if !text.contains(&inner_text) {
+            text.push_str(": ");
+            text.push_str(&inner_text);
+        }
+        cause = inner.source();
+    }
+    text
 }
 
 #[cfg(test)]

@@ -259,21 +259,3 @@ pub enum WatchError {
         source: notify::Error,
     },
 }
-
-/// `text` followed by each cause in `cause`'s chain that it does not already contain,
-/// joined with ": ". For messages that cross an API boundary as plain text (HTTP, the
-/// status endpoint), where the caller cannot walk `source()` itself.
-pub(crate) fn join_chain(
-    mut text: String,
-    mut cause: Option<&(dyn std::error::Error + 'static)>,
-) -> String {
-    while let Some(inner) = cause {
-        let inner_text = inner.to_string();
-        if !text.contains(&inner_text) {
-            text.push_str(": ");
-            text.push_str(&inner_text);
-        }
-        cause = inner.source();
-    }
-    text
-}

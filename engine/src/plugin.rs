@@ -24,15 +24,16 @@ use std::sync::Arc;
 use cedar_policy::Schema;
 use sha2::{Digest, Sha256};
 
+pub(crate) use crate::source::ManifestSource;
+pub use crate::source::PLUGIN_MANIFEST;
 use entities::Batch;
 pub(crate) use entities::PluginEntities;
-pub use manifest::{DEFAULT_PLUGIN_MEMORY_MIB, DEFAULT_PLUGIN_TIMEOUT_MS, PLUGIN_MANIFEST};
+pub use manifest::{DEFAULT_PLUGIN_MEMORY_MIB, DEFAULT_PLUGIN_TIMEOUT_MS};
 
 use crate::conventions::Conventions;
 use crate::decision::{Decision, DecisionError, Effect, Obligation, Reason, Severity};
 use crate::diagnostic::SourceDiagnostic;
 use crate::request::{EntityUid, Request};
-use crate::source::SourceFile;
 use manifest::{Manifest, settings_json};
 use runtime::{CallFailure, CallLimits, Compiled};
 
@@ -87,13 +88,6 @@ pub struct PluginInfo {
     /// WASI interfaces the component imports (through Rust's standard library) that
     /// are linked as traps: importing them is allowed, calling them fails the call.
     pub trapping_imports: Vec<String>,
-}
-
-/// The manifest of a policy directory, with the directory its paths are relative to.
-#[derive(Debug, Clone)]
-pub(crate) struct ManifestSource {
-    pub file: SourceFile,
-    pub dir: PathBuf,
 }
 
 pub(crate) struct LoadedPlugin {

@@ -5,7 +5,18 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::error::LoadError;
-use crate::plugin::{ManifestSource, PLUGIN_MANIFEST};
+
+/// The plugin manifest's file name inside a policy directory.
+pub const PLUGIN_MANIFEST: &str = "plugins.toml";
+
+/// The manifest of a policy directory, with the directory its paths are relative to.
+/// This module reads it as one more source file of the set; what it names is the
+/// plugins' business (`crate::plugin`).
+#[derive(Debug, Clone)]
+pub(crate) struct ManifestSource {
+    pub file: SourceFile,
+    pub dir: PathBuf,
+}
 
 /// Largest policy, schema or configuration file the engine reads.
 pub const MAX_SOURCE_BYTES: u64 = 4 * 1024 * 1024;
@@ -181,7 +192,13 @@ impl Origin {
     /// components it names. What a seal lists, and what the watcher checks is settled.
     /// A manifest that cannot be read or parsed names no component here (compiling it
     /// reports why).
-    pub fn set_files(&self) -> Result<Vec<PathBuf>, LoadError> {
+    ///
+    /// `components` names the files a readable manifest refers to (the plugins know
+    /// how), so that this reader knows files, not plugins.
+    pub(crate) fn set_files(
+        &self,
+        components: impl FnOnce(&ManifestSource) -> Vec<PathBuf>,
+    ) -> Result<Vec<PathBuf>, LoadError> {
         let Origin::Dir {
             dir,
             schema,
@@ -203,7 +220,7 @@ impl Origin {
                     file,
                 };
                 files.push(manifest);
-                files.extend(crate::plugin::component_paths(&source));
+                files.extend(components(&source));
             } else {
                 files.push(manifest);
             }
@@ -313,12 +330,6 @@ pub(crate) fn read_limited_bytes(path: &Path, limit: u64) -> Result<Vec<u8>, Loa
         return Err(too_large(read));
     }
     Ok(bytes)
-}
-
-/// The bytes of a file of a policy set: a source or a plugin component (whichever limit
-/// is larger).
-pub(crate) fn read_bytes(path: &Path) -> Result<Vec<u8>, LoadError> {
-    read_limited_bytes(path, MAX_SOURCE_BYTES.max(crate::plugin::MAX_PLUGIN_BYTES))
 }
 
 #[cfg(test)]

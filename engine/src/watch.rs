@@ -232,7 +232,7 @@ fn observe(files: &[PathBuf]) -> Observation {
         .iter()
         .map(|path| {
             let state = std::fs::metadata(path).ok().and_then(|meta| {
-                let bytes = crate::source::read_bytes(path).ok()?;
+                let bytes = crate::bundle::read_set_file(path).ok()?;
                 Some(FileState {
                     len: meta.len(),
                     modified: meta.modified().ok(),
@@ -289,11 +289,11 @@ impl Engine {
         let mut last_changed = PathBuf::new();
         for round in 1..=settle.max_rounds {
             // A directory that cannot be listed is reported by reading the set.
-            let files = self.origin().set_files().unwrap_or_default();
+            let files = crate::bundle::set_files(self.origin()).unwrap_or_default();
             let first = observe(&files);
             let prepared = self.prepare_reload();
             settle.sleeper.sleep(settle.debounce);
-            let files = self.origin().set_files().unwrap_or_default();
+            let files = crate::bundle::set_files(self.origin()).unwrap_or_default();
             let second = observe(&files);
             match changed(&first, &second) {
                 None => {

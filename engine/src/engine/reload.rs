@@ -316,7 +316,7 @@ pub(super) fn load_bundle(
             let mut components = Vec::new();
             if let Some(manifest) = &sources.plugins {
                 for path in crate::plugin::component_paths(manifest) {
-                    let bytes = crate::source::read_bytes(&path)?;
+                    let bytes = crate::bundle::read_set_file(&path)?;
                     components.push((path, crate::integrity::sha256(&bytes)));
                 }
             }

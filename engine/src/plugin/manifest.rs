@@ -19,8 +19,6 @@ use std::ops::Range;
 use serde::Deserialize;
 use toml::Spanned;
 
-/// The manifest's file name inside a policy directory.
-pub const PLUGIN_MANIFEST: &str = "plugins.toml";
 /// Default epoch deadline of one plugin call, in milliseconds.
 pub const DEFAULT_PLUGIN_TIMEOUT_MS: u64 = 50;
 /// Default cap on one plugin call's linear memory, in MiB.

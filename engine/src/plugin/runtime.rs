@@ -242,7 +242,7 @@ impl Runtime {
 }
 
 fn root_cause(e: &wasmtime::Error) -> String {
-    crate::error::join_chain(e.to_string(), e.source())
+    crate::diagnostic::join_chain(e.to_string(), e.source())
 }
 
 /// Links every import of `component` that belongs to an allowed WASI interface as a

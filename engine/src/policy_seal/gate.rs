@@ -52,7 +52,7 @@ pub(crate) fn check(
         Err(e) => {
             let message = format!(
                 "sealed mode: {}",
-                crate::error::join_chain(e.to_string(), std::error::Error::source(&e))
+                crate::diagnostic::join_chain(e.to_string(), std::error::Error::source(&e))
             );
             return Err(seal_error(
                 &path,
@@ -220,7 +220,7 @@ pub(crate) fn registry_problem(e: &crate::state::StateError) -> String {
         ),
         other => format!(
             "cannot check the version against the state store: {}",
-            crate::error::join_chain(other.to_string(), std::error::Error::source(other))
+            crate::diagnostic::join_chain(other.to_string(), std::error::Error::source(other))
         ),
     }
 }

@@ -301,7 +301,7 @@ pub fn seal_policy_dir(
     }
     check_name(name).map_err(SealError::Invalid)?;
     let origin = Origin::default_dir(dir);
-    let paths = origin.set_files().map_err(SealError::Files)?;
+    let paths = crate::bundle::set_files(&origin).map_err(SealError::Files)?;
     let mut files = Vec::with_capacity(paths.len());
     for path in paths {
         let Some(rel) = relative_name(dir, &path) else {
@@ -310,7 +310,7 @@ pub fn seal_policy_dir(
                 dir: dir.to_owned(),
             });
         };
-        let bytes = crate::source::read_bytes(&path).map_err(SealError::Files)?;
+        let bytes = crate::bundle::read_set_file(&path).map_err(SealError::Files)?;
         files.push(SealedFile {
             path: rel,
             sha256: sha256(&bytes),

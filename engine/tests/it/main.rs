@@ -8,6 +8,7 @@
     clippy::indexing_slicing
 )]
 
+mod architecture;
 mod audit;
 pub mod decision_log;
 mod disk_full;

@@ -401,7 +401,7 @@ impl StateStore {
                 Ok(Some(cp))
             }
             Err(e) => {
-                self.set_checkpoint_failure(Some(crate::error::join_chain(
+                self.set_checkpoint_failure(Some(crate::diagnostic::join_chain(
                     format!("cannot sign the checkpoint of the {log} log at record {last}: {e}"),
                     std::error::Error::source(&e),
                 )));

@@ -310,7 +310,7 @@ impl StateStore {
     }
 
     fn note_failure(&self, operation: &'static str, e: &redb::Error) {
-        let detail = crate::error::join_chain(e.to_string(), std::error::Error::source(e));
+        let detail = crate::diagnostic::join_chain(e.to_string(), std::error::Error::source(e));
         let mut h = self.lock_health();
         h.failures_total = h.failures_total.saturating_add(1);
         h.reopen = true;
@@ -355,7 +355,8 @@ impl StateStore {
             }
             Err(e) => {
                 let e = redb::Error::from(e);
-                let detail = crate::error::join_chain(e.to_string(), std::error::Error::source(&e));
+                let detail =
+                    crate::diagnostic::join_chain(e.to_string(), std::error::Error::source(&e));
                 let mut h = self.lock_health();
                 h.failures_total = h.failures_total.saturating_add(1);
                 if let Some(f) = &mut h.failure {
