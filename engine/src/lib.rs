@@ -84,7 +84,8 @@ pub(crate) fn available_cores() -> std::num::NonZeroUsize {
         .get_or_init(|| std::thread::available_parallelism().unwrap_or(std::num::NonZeroUsize::MIN))
 }
 pub use conventions::{
-    CONVENTIONS_ANNOTATION, Conventions, DEFAULT_OBLIGATION_KINDS, VerifiedRead,
+    CONVENTIONS_ANNOTATION, Conventions, DEFAULT_OBLIGATION_KINDS, DEFAULT_PORT_SETS, PortProtocol,
+    PortSet, VerifiedRead,
 };
 pub use decision::{Decision, DecisionError, Effect, Obligation, Reason, Severity};
 pub use decision_log::{Awaiting, Settled};
