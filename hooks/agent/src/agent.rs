@@ -12,8 +12,9 @@
 //!    [`crate::listen`]), in one batch;
 //! 4. reconcile the findings: a raised finding is recorded (through the engine's state
 //!    store when one is attached) with the facts that caused it and its obligations are
-//!    carried out (`alert` to the sinks, `block_node` through [`Engine::block_node`]); an
-//!    updated one updates its alert; a cleared one is recorded and its alert resolved.
+//!    carried out (`alert` to the sinks, the schema's block obligation, `block_node` by
+//!    default, through [`Engine::block_node`]); an updated one updates its alert; a
+//!    cleared one is recorded and its alert resolved.
 //!
 //! Between cycles the audit log is read; each successful elevation is decided (`elevate`,
 //! as a reporter of its own time and login time) and a deny is a finding like any other,
@@ -911,6 +912,8 @@ impl Agent {
     /// Carries out a raised finding's obligations; what was done, per obligation.
     fn carry_out(&mut self, f: &Finding, out: &mut Vec<ObligationReport>) -> Vec<Value> {
         let mut done = Vec::new();
+        // The kind that blocks is the schema's to name, not the agent's.
+        let conventions = self.engine.conventions();
         for o in &f.obligations {
             let outcome = match o.kind.as_str() {
                 "alert" => {
@@ -926,19 +929,21 @@ impl Agent {
                         }
                     }
                 }
-                "block_node" => match o.target.as_deref().and_then(node_of_target) {
-                    Some(node) => match self.engine.block_node(&node, &f.policy) {
-                        Ok(()) => format!("blocked node {node}"),
-                        Err(e) => {
+                kind if kind == conventions.block_obligation() => {
+                    match o.target.as_deref().and_then(node_of_target) {
+                        Some(node) => match self.engine.block_node(&node, &f.policy) {
+                            Ok(()) => format!("blocked node {node}"),
+                            Err(e) => {
+                                self.obligation_failures += 1;
+                                format!("block of {node} failed: {e}")
+                            }
+                        },
+                        None => {
                             self.obligation_failures += 1;
-                            format!("block of {node} failed: {e}")
+                            format!("{kind} target {:?} is not a node", o.target)
                         }
-                    },
-                    None => {
-                        self.obligation_failures += 1;
-                        format!("block_node target {:?} is not a node", o.target)
                     }
-                },
+                }
                 other => format!("{other}: not carried out by the node agent"),
             };
             done.push(json!({"kind": o.kind, "target": o.target, "outcome": outcome}));

@@ -334,16 +334,34 @@ fn without_a_bmc_or_rapl_the_power_is_unknown_not_zero() {
 
 #[test]
 fn a_block_node_obligation_blocks_through_the_engine() {
-    // A policy directory whose comply rule blocks a node with unreadable telemetry.
+    blocks_through_the_engine("block_node");
+}
+
+/// The agent blocks on the kind the schema's conventions name, not on a name of its own.
+#[test]
+fn a_block_obligation_the_schema_renames_blocks_too() {
+    blocks_through_the_engine("quarantine");
+}
+
+/// A policy directory whose comply rule carries `kind`, the schema's block obligation,
+/// on a node with unreadable telemetry: the agent blocks the node.
+fn blocks_through_the_engine(kind: &str) {
     let dir = tempfile::tempdir().unwrap();
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../policies");
     copy_dir(&root, dir.path());
+    let schema = dir.path().join("probity.cedarschema");
+    let text = std::fs::read_to_string(&schema).unwrap().replace(
+        "@obligations(\"alert block_node burst_to_cloud migrate rotate_key\")\n@block_obligation(\"block_node\")",
+        &format!("@obligations(\"alert block_node burst_to_cloud migrate rotate_key {kind}\")\n@block_obligation(\"{kind}\")"),
+    );
+    assert!(text.contains(&format!("@block_obligation(\"{kind}\")")));
+    std::fs::write(&schema, text).unwrap();
     let thermal = dir.path().join("thermal/thermal.cedar");
     let text = std::fs::read_to_string(&thermal).unwrap().replace(
         "@id(\"thermal.telemetry-unreadable\")\n@severity(\"high\")\n@message(\"node {resource} has telemetry that could not be read or is stale: {resource.unreadable}\")\n@obligation(\"alert\")",
-        "@id(\"thermal.telemetry-unreadable\")\n@severity(\"high\")\n@message(\"node {resource} has telemetry that could not be read or is stale: {resource.unreadable}\")\n@obligation(\"block_node\")",
+        &format!("@id(\"thermal.telemetry-unreadable\")\n@severity(\"high\")\n@message(\"node {{resource}} has telemetry that could not be read or is stale: {{resource.unreadable}}\")\n@obligation(\"{kind}\")"),
     );
-    assert!(text.contains("@obligation(\"block_node\")"));
+    assert!(text.contains(&format!("@obligation(\"{kind}\")")));
     std::fs::write(&thermal, text).unwrap();
     let node = FakeNode::new();
     node.tool_fails("ipmitool", "Could not open device at /dev/ipmi0");
@@ -354,11 +372,7 @@ fn a_block_node_obligation_blocks_through_the_engine() {
         .unwrap();
     let mut agent = agent(config, engine.clone());
     let r = agent.cycle();
-    let blocked = r
-        .obligations
-        .iter()
-        .find(|o| o.kind == "block_node")
-        .unwrap();
+    let blocked = r.obligations.iter().find(|o| o.kind == kind).unwrap();
     assert_eq!(blocked.outcome, format!("blocked node {NODE}"));
     let blocks = engine.blocked_nodes();
     assert_eq!(blocks[NODE].reason, "thermal.telemetry-unreadable");
