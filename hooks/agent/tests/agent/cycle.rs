@@ -378,6 +378,69 @@ fn blocks_through_the_engine(kind: &str) {
     assert_eq!(blocks[NODE].reason, "thermal.telemetry-unreadable");
 }
 
+/// The default policy directory in a temporary one, with `schema` applied to its
+/// schema text.
+fn policy_dir(schema: impl Fn(String) -> String) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../policies");
+    copy_dir(&root, dir.path());
+    let path = dir.path().join("probity.cedarschema");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let edited = schema(text.clone());
+    assert_ne!(edited, text, "the edit applies");
+    std::fs::write(&path, edited).unwrap();
+    dir
+}
+
+/// A port set of the role's RDMA ports, read from probity.toml and named `:protocol`.
+fn with_rdma_ports(protocol: &str) -> impl Fn(String) -> String {
+    let protocol = protocol.to_owned();
+    move |text| {
+        text.replace(
+            "  restricted: Set<String>,\n",
+            "  restricted: Set<String>,\n  @toml(\"roles.{id}.rdma\") @convert(\"ports\") @default(\"[]\")\n  rdmaPorts: Set<Long>,\n",
+        )
+        .replace(
+            "Settings.inboundUdpPortBaseline:udp\")",
+            &format!("Settings.inboundUdpPortBaseline:udp NodeRole.rdmaPorts:{protocol}\")"),
+        )
+    }
+}
+
+/// A port set the schema adds is cut at like the others: RoCE's UDP 4791 on a role.
+#[test]
+fn a_port_set_the_schema_declares_is_honoured() {
+    use probity_agent::listen::PortSets;
+    use probity_firewall::Protocol;
+    let dir = policy_dir(with_rdma_ports("udp"));
+    let toml = dir.path().join("probity.toml");
+    let text = std::fs::read_to_string(&toml)
+        .unwrap()
+        .replace("udp = [8472]\n", "udp = [8472]\nrdma = [4791]\n");
+    std::fs::write(&toml, text).unwrap();
+    let engine = probity::Engine::builder(dir.path()).build().unwrap();
+    let defaults = probity::Engine::defaults().build().unwrap();
+    let mut want = PortSets::from_engine(&defaults);
+    assert_ne!(PortSets::from_engine(&engine), want);
+    want.add(Protocol::Udp, &serde_json::json!([4791]));
+    assert_eq!(PortSets::from_engine(&engine), want);
+}
+
+#[test]
+fn a_port_set_of_an_unknown_protocol_does_not_load() {
+    let dir = policy_dir(with_rdma_ports("roce"));
+    let Err(err) = probity::Engine::builder(dir.path()).build() else {
+        panic!("a port set of protocol roce loaded");
+    };
+    let text = err.detail();
+    assert!(
+        text.contains(
+            r#"@port_sets: "NodeRole.rdmaPorts:roce": unknown protocol "roce" (known: tcp, udp)"#
+        ),
+        "{text}"
+    );
+}
+
 fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
     for entry in std::fs::read_dir(from).unwrap() {
         let entry = entry.unwrap();
