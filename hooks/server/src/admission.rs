@@ -882,7 +882,7 @@ fn validate_workload(
                 Some(b) => format!("{what} (blocked: {})", b.reason),
                 None => what,
             };
-            match request("schedule", node_uid) {
+            match request(state.engine().conventions().schedule_action(), node_uid) {
                 Ok(r) => match decide(&r) {
                     Ok(d) => note(&d, &what, &mut warnings),
                     Err(e) => return over_budget(e),
