@@ -304,7 +304,7 @@ async fn a_binding_to_a_blocked_node_is_denied_and_to_a_good_node_allowed() {
     );
 }
 
-fn copy_dir(from: &Path, to: &Path) {
+pub(crate) fn copy_dir(from: &Path, to: &Path) {
     std::fs::create_dir_all(to).unwrap();
     for entry in std::fs::read_dir(from).unwrap() {
         let entry = entry.unwrap();
