@@ -1,9 +1,12 @@
 //! What the engine itself relies on about a schema, declared in one place.
 //!
 //! The engine is a policy engine for clusters, not for one schema: the few names it
-//! acts on (which obligation kinds policies may carry, which of them blocks an entity,
-//! which action a verify-before-read decides) are read from an entity type the schema
-//! marks `@conventions`, each with a documented default that matches the default schema:
+//! and its hooks act on (which obligation kinds policies may carry, which of them blocks
+//! an entity, which action a verify-before-read decides, which attributes hold ports,
+//! which action placement asks and how it groups nodes) are read from an entity type the
+//! schema marks `@conventions`, each with a documented default that matches the default
+//! schema. A hook asks [`Engine::conventions`](crate::Engine::conventions) rather than
+//! typing a schema name:
 //!
 //! ```cedarschema
 //! @conventions
@@ -24,7 +27,7 @@
 //! | `@verified_read` | `read` | the action [`Engine::decide_read`](crate::Engine::decide_read) asks: its principal is the reader, its resource the object, and its context holds a Bool `verified` and an optional String `failure` |
 //! | `@port_sets` | `NodeRole.tcpPorts:tcp NodeRole.udpPorts:udp Settings.inboundPortBaseline:tcp Settings.inboundUdpPortBaseline:udp` | the `Set<Long>` attributes (`Type.attribute:protocol`) that hold ports of a protocol (`tcp` or `udp`; another is a load error): the node agent asks one `listen` question per range of ports that lie on the same side of every such set, so a set left out here would be ignored. A default entry the schema does not declare is left out |
 //! | `@schedule_action` | `schedule` | the action placement asks (admission, the scheduler extender, the mutating webhook's affinity): its principal is the workload, its resource the node |
-//! | `@placement_group` | `zone` | the attribute of the schedule action's resource (an entity reference) by which the mutating webhook groups nodes into the zones of its affinity |
+//! | `@placement_group` | `zone` | the attribute of the schedule action's resource (an entity reference) by which the mutating webhook groups nodes into the zones of its affinity; declared, it must be one on every resource type of the schedule action |
 //! | `@block_policy` | none | the id of the forbid policy that enforces the blocklist: a set without it, or with it as a permit, is refused (naming it), and no reload can drop it. The default schema declares `security.blocked-node` |
 //!
 //! A policy annotated `@required` is protected the same way: a reload whose set lacks a
