@@ -1,9 +1,12 @@
 //! What the engine itself relies on about a schema, declared in one place.
 //!
 //! The engine is a policy engine for clusters, not for one schema: the few names it
-//! acts on (which obligation kinds policies may carry, which of them blocks an entity,
-//! which action a verify-before-read decides) are read from an entity type the schema
-//! marks `@conventions`, each with a documented default that matches the default schema:
+//! and its hooks act on (which obligation kinds policies may carry, which of them blocks
+//! an entity, which action a verify-before-read decides, which attributes hold ports,
+//! which action placement asks and how it groups nodes) are read from an entity type the
+//! schema marks `@conventions`, each with a documented default that matches the default
+//! schema. A hook asks [`Engine::conventions`](crate::Engine::conventions) rather than
+//! typing a schema name:
 //!
 //! ```cedarschema
 //! @conventions
@@ -11,6 +14,9 @@
 //! @block_obligation("block_node")
 //! @verified_read("read")
 //! @block_policy("security.blocked-node")
+//! @port_sets("NodeRole.tcpPorts:tcp NodeRole.udpPorts:udp Settings.inboundPortBaseline:tcp Settings.inboundUdpPortBaseline:udp")
+//! @schedule_action("schedule")
+//! @placement_group("zone")
 //! entity Conventions;
 //! ```
 //!
@@ -19,7 +25,9 @@
 //! | `@obligations` | `alert block_node burst_to_cloud migrate rotate_key` | the obligation kinds a policy's `@obligation` may name; another is a load error, so a typo cannot drop an obligation |
 //! | `@block_obligation` | `block_node` | the kind whose target the engine blocks when it carries out a decision (its type must be the blocklist's, `@owned("blocklist")`) |
 //! | `@verified_read` | `read` | the action [`Engine::decide_read`](crate::Engine::decide_read) asks: its principal is the reader, its resource the object, and its context holds a Bool `verified` and an optional String `failure` |
-//!
+//! | `@port_sets` | `NodeRole.tcpPorts:tcp NodeRole.udpPorts:udp Settings.inboundPortBaseline:tcp Settings.inboundUdpPortBaseline:udp` | the `Set<Long>` attributes (`Type.attribute:protocol`) that hold ports of a protocol (`tcp` or `udp`; another is a load error): the node agent asks one `listen` question per range of ports that lie on the same side of every such set, so a set left out here would be ignored. A default entry the schema does not declare is left out |
+//! | `@schedule_action` | `schedule` | the action placement asks (admission, the scheduler extender, the mutating webhook's affinity): its principal is the workload, its resource the node |
+//! | `@placement_group` | `zone` | the attribute of the schedule action's resource (an entity reference) by which the mutating webhook groups nodes into the zones of its affinity; declared, it must be one on every resource type of the schedule action |
 //! | `@block_policy` | none | the id of the forbid policy that enforces the blocklist: a set without it, or with it as a permit, is refused (naming it), and no reload can drop it. The default schema declares `security.blocked-node` |
 //!
 //! A policy annotated `@required` is protected the same way: a reload whose set lacks a
@@ -57,6 +65,50 @@ pub struct Conventions {
     block_obligation: String,
     verified_read: Option<VerifiedRead>,
     block_policy: Option<String>,
+    port_sets: Vec<PortSet>,
+    schedule_action: String,
+    placement_group: String,
+}
+
+/// The port sets a schema without `@port_sets` declares (each where the schema backs it).
+pub const DEFAULT_PORT_SETS: &str = "NodeRole.tcpPorts:tcp NodeRole.udpPorts:udp Settings.inboundPortBaseline:tcp Settings.inboundUdpPortBaseline:udp";
+
+/// A protocol whose ports a [`PortSet`] holds. Exhaustive on purpose: a protocol added
+/// here must be handled by every host that reads port sets, not skipped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum PortProtocol {
+    /// TCP.
+    Tcp,
+    /// UDP.
+    Udp,
+}
+
+impl PortProtocol {
+    /// Every protocol, in order.
+    pub const ALL: [PortProtocol; 2] = [PortProtocol::Tcp, PortProtocol::Udp];
+
+    /// Its name in `@port_sets` (`tcp`, `udp`).
+    pub fn name(self) -> &'static str {
+        match self {
+            PortProtocol::Tcp => "tcp",
+            PortProtocol::Udp => "udp",
+        }
+    }
+
+    fn of(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|p| p.name() == name)
+    }
+}
+
+/// An attribute holding a set of ports of one protocol (`NodeRole.tcpPorts`).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct PortSet {
+    /// The entity type holding it (`NodeRole`).
+    pub entity_type: String,
+    /// The attribute (`tcpPorts`), a `Set<Long>`.
+    pub attribute: String,
+    /// The protocol of its ports.
+    pub protocol: PortProtocol,
 }
 
 /// The action a verify-before-read decides, and the types it relates.
@@ -85,6 +137,9 @@ impl Default for Conventions {
             block_obligation: "block_node".into(),
             verified_read: None,
             block_policy: None,
+            port_sets: Vec::new(),
+            schedule_action: "schedule".into(),
+            placement_group: "zone".into(),
         }
     }
 }
@@ -115,6 +170,21 @@ impl Conventions {
         self.verified_read.as_ref()
     }
 
+    /// The attributes that hold sets of ports, with their protocols.
+    pub fn port_sets(&self) -> &[PortSet] {
+        &self.port_sets
+    }
+
+    /// The action placement asks (`schedule`).
+    pub fn schedule_action(&self) -> &str {
+        &self.schedule_action
+    }
+
+    /// The attribute of a node that names its placement group (`zone`).
+    pub fn placement_group(&self) -> &str {
+        &self.placement_group
+    }
+
     /// Reads the conventions from the JSON form of the schema `file`.
     pub(crate) fn read(json: &Json, file: &SourceFile) -> Result<Self, Vec<SourceDiagnostic>> {
         let mut out = Self::default();
@@ -124,6 +194,7 @@ impl Conventions {
             SourceDiagnostic::new(&file.name, &file.text, offset, needle.len(), what)
         };
         let mut declared = None;
+        let mut port_sets_declared = false;
         for (namespace, body) in json.as_object().into_iter().flatten() {
             for (name, decl) in body
                 .get("entityTypes")
@@ -185,6 +256,35 @@ impl Conventions {
                     Some(id) => out.block_policy = Some(id.to_owned()),
                     None => {}
                 }
+                if let Some(list) = get("port_sets") {
+                    port_sets_declared = true;
+                    match port_sets(json, list) {
+                        Ok(sets) => out.port_sets = sets,
+                        Err(why) => problems.push(problem(
+                            "@port_sets",
+                            format!("entity {qualified}: @port_sets: {why}"),
+                        )),
+                    }
+                }
+                if let Some(action) = get("schedule_action") {
+                    if action_decl(json, action).is_some() {
+                        out.schedule_action = action.to_owned();
+                    } else {
+                        problems.push(problem(
+                            "@schedule_action",
+                            format!("entity {qualified}: @schedule_action(\"{action}\"): the schema declares no such action"),
+                        ));
+                    }
+                }
+                if let Some(attr) = get("placement_group") {
+                    out.placement_group = attr.to_owned();
+                    if let Err(why) = placement_group(json, &out.schedule_action, attr) {
+                        problems.push(problem(
+                            "@placement_group",
+                            format!("entity {qualified}: @placement_group(\"{attr}\"): {why}"),
+                        ));
+                    }
+                }
                 if let Some(action) = get("verified_read") {
                     match verified_read(json, action) {
                         Ok(v) => out.verified_read = Some(v),
@@ -210,6 +310,14 @@ impl Conventions {
                 ),
             ));
         }
+        if !port_sets_declared {
+            // The defaults the schema backs: a schema without a `NodeRole` has no role
+            // port sets to cut at.
+            out.port_sets = DEFAULT_PORT_SETS
+                .split_whitespace()
+                .filter_map(|entry| port_set(json, entry).ok())
+                .collect();
+        }
         if out.verified_read.is_none() && problems.is_empty() {
             // The default: the schema's `read` action, when it has the right shape.
             out.verified_read = verified_read(json, "read").ok();
@@ -220,6 +328,107 @@ impl Conventions {
             Err(problems)
         }
     }
+}
+
+/// The declaration of action `name` in the schema's default namespace.
+fn action_decl<'a>(json: &'a Json, name: &str) -> Option<&'a Json> {
+    json.get("")
+        .and_then(|ns| ns.get("actions"))
+        .and_then(|a| a.get(name))
+}
+
+/// The declaration of entity type `ty` (`Type` or `ns::Type`).
+fn entity_type_decl<'a>(json: &'a Json, ty: &str) -> Option<&'a Json> {
+    let (namespace, name) = ty.rsplit_once("::").unwrap_or(("", ty));
+    json.get(namespace)
+        .and_then(|ns| ns.get("entityTypes"))
+        .and_then(|e| e.get(name))
+}
+
+/// The declaration of attribute `attr` of entity type `ty`.
+fn attribute_decl<'a>(json: &'a Json, ty: &str, attr: &str) -> Result<&'a Json, String> {
+    let decl =
+        entity_type_decl(json, ty).ok_or(format!("the schema declares no entity type {ty}"))?;
+    decl.pointer("/shape/attributes")
+        .and_then(|a| a.get(attr))
+        .ok_or(format!("entity type {ty} has no attribute {attr}"))
+}
+
+/// Whether `decl` is the type `primitive` (`Long`), in either JSON spelling.
+fn is_primitive(decl: &Json, primitive: &str) -> bool {
+    let name = decl.get("name").and_then(Json::as_str);
+    match decl.get("type").and_then(Json::as_str) {
+        Some("EntityOrCommon") => {
+            name.map(|n| n.trim_start_matches("__cedar::")) == Some(primitive)
+        }
+        Some(t) => t == primitive || (primitive == "Bool" && t == "Boolean"),
+        None => false,
+    }
+}
+
+/// The entries of `@port_sets`: `Type.attribute:protocol`, each a `Set<Long>`.
+fn port_sets(json: &Json, list: &str) -> Result<Vec<PortSet>, String> {
+    let sets = list
+        .split_whitespace()
+        .map(|entry| port_set(json, entry).map_err(|why| format!("{entry:?}: {why}")))
+        .collect::<Result<Vec<_>, _>>()?;
+    if sets.is_empty() {
+        return Err("names no port set".into());
+    }
+    Ok(sets)
+}
+
+fn port_set(json: &Json, entry: &str) -> Result<PortSet, String> {
+    // `ns::Type.attribute:protocol`: the protocol is after the last colon.
+    let (place, protocol) = entry
+        .rsplit_once(':')
+        .filter(|(_, p)| !p.contains('.'))
+        .ok_or("not Type.attribute:protocol")?;
+    let protocol = PortProtocol::of(protocol).ok_or(format!(
+        "unknown protocol {protocol:?} (known: {})",
+        PortProtocol::ALL.map(PortProtocol::name).join(", ")
+    ))?;
+    let (entity_type, attribute) = place
+        .rsplit_once('.')
+        .filter(|(t, a)| !t.is_empty() && !a.is_empty())
+        .ok_or("not Type.attribute:protocol")?;
+    let decl = attribute_decl(json, entity_type, attribute)?;
+    let is_set_of_long = decl.get("type").and_then(Json::as_str) == Some("Set")
+        && decl.get("element").is_some_and(|e| is_primitive(e, "Long"));
+    if !is_set_of_long {
+        return Err(format!("{entity_type}.{attribute} is not a Set<Long>"));
+    }
+    Ok(PortSet {
+        entity_type: entity_type.to_owned(),
+        attribute: attribute.to_owned(),
+        protocol,
+    })
+}
+
+/// Checks that `attr` is an entity reference on every resource type of `action`.
+fn placement_group(json: &Json, action: &str, attr: &str) -> Result<(), String> {
+    let resources = action_decl(json, action)
+        .and_then(|d| d.pointer("/appliesTo/resourceTypes"))
+        .and_then(Json::as_array)
+        .filter(|r| !r.is_empty())
+        .ok_or(format!(
+            "the schedule action {action:?} has no resource type"
+        ))?;
+    for ty in resources.iter().filter_map(Json::as_str) {
+        let decl = attribute_decl(json, ty, attr)?;
+        let is_reference = match decl.get("type").and_then(Json::as_str) {
+            Some("Entity") => true,
+            Some("EntityOrCommon") => decl
+                .get("name")
+                .and_then(Json::as_str)
+                .is_some_and(|n| entity_type_decl(json, n).is_some()),
+            _ => false,
+        };
+        if !is_reference {
+            return Err(format!("{ty}.{attr} is not a reference to an entity"));
+        }
+    }
+    Ok(())
 }
 
 /// The action `name` (in the schema's default namespace) as a verify-before-read: one
@@ -286,9 +495,125 @@ mod tests {
                 object: "Checkpoint".into(),
             }),
             block_policy: Some("security.blocked-node".into()),
+            port_sets: [
+                ("NodeRole", "tcpPorts", PortProtocol::Tcp),
+                ("NodeRole", "udpPorts", PortProtocol::Udp),
+                ("Settings", "inboundPortBaseline", PortProtocol::Tcp),
+                ("Settings", "inboundUdpPortBaseline", PortProtocol::Udp),
+            ]
+            .map(|(t, a, protocol)| PortSet {
+                entity_type: t.into(),
+                attribute: a.into(),
+                protocol,
+            })
+            .into(),
             ..Conventions::default()
         };
         assert_eq!(c, defaults);
+        // The declaration only states the defaults: without it the same is read.
+        let bare: String = include_str!("../../policies/probity.cedarschema")
+            .lines()
+            .filter(|l| {
+                !["@port_sets", "@schedule_action", "@placement_group"]
+                    .iter()
+                    .any(|a| l.starts_with(a))
+            })
+            .collect::<Vec<_>>()
+            .join("\n");
+        assert_eq!(read(&bare).unwrap(), c);
+    }
+
+    const ROLES: &str = r#"
+        entity Zone; entity Room;
+        entity NodeRole = { tcpPorts: Set<Long>, udpPorts: Set<Long>, gpuDirectPorts: Set<Long>, name: String };
+        entity Node = { zone: Zone, room: Room, rack: String };
+        entity Workload;
+        action place appliesTo { principal: Workload, resource: Node, context: {} };
+    "#;
+
+    #[test]
+    fn a_declared_port_set_is_honoured() {
+        let c = read(&format!(
+            r#"{ROLES} @conventions @port_sets("NodeRole.tcpPorts:tcp NodeRole.gpuDirectPorts:udp") entity C;"#
+        ))
+        .unwrap();
+        let sets: Vec<(&str, &str, &str)> = c
+            .port_sets()
+            .iter()
+            .map(|s| (&*s.entity_type, &*s.attribute, s.protocol.name()))
+            .collect();
+        assert_eq!(
+            sets,
+            [
+                ("NodeRole", "tcpPorts", "tcp"),
+                ("NodeRole", "gpuDirectPorts", "udp")
+            ]
+        );
+        // Undeclared, the defaults the schema backs (it has no Settings).
+        let c = read(ROLES).unwrap();
+        let sets: Vec<&str> = c.port_sets().iter().map(|s| &*s.attribute).collect();
+        assert_eq!(sets, ["tcpPorts", "udpPorts"]);
+        assert!(read("entity A;").unwrap().port_sets().is_empty());
+    }
+
+    #[test]
+    fn placement_names_come_from_the_schema() {
+        let c = read(&format!(
+            r#"{ROLES} @conventions @schedule_action("place") @placement_group("room") entity C;"#
+        ))
+        .unwrap();
+        assert_eq!(c.schedule_action(), "place");
+        assert_eq!(c.placement_group(), "room");
+        let c = read("entity A;").unwrap();
+        assert_eq!(
+            (c.schedule_action(), c.placement_group()),
+            ("schedule", "zone")
+        );
+    }
+
+    #[test]
+    fn a_declaration_the_schema_does_not_back_is_located() {
+        for (text, message) in [
+            (
+                format!(r#"{ROLES} @conventions @port_sets("NodeRole.tcpPorts:sctp") entity C;"#),
+                "entity C: @port_sets: \"NodeRole.tcpPorts:sctp\": unknown protocol \"sctp\" (known: tcp, udp)",
+            ),
+            (
+                format!(r#"{ROLES} @conventions @port_sets("NodeRole.tcpPorts") entity C;"#),
+                "entity C: @port_sets: \"NodeRole.tcpPorts\": not Type.attribute:protocol",
+            ),
+            (
+                format!(r#"{ROLES} @conventions @port_sets("NodeRole.name:tcp") entity C;"#),
+                "entity C: @port_sets: \"NodeRole.name:tcp\": NodeRole.name is not a Set<Long>",
+            ),
+            (
+                format!(r#"{ROLES} @conventions @port_sets("NodeRole.sctpPorts:tcp") entity C;"#),
+                "entity C: @port_sets: \"NodeRole.sctpPorts:tcp\": entity type NodeRole has no attribute sctpPorts",
+            ),
+            (
+                format!(r#"{ROLES} @conventions @port_sets(" ") entity C;"#),
+                "entity C: @port_sets: names no port set",
+            ),
+            (
+                format!(r#"{ROLES} @conventions @schedule_action("schedule") entity C;"#),
+                "entity C: @schedule_action(\"schedule\"): the schema declares no such action",
+            ),
+            (
+                format!(
+                    r#"{ROLES} @conventions @schedule_action("place") @placement_group("rack") entity C;"#
+                ),
+                "entity C: @placement_group(\"rack\"): Node.rack is not a reference to an entity",
+            ),
+            (
+                format!(
+                    r#"{ROLES} @conventions @schedule_action("place") @placement_group("row") entity C;"#
+                ),
+                "entity C: @placement_group(\"row\"): entity type Node has no attribute row",
+            ),
+        ] {
+            let problems = read(&text).unwrap_err();
+            assert_eq!(problems[0].message, message, "{text}");
+        }
     }
 
     #[test]
@@ -318,7 +643,7 @@ mod tests {
     }
 
     #[test]
-    fn a_declaration_the_schema_does_not_back_is_located() {
+    fn a_verified_read_the_schema_does_not_back_is_located() {
         for (text, message) in [
             (
                 r#"@conventions @verified_read("fetch") entity C;"#,

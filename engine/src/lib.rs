@@ -86,7 +86,8 @@ pub(crate) fn available_cores() -> std::num::NonZeroUsize {
 }
 pub use block::{BlockEvent, BlockRecord};
 pub use conventions::{
-    CONVENTIONS_ANNOTATION, Conventions, DEFAULT_OBLIGATION_KINDS, VerifiedRead,
+    CONVENTIONS_ANNOTATION, Conventions, DEFAULT_OBLIGATION_KINDS, DEFAULT_PORT_SETS, PortProtocol,
+    PortSet, VerifiedRead,
 };
 pub use decision::{Decision, DecisionError, Effect, Obligation, Reason, Severity};
 pub use decision_log::{Awaiting, Settled};

@@ -12,8 +12,9 @@
 //!    [`crate::listen`]), in one batch;
 //! 4. reconcile the findings: a raised finding is recorded (through the engine's state
 //!    store when one is attached) with the facts that caused it and its obligations are
-//!    carried out (`alert` to the sinks, `block_node` through [`Engine::block_node`]); an
-//!    updated one updates its alert; a cleared one is recorded and its alert resolved.
+//!    carried out (`alert` to the sinks, the schema's block obligation, `block_node` by
+//!    default, through [`Engine::block_node`]); an updated one updates its alert; a
+//!    cleared one is recorded and its alert resolved.
 //!
 //! Between cycles the audit log is read; each successful elevation is decided (`elevate`,
 //! as a reporter of its own time and login time) and a deny is a finding like any other,
@@ -344,6 +345,29 @@ pub struct AuditReport {
     pub errors: Vec<String>,
 }
 
+/// What the facts step of a cycle read: the node's facts before they become entities.
+struct Readings {
+    unreadable: BTreeMap<String, String>,
+    statuses: BTreeMap<String, SourceStatus>,
+    gpus: Vec<GpuFact>,
+    power: PowerFact,
+    driver_version: String,
+    gpu_model: Option<String>,
+    gpu_count: i64,
+    gpu_memory_mib: i64,
+    hottest: i64,
+    cpu_count: i64,
+}
+
+/// What the findings step of a cycle did.
+struct Reconciled {
+    reports: Vec<DecisionReport>,
+    change: crate::findings::Change,
+    expired: Vec<Finding>,
+    obligations: Vec<ObligationReport>,
+    events: Vec<EventRecord>,
+}
+
 /// The firewall tool a reading came from, for its state.
 type Ruleset = Option<nft::Ruleset>;
 type Dump = Option<iptables::Dump>;
@@ -559,6 +583,72 @@ impl Agent {
         let mut errors = Vec::new();
 
         // 1. Collect.
+        self.collect(now);
+        mark("collect", &mut phases);
+
+        // 2. Facts.
+        let mut readings = self.read_facts(now, stale);
+        mark("facts", &mut phases);
+        let reach = self.reachability();
+        mark("reduce", &mut phases);
+        let subjects = self.listen_subjects(reach.as_deref(), &mut readings.unreadable);
+        mark("listen", &mut phases);
+        let (node_entity, entities) = self.report_facts(&readings, at, stale, &mut errors);
+        mark("upsert", &mut phases);
+
+        // 3. Decide.
+        let (asked, decisions) = self.decide(&node_entity, &readings, &subjects);
+        mark("decide", &mut phases);
+
+        // 4. Findings and obligations.
+        let outcome = self.reconcile(asked, decisions, at);
+        mark("findings", &mut phases);
+
+        let cpu_ms = ms(thread_cpu_time().saturating_sub(cpu_start));
+        self.cycles += 1;
+        self.last_cycle_at = Some(at);
+        self.last_cpu_ms = cpu_ms;
+        self.last_phases = phases.clone();
+        self.last_unreadable = readings.unreadable.clone();
+        let Readings {
+            unreadable,
+            statuses,
+            gpus,
+            power,
+            ..
+        } = readings;
+        let Reconciled {
+            reports,
+            change,
+            expired,
+            obligations,
+            events,
+        } = outcome;
+        CycleReport {
+            node: self.config.node.clone(),
+            facts: FactsReport {
+                collected_at: at,
+                entities,
+                unreadable,
+                gpus,
+                power,
+                sources: statuses,
+                listen: subjects,
+            },
+            decisions: reports,
+            raised: change.raised,
+            cleared: change.cleared.into_iter().chain(expired).collect(),
+            active: self.findings.active().cloned().collect(),
+            obligations,
+            events,
+            errors,
+            cpu_ms,
+            phases_ms: phases,
+        }
+    }
+
+    /// Step 1 of a cycle: reads every source into its state.
+    fn collect(&mut self, now: SystemTime) {
         self.smi.record(self.sources.gpus(), now);
         self.dcgm.record(self.sources.dcgm(), now);
         let rapl = self.sources.rapl();
@@ -570,9 +660,11 @@ impl Agent {
         Self::firewall_state(&mut self.nft, snapshot.nft, now);
         Self::firewall_state(&mut self.iptables, snapshot.iptables, now);
         Self::firewall_state(&mut self.ip6tables, snapshot.ip6tables, now);
-        mark("collect", &mut phases);
+    }
 
-        // 2. Facts.
+    /// Step 2 of a cycle: the sources' states and readings as the node's facts, with
+    /// what could not be read.
+    fn read_facts(&mut self, now: SystemTime, stale: Duration) -> Readings {
         let mut unreadable: BTreeMap<String, String> = BTreeMap::new();
         let mut statuses: BTreeMap<String, SourceStatus> = BTreeMap::new();
         {
@@ -639,15 +731,32 @@ impl Agent {
             .cpu_count
             .or_else(|| self.cpu.value().copied())
             .map_or(0, i64::from);
+        Readings {
+            unreadable,
+            statuses,
+            gpus,
+            power,
+            driver_version,
+            gpu_model,
+            gpu_count,
+            gpu_memory_mib,
+            hottest,
+            cpu_count,
+        }
+    }
 
-        mark("facts", &mut phases);
-        let reach = self.reachability();
-        mark("reduce", &mut phases);
+    /// Step 2 of a cycle, continued: the `listen` questions, with a note in
+    /// `unreadable` when some were left out.
+    fn listen_subjects(
+        &mut self,
+        reach: Option<&Reachability>,
+        unreadable: &mut BTreeMap<String, String>,
+    ) -> Vec<ListenSubject> {
         let sets = self.port_sets();
         let sockets: &[ListeningSocket] = self.sockets.value().map_or(&[], Vec::as_slice);
         let (subjects, truncated) = listen::subjects(
             sockets,
-            reach.as_deref(),
+            reach,
             &sets,
             self.config.collect.max_listen_decisions,
         );
@@ -660,15 +769,32 @@ impl Agent {
                 ),
             );
         }
-        mark("listen", &mut phases);
+        subjects
+    }
 
+    /// Step 2 of a cycle, ended: the node's and its GPUs' entities upserted into the
+    /// engine (and published to the state store), GPUs no longer reported removed. The
+    /// node's entity and every entity upserted.
+    fn report_facts(
+        &mut self,
+        readings: &Readings,
+        at: u64,
+        stale: Duration,
+        errors: &mut Vec<String>,
+    ) -> (Value, Vec<Value>) {
+        let Readings {
+            unreadable,
+            gpus,
+            power,
+            ..
+        } = readings;
         let numbers = NodeNumbers {
-            driver_version,
-            gpu_model,
-            gpu_count,
-            cpu_count,
-            gpu_memory_mib,
-            hottest_gpu_temp_c: hottest,
+            driver_version: readings.driver_version.clone(),
+            gpu_model: readings.gpu_model.clone(),
+            gpu_count: readings.gpu_count,
+            cpu_count: readings.cpu_count,
+            gpu_memory_mib: readings.gpu_memory_mib,
+            hottest_gpu_temp_c: readings.hottest,
             power_draw_w: power.draw_w.map_or(0, facts::long),
             power_window_mean_w: power.window_mean_w.map_or(0, facts::long),
             unreadable: unreadable.keys().cloned().collect(),
@@ -676,7 +802,7 @@ impl Agent {
         let node_entity = facts::node_entity(&self.config, &numbers);
         let mut entities = vec![node_entity.clone()];
         let mut ids = BTreeSet::new();
-        for g in &gpus {
+        for g in gpus {
             if let Some(e) = facts::gpu_entity(&self.config.node, g) {
                 ids.insert(g.id.clone());
                 entities.push(e);
@@ -720,9 +846,23 @@ impl Agent {
             errors.push(format!("removing GPUs no longer reported: {e}"));
         }
         self.gpu_ids = ids;
-        mark("upsert", &mut phases);
+        (node_entity, entities)
+    }
 
-        // 3. Decide.
+    /// Step 3 of a cycle: `comply` for the node and `listen` for each subject, in one
+    /// batch; what each question was about, and its decision.
+    fn decide(
+        &self,
+        node_entity: &Value,
+        readings: &Readings,
+        subjects: &[ListenSubject],
+    ) -> (Vec<(String, String, Value)>, Vec<Decision>) {
+        let Readings {
+            unreadable,
+            gpus,
+            power,
+            ..
+        } = readings;
         let mut asked: Vec<(String, String, Value)> = Vec::new();
         let mut requests = Vec::new();
         if let (Some(node), Ok(comply), Ok(listen_action)) = (
@@ -749,7 +889,7 @@ impl Agent {
                     "gpus": gpus,
                 }),
             ));
-            for s in &subjects {
+            for s in subjects {
                 let mut ctx = Map::new();
                 ctx.insert("port".into(), json!(s.port));
                 ctx.insert("protocol".into(), json!(s.protocol));
@@ -765,9 +905,18 @@ impl Agent {
             }
         }
         let decisions = self.engine.decide_batch(&requests);
-        mark("decide", &mut phases);
+        (asked, decisions)
+    }
 
-        // 4. Findings and obligations.
+    /// Step 4 of a cycle: the decisions' findings reconciled with the active ones; a
+    /// raised finding's obligations carried out and recorded, an updated one's alerts
+    /// updated, a cleared or expired one's resolved and recorded.
+    fn reconcile(
+        &mut self,
+        asked: Vec<(String, String, Value)>,
+        decisions: Vec<Decision>,
+        at: u64,
+    ) -> Reconciled {
         let mut current = Vec::new();
         let mut reports = Vec::new();
         for ((action, subject, facts), decision) in asked.into_iter().zip(decisions) {
@@ -807,34 +956,12 @@ impl Agent {
             let done = self.resolve(f, &mut obligations);
             events.extend(self.record("finding-cleared", f, at, done));
         }
-        mark("findings", &mut phases);
-
-        let cpu_ms = ms(thread_cpu_time().saturating_sub(cpu_start));
-        self.cycles += 1;
-        self.last_cycle_at = Some(at);
-        self.last_cpu_ms = cpu_ms;
-        self.last_phases = phases.clone();
-        self.last_unreadable = unreadable.clone();
-        CycleReport {
-            node: self.config.node.clone(),
-            facts: FactsReport {
-                collected_at: at,
-                entities,
-                unreadable,
-                gpus,
-                power,
-                sources: statuses,
-                listen: subjects,
-            },
-            decisions: reports,
-            raised: change.raised,
-            cleared: change.cleared.into_iter().chain(expired).collect(),
-            active: self.findings.active().cloned().collect(),
+        Reconciled {
+            reports,
+            change,
+            expired,
             obligations,
             events,
-            errors,
-            cpu_ms,
-            phases_ms: phases,
         }
     }
 
@@ -911,6 +1038,8 @@ impl Agent {
     /// Carries out a raised finding's obligations; what was done, per obligation.
     fn carry_out(&mut self, f: &Finding, out: &mut Vec<ObligationReport>) -> Vec<Value> {
         let mut done = Vec::new();
+        // The kind that blocks is the schema's to name, not the agent's.
+        let conventions = self.engine.conventions();
         for o in &f.obligations {
             let outcome = match o.kind.as_str() {
                 "alert" => {
@@ -926,19 +1055,21 @@ impl Agent {
                         }
                     }
                 }
-                "block_node" => match o.target.as_deref().and_then(node_of_target) {
-                    Some(node) => match self.engine.block_node(&node, &f.policy) {
-                        Ok(()) => format!("blocked node {node}"),
-                        Err(e) => {
+                kind if kind == conventions.block_obligation() => {
+                    match o.target.as_deref().and_then(node_of_target) {
+                        Some(node) => match self.engine.block_node(&node, &f.policy) {
+                            Ok(()) => format!("blocked node {node}"),
+                            Err(e) => {
+                                self.obligation_failures += 1;
+                                format!("block of {node} failed: {e}")
+                            }
+                        },
+                        None => {
                             self.obligation_failures += 1;
-                            format!("block of {node} failed: {e}")
+                            format!("{kind} target {:?} is not a node", o.target)
                         }
-                    },
-                    None => {
-                        self.obligation_failures += 1;
-                        format!("block_node target {:?} is not a node", o.target)
                     }
-                },
+                }
                 other => format!("{other}: not carried out by the node agent"),
             };
             done.push(json!({"kind": o.kind, "target": o.target, "outcome": outcome}));

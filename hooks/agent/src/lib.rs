@@ -20,6 +20,8 @@
 //! * [`elevation`] — the audit log reader and its saved position;
 //! * [`baseline`] — a role's firewall baseline from the engine's `NodeRole` entities;
 //! * [`sshd`] — the ports sshd really listens on (for `baseline apply`);
+//! * [`lockout`] — `baseline apply`'s lock-out check: sshd's ports established or the
+//!   load refused, and the firewall's verdict on what a script would drop;
 //! * [`status`] — the status file and its Prometheus lines;
 //! * [`agent`] — [`Agent`]: the cycle, the audit reads, the run loop.
 //!
@@ -54,6 +56,7 @@ pub mod elevation;
 pub mod facts;
 pub mod findings;
 pub mod listen;
+pub mod lockout;
 pub mod sources;
 pub mod sshd;
 pub mod status;

@@ -4,7 +4,8 @@
 //! Why this module exists: a node without a firewall lets every one of 65,535 ports per
 //! protocol in, and asking the engine 131,070 questions a cycle is neither bounded nor
 //! useful (each would be its own finding). The answer of the `listen` policies depends
-//! on the port only through the port sets the policy directory gives (each `NodeRole`'s
+//! on the port only through the port sets the policy directory gives (the attributes
+//! the schema's conventions name in `@port_sets`: by default each `NodeRole`'s
 //! `tcpPorts`/`udpPorts` and `Settings`' baselines): two ports that lie on the same side
 //! of every such set get the same answer. So reachable ports are cut into ranges at every
 //! boundary of those sets (and around every listening port), and one question is asked
@@ -14,7 +15,7 @@
 
 use std::collections::BTreeSet;
 
-use probity::Engine;
+use probity::{Engine, PortProtocol};
 use probity_collect::sockets::{ListeningSocket, Protocol as SockProtocol, Scope};
 use probity_firewall::{Family, PortRange, Protocol, Reachability};
 use serde::Serialize;
@@ -53,21 +54,20 @@ pub struct PortSets {
 }
 
 impl PortSets {
-    /// Reads the `NodeRole` and `Settings` port sets from the engine's store.
+    /// Reads the port sets the schema names (`@port_sets`, see [`probity::Conventions`])
+    /// from the engine's store.
     pub fn from_engine(engine: &Engine) -> Self {
         let mut sets = PortSets::default();
-        let mut add = |protocol, entity: &Value, attr: &str| {
-            if let Some(ports) = entity.get("attrs").and_then(|a| a.get(attr)) {
-                sets.add(protocol, ports);
+        for set in engine.conventions().port_sets() {
+            let protocol = match set.protocol {
+                PortProtocol::Tcp => Protocol::Tcp,
+                PortProtocol::Udp => Protocol::Udp,
+            };
+            for entity in engine.entities_json(Some(&set.entity_type)) {
+                if let Some(ports) = entity.get("attrs").and_then(|a| a.get(&set.attribute)) {
+                    sets.add(protocol, ports);
+                }
             }
-        };
-        for role in engine.entities_json(Some("NodeRole")) {
-            add(Protocol::Tcp, &role, "tcpPorts");
-            add(Protocol::Udp, &role, "udpPorts");
-        }
-        for settings in engine.entities_json(Some("Settings")) {
-            add(Protocol::Tcp, &settings, "inboundPortBaseline");
-            add(Protocol::Udp, &settings, "inboundUdpPortBaseline");
         }
         sets
     }

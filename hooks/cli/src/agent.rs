@@ -8,9 +8,10 @@ use std::sync::mpsc;
 use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
 use probity_agent::baseline::role_baseline;
+use probity_agent::lockout::{Applied, ApplyRefusal, apply_baseline, apply_mode};
 use probity_agent::sources::firewall_sources;
-use probity_agent::{Agent, AgentError, Config, FirewallMode, Progress, Status};
-use probity_firewall::apply::{ApplyError, ApplyOptions, ControlPlane, Mode, Outcome};
+use probity_agent::{Agent, AgentError, Config, Progress, Status};
+use probity_firewall::apply::{Mode, Outcome};
 use serde_json::json;
 
 use crate::{Exit, exit};
@@ -428,76 +429,43 @@ fn apply(
     as_json: bool,
 ) -> Result<u8> {
     let (config, script) = script(target)?;
-    let mode = if enforce && config.firewall.mode == FirewallMode::Enforce {
-        Mode::Enforce
-    } else {
-        if enforce {
-            eprintln!(
-                "probity baseline apply: --enforce has no effect: {} says mode = \"check\"; this is a dry run",
-                config.origin
-            );
-        }
-        Mode::DryRun
-    };
-    let sockets = probity_collect::sockets::ProcNet::new(&config.proc_root).listening();
-    let mut refusals = Vec::new();
-    let ssh = match sockets.reading() {
-        Some(r) => {
-            let found = probity_agent::sshd::sshd_ports(&config.proc_root, &r.value);
-            if found.ports.is_empty() && !found.unreadable.is_empty() {
-                refusals.push(format!(
-                    "the ports sshd listens on cannot be read ({})",
-                    found.unreadable.join("; ")
-                ));
-            }
-            found
-        }
-        None => {
-            refusals.push(format!(
-                "the listening sockets cannot be read from {}/net",
-                config.proc_root.display()
-            ));
-            probity_agent::sshd::SshdPorts::default()
-        }
-    };
-    if mode == Mode::Enforce && !refusals.is_empty() && !dangerously_allow_lockout {
+    let mode = apply_mode(&config, enforce);
+    if enforce && mode == Mode::DryRun {
         eprintln!(
-            "error: refusing to apply: {}; SSH could not be protected",
-            refusals.join("; ")
+            "probity baseline apply: --enforce has no effect: {} says mode = \"check\"; this is a dry run",
+            config.origin
         );
-        return Ok(exit::REFUSED);
     }
-    let options = ApplyOptions {
-        mode,
-        ssh_ports: ssh.ports.clone(),
-        control_plane: config
-            .firewall
-            .control_plane
-            .map(|remote| ControlPlane::Outbound { remote }),
-        dangerously_allow_lockout,
-        sources: firewall_sources(&config),
-    };
-    let report = match probity_firewall::apply::apply(&script, &options) {
-        Ok(r) => r,
-        Err(ApplyError::WouldLockOut { lockouts, report }) => {
-            if as_json {
-                println!(
-                    "{}",
-                    serde_json::to_string_pretty(
-                        &json!({"refused": true, "lockouts": lockouts, "report": report})
-                    )?
-                );
+    let Applied { report, sshd: ssh } =
+        match apply_baseline(&config, &script, mode, dangerously_allow_lockout) {
+            Ok(applied) => applied,
+            Err(refused @ ApplyRefusal::Unprotected { .. }) => {
+                eprintln!("error: {refused}");
+                return Ok(exit::REFUSED);
             }
-            for l in &lockouts {
-                eprintln!("error: refusing to apply: {l}");
+            Err(ApplyRefusal::WouldLockOut { lockouts, report }) => {
+                if as_json {
+                    println!(
+                        "{}",
+                        serde_json::to_string_pretty(
+                            &json!({"refused": true, "lockouts": lockouts, "report": report})
+                        )?
+                    );
+                }
+                for l in &lockouts {
+                    eprintln!("error: refusing to apply: {l}");
+                }
+                return Ok(exit::REFUSED);
             }
-            return Ok(exit::REFUSED);
-        }
-        Err(e) => {
-            eprintln!("error: {}", probity_agent::sources::error_chain(&e));
-            return Ok(exit::BAD_INPUT);
-        }
-    };
+            Err(ApplyRefusal::Apply(e)) => {
+                eprintln!("error: {}", probity_agent::sources::error_chain(&e));
+                return Ok(exit::BAD_INPUT);
+            }
+            Err(e) => {
+                eprintln!("error: {}", probity_agent::sources::error_chain(&e));
+                return Ok(exit::BAD_INPUT);
+            }
+        };
     if as_json {
         println!(
             "{}",

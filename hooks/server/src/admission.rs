@@ -870,25 +870,27 @@ fn validate_workload(
         };
         let unknown = state.engine().entity(&node_uid).is_none()
             && !state.engine().blocked_nodes().contains_key(node);
-        if unknown && state.config().admission.unknown_nodes == UnknownNodes::Warn {
+        let warn_unknown = unknown && state.config().admission.unknown_nodes == UnknownNodes::Warn;
+        if warn_unknown {
             warnings.push(format!(
-                "probity: node {node} is not in the entity store; placement not checked (admission.unknown_nodes = \"warn\")"
+                "probity: node {node} is not in the entity store; the placement rules that read its facts were not checked (admission.unknown_nodes = \"warn\")"
             ));
-        } else {
-            // An unknown node is decided too: its placement rules cannot be
-            // evaluated, so the decision is a deny that says so. A block's own reason
-            // (from the blocklist) is added to the answer.
-            let what = match state.engine().blocked_nodes().get(node) {
-                Some(b) => format!("{what} (blocked: {})", b.reason),
-                None => what,
-            };
-            match request("schedule", node_uid) {
-                Ok(r) => match decide(&r) {
-                    Ok(d) => note(&d, &what, &mut warnings),
-                    Err(e) => return over_budget(e),
-                },
-                Err(e) => return Answer::deny(uid, 400, e),
-            }
+        }
+        // An unknown node is decided too: its placement rules cannot be evaluated, so
+        // the decision is a deny that says so; under "warn" that deny alone becomes the
+        // warning above, and any rule that does decide still does. A block's own
+        // reason (from the blocklist) is added to the answer.
+        let what = match state.engine().blocked_nodes().get(node) {
+            Some(b) => format!("{what} (blocked: {})", b.reason),
+            None => what,
+        };
+        match request(state.engine().conventions().schedule_action(), node_uid) {
+            Ok(r) => match decide(&r) {
+                Ok(d) if warn_unknown && denied_only_for_want_of_facts(&d) => {}
+                Ok(d) => note(&d, &what, &mut warnings),
+                Err(e) => return over_budget(e),
+            },
+            Err(e) => return Answer::deny(uid, 400, e),
         }
     }
     if denials.is_empty() {
@@ -905,6 +907,13 @@ fn validate_workload(
         a.denials = denials;
         a
     }
+}
+
+/// Whether `d` is a deny only because rules could not be evaluated (what a node the
+/// store holds no facts about gets): every reason is a rule that failed, and none fired.
+fn denied_only_for_want_of_facts(d: &Decision) -> bool {
+    let failed = |policy: &str| d.errors.iter().any(|e| e.policy.as_deref() == Some(policy));
+    !d.is_allowed() && !d.errors.is_empty() && d.reasons.iter().all(|r| failed(&r.policy))
 }
 
 /// The JSONPatch that adds Probity's placement constraints (from the policies'

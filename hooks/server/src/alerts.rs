@@ -319,7 +319,7 @@ mod tests {
                 policy: "placement.hot".into(),
             },
             Obligation {
-                kind: "block_node".into(),
+                kind: probity::Conventions::default().block_obligation().into(),
                 target: Some("Node::\"gpu-1\"".into()),
                 parameters: BTreeMap::new(),
                 policy: "placement.hot".into(),

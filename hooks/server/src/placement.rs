@@ -1,5 +1,7 @@
 //! Placement: a pod's `schedule` decided for each candidate node, for the scheduler
 //! extender (`filter`, `prioritize`) and for the mutating webhook's node affinity.
+//! The action asked and the node attribute that groups nodes (into zones) are the
+//! schema's (`@schedule_action`, `@placement_group`: [`probity::Conventions`]).
 //!
 //! Nothing here knows a rule. Which node may take a pod, and how much a node is
 //! preferred, are the policies' answers ([`probity::Engine::decide_each`], with the
@@ -65,7 +67,7 @@ pub(crate) fn judge_nodes(
         to_decide.push(uid);
         positions.push(i);
     }
-    let request = workload.request("schedule", None)?;
+    let request = workload.request(engine.conventions().schedule_action(), None)?;
     let decisions = engine.decide_each(&request, &to_decide, Some(state.decision_cache()));
     for (i, d) in positions.into_iter().zip(decisions) {
         if let Some(slot) = verdicts.get_mut(i) {
@@ -109,8 +111,9 @@ pub(crate) fn affinity_expressions(
     let cfg = &state.config().admission;
     let engine = state.engine();
     let node_type = engine.blocklist_type().unwrap_or_else(|| "Node".to_owned());
-    let nodes = engine.entities_by_reference(&node_type, "zone");
-    let request = workload.request("schedule", None)?;
+    let conventions = engine.conventions();
+    let nodes = engine.entities_by_reference(&node_type, conventions.placement_group());
+    let request = workload.request(conventions.schedule_action(), None)?;
     let decisions = engine.decide_each(&request, &nodes.uids, Some(state.decision_cache()));
     let blocked: BTreeSet<String> = engine.blocked_nodes().into_keys().collect();
     // The same nodes, the very same decisions (shared with the decision cache, so

@@ -334,16 +334,34 @@ fn without_a_bmc_or_rapl_the_power_is_unknown_not_zero() {
 
 #[test]
 fn a_block_node_obligation_blocks_through_the_engine() {
-    // A policy directory whose comply rule blocks a node with unreadable telemetry.
+    blocks_through_the_engine("block_node");
+}
+
+/// The agent blocks on the kind the schema's conventions name, not on a name of its own.
+#[test]
+fn a_block_obligation_the_schema_renames_blocks_too() {
+    blocks_through_the_engine("quarantine");
+}
+
+/// A policy directory whose comply rule carries `kind`, the schema's block obligation,
+/// on a node with unreadable telemetry: the agent blocks the node.
+fn blocks_through_the_engine(kind: &str) {
     let dir = tempfile::tempdir().unwrap();
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../policies");
     copy_dir(&root, dir.path());
+    let schema = dir.path().join("probity.cedarschema");
+    let text = std::fs::read_to_string(&schema).unwrap().replace(
+        "@obligations(\"alert block_node burst_to_cloud migrate rotate_key\")\n@block_obligation(\"block_node\")",
+        &format!("@obligations(\"alert block_node burst_to_cloud migrate rotate_key {kind}\")\n@block_obligation(\"{kind}\")"),
+    );
+    assert!(text.contains(&format!("@block_obligation(\"{kind}\")")));
+    std::fs::write(&schema, text).unwrap();
     let thermal = dir.path().join("thermal/thermal.cedar");
     let text = std::fs::read_to_string(&thermal).unwrap().replace(
         "@id(\"thermal.telemetry-unreadable\")\n@severity(\"high\")\n@message(\"node {resource} has telemetry that could not be read or is stale: {resource.unreadable}\")\n@obligation(\"alert\")",
-        "@id(\"thermal.telemetry-unreadable\")\n@severity(\"high\")\n@message(\"node {resource} has telemetry that could not be read or is stale: {resource.unreadable}\")\n@obligation(\"block_node\")",
+        &format!("@id(\"thermal.telemetry-unreadable\")\n@severity(\"high\")\n@message(\"node {{resource}} has telemetry that could not be read or is stale: {{resource.unreadable}}\")\n@obligation(\"{kind}\")"),
     );
-    assert!(text.contains("@obligation(\"block_node\")"));
+    assert!(text.contains(&format!("@obligation(\"{kind}\")")));
     std::fs::write(&thermal, text).unwrap();
     let node = FakeNode::new();
     node.tool_fails("ipmitool", "Could not open device at /dev/ipmi0");
@@ -354,14 +372,73 @@ fn a_block_node_obligation_blocks_through_the_engine() {
         .unwrap();
     let mut agent = agent(config, engine.clone());
     let r = agent.cycle();
-    let blocked = r
-        .obligations
-        .iter()
-        .find(|o| o.kind == "block_node")
-        .unwrap();
+    let blocked = r.obligations.iter().find(|o| o.kind == kind).unwrap();
     assert_eq!(blocked.outcome, format!("blocked node {NODE}"));
     let blocks = engine.blocked_nodes();
     assert_eq!(blocks[NODE].reason, "thermal.telemetry-unreadable");
+}
+
+/// The default policy directory in a temporary one, with `schema` applied to its
+/// schema text.
+fn policy_dir(schema: impl Fn(String) -> String) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../policies");
+    copy_dir(&root, dir.path());
+    let path = dir.path().join("probity.cedarschema");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let edited = schema(text.clone());
+    assert_ne!(edited, text, "the edit applies");
+    std::fs::write(&path, edited).unwrap();
+    dir
+}
+
+/// A port set of the role's RDMA ports, read from probity.toml and named `:protocol`.
+fn with_rdma_ports(protocol: &str) -> impl Fn(String) -> String {
+    let protocol = protocol.to_owned();
+    move |text| {
+        text.replace(
+            "  restricted: Set<String>,\n",
+            "  restricted: Set<String>,\n  @toml(\"roles.{id}.rdma\") @convert(\"ports\") @default(\"[]\")\n  rdmaPorts: Set<Long>,\n",
+        )
+        .replace(
+            "Settings.inboundUdpPortBaseline:udp\")",
+            &format!("Settings.inboundUdpPortBaseline:udp NodeRole.rdmaPorts:{protocol}\")"),
+        )
+    }
+}
+
+/// A port set the schema adds is cut at like the others: RoCE's UDP 4791 on a role.
+#[test]
+fn a_port_set_the_schema_declares_is_honoured() {
+    use probity_agent::listen::PortSets;
+    use probity_firewall::Protocol;
+    let dir = policy_dir(with_rdma_ports("udp"));
+    let toml = dir.path().join("probity.toml");
+    let text = std::fs::read_to_string(&toml)
+        .unwrap()
+        .replace("udp = [8472]\n", "udp = [8472]\nrdma = [4791]\n");
+    std::fs::write(&toml, text).unwrap();
+    let engine = probity::Engine::builder(dir.path()).build().unwrap();
+    let defaults = probity::Engine::defaults().build().unwrap();
+    let mut want = PortSets::from_engine(&defaults);
+    assert_ne!(PortSets::from_engine(&engine), want);
+    want.add(Protocol::Udp, &serde_json::json!([4791]));
+    assert_eq!(PortSets::from_engine(&engine), want);
+}
+
+#[test]
+fn a_port_set_of_an_unknown_protocol_does_not_load() {
+    let dir = policy_dir(with_rdma_ports("roce"));
+    let Err(err) = probity::Engine::builder(dir.path()).build() else {
+        panic!("a port set of protocol roce loaded");
+    };
+    let text = err.detail();
+    assert!(
+        text.contains(
+            r#"@port_sets: "NodeRole.rdmaPorts:roce": unknown protocol "roce" (known: tcp, udp)"#
+        ),
+        "{text}"
+    );
 }
 
 fn copy_dir(from: &std::path::Path, to: &std::path::Path) {

@@ -263,6 +263,61 @@ async fn bug_a_pod_bound_to_a_node_absent_from_the_store_was_admitted() {
     assert_eq!(r["allowed"], false, "{r}");
 }
 
+/// With `admission.unknown_nodes = "warn"`, a pod bound to a node absent from the
+/// store was admitted without asking the policies at all: a rule that needs no fact of
+/// the node (here, an image refused everywhere) was skipped. Only the deny for want of
+/// the node's facts is to become a warning.
+#[tokio::test]
+async fn bug_with_unknown_nodes_warn_a_pod_bound_to_an_unknown_node_skipped_the_policies() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("policies");
+    crate::placement::copy_dir(&root().join("policies"), &dir);
+    std::fs::write(
+        dir.join("placement/untrusted-images.cedar"),
+        r#"@id("placement.untrusted-image")
+@severity("high")
+@message("images from untrusted.example are placed nowhere")
+forbid (principal, action == Action::"schedule", resource)
+when { principal.image like "untrusted.example/*" };
+"#,
+    )
+    .unwrap();
+    let engine = probity::Engine::builder(&dir).build().unwrap();
+    engine.upsert_entities(&crate::cluster()).unwrap();
+    let mut config = Config::default();
+    config.admission.unknown_nodes = probity_server::UnknownNodes::Warn;
+    let s = probity_server::AppState::new(engine, config);
+    let mut pod = gpu_pod("bound", 1, "8");
+    pod["spec"]["nodeName"] = json!("gpu-unknown");
+    // A trusted image: the only deny is for want of facts, a warning under "warn".
+    let r = validate(&s, &review("Pod", "training", pod.clone())).await;
+    assert_eq!(r["allowed"], true, "{r}");
+    assert!(
+        r["warnings"][0]
+            .as_str()
+            .unwrap()
+            .contains("not in the entity store"),
+        "{r}"
+    );
+    // An untrusted one is denied by the rule, unknown node or not.
+    pod["spec"]["containers"][0]["image"] = json!("untrusted.example/miner:1");
+    let r = validate(&s, &review("Pod", "training", pod)).await;
+    assert_eq!(r["allowed"], false, "{r}");
+    let message = r["status"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("schedule onto node gpu-unknown")
+            && message.contains("placement.untrusted-image"),
+        "{message}"
+    );
+    assert!(
+        r["warnings"][0]
+            .as_str()
+            .unwrap()
+            .contains("not in the entity store"),
+        "{r}"
+    );
+}
+
 #[tokio::test]
 async fn a_dry_run_decides_alike_and_records_nothing() {
     let s = state();

@@ -304,7 +304,7 @@ async fn a_binding_to_a_blocked_node_is_denied_and_to_a_good_node_allowed() {
     );
 }
 
-fn copy_dir(from: &Path, to: &Path) {
+pub(crate) fn copy_dir(from: &Path, to: &Path) {
     std::fs::create_dir_all(to).unwrap();
     for entry in std::fs::read_dir(from).unwrap() {
         let entry = entry.unwrap();
@@ -621,4 +621,111 @@ async fn bug_one_extender_request_could_cost_64_times_its_size() {
         out["Error"].as_str().unwrap().contains("max_body_bytes"),
         "{out}"
     );
+}
+
+/// The default policies with the schedule action renamed `place` and the nodes grouped
+/// by a `row` attribute of their own, both declared as the schema's conventions; the
+/// test cluster's nodes each get the row `row-of-<zone>`.
+fn renamed_placement_state(dir: &Path) -> probity_server::AppState {
+    copy_dir(&root().join("policies"), dir);
+    let rename = |file: &Path| {
+        let text = std::fs::read_to_string(file).unwrap();
+        std::fs::write(
+            file,
+            text.replace("Action::\"schedule\"", "Action::\"place\""),
+        )
+        .unwrap();
+    };
+    rename(&dir.join("placement/scheduling.cedar"));
+    rename(&dir.join("thermal/thermal.cedar"));
+    let schema = dir.join("probity.cedarschema");
+    let text = std::fs::read_to_string(&schema).unwrap();
+    let edited = text
+        .replace("action schedule appliesTo", "action place appliesTo")
+        .replace(
+            "@schedule_action(\"schedule\")",
+            "@schedule_action(\"place\")",
+        )
+        .replace("@placement_group(\"zone\")", "@placement_group(\"row\")")
+        .replace(
+            "  zone: Zone,\n  rack: String,",
+            "  zone: Zone,\n  row?: Zone,\n  rack: String,",
+        );
+    assert_eq!(
+        edited.matches("place").count(),
+        text.matches("place").count() + 2
+    );
+    assert!(edited.contains("row?: Zone"));
+    std::fs::write(&schema, edited).unwrap();
+    let engine = probity::Engine::builder(dir).build().unwrap();
+    let mut cluster = crate::cluster();
+    for e in cluster.as_array_mut().unwrap() {
+        if e["uid"]["type"] == "Node" {
+            let row = format!(
+                "row-of-{}",
+                e["attrs"]["zone"]["__entity"]["id"].as_str().unwrap()
+            );
+            e["attrs"]["row"] = json!({"__entity": {"type": "Zone", "id": row}});
+        }
+    }
+    engine.upsert_entities(&cluster).unwrap();
+    engine
+        .block_node(
+            "gpu-blocked",
+            "fixture: blocked since the cluster was set up",
+        )
+        .unwrap();
+    probity_server::AppState::new(engine, Config::default())
+}
+
+/// The extender, admission and the webhook ask the schema's schedule action (an action
+/// of another name would be refused by Cedar, every node with it), and the webhook
+/// groups nodes by the schema's placement group.
+#[tokio::test]
+async fn the_schedule_action_and_the_placement_group_are_the_schemas() {
+    let tmp = tempfile::tempdir().unwrap();
+    let s = renamed_placement_state(&tmp.path().join("policies"));
+    assert_eq!(s.engine().conventions().schedule_action(), "place");
+    let sent = ["gpu-a1", "gpu-blocked", "gpu-hot1", "gpu-h1", "gpu-spike"];
+    let (status, out) = filter(&s, &args(gpu_pod("t", "batch", 1), &sent)).await;
+    assert_eq!(status, StatusCode::OK, "{out}");
+    assert_eq!(names(&out["NodeNames"]), ["gpu-a1", "gpu-spike"], "{out}");
+    assert!(
+        out["FailedNodes"]["gpu-hot1"]
+            .as_str()
+            .unwrap()
+            .contains("thermal.zone-power-ceiling"),
+        "{out}"
+    );
+    // The webhook's affinity names rows, not zones.
+    let (_, out) = call(
+        &s,
+        Method::POST,
+        "/v1/admission/mutate",
+        Some(&mutate_review(gpu_pod("t", "batch", 1))),
+        None,
+    )
+    .await;
+    let affinity = affinity_of(&out).to_string();
+    assert!(
+        affinity.contains(r#""In","values":["row-of-zone-a"]"#),
+        "{affinity}"
+    );
+    // Admission of a pod bound to a node decides `place` too.
+    let mut bound = gpu_pod("t", "batch", 1);
+    bound["spec"]["nodeName"] = json!("gpu-hot1");
+    let mut review = mutate_review(bound);
+    review["request"]["uid"] = json!("v-1");
+    let (_, out) = call(
+        &s,
+        Method::POST,
+        "/v1/admission/validate",
+        Some(&review),
+        None,
+    )
+    .await;
+    assert_eq!(out["response"]["allowed"], false, "{out}");
+    let message = out["response"]["status"]["message"].as_str().unwrap();
+    assert!(message.contains("thermal.zone-power-ceiling"), "{message}");
+    assert!(!message.contains("evaluation error"), "{message}");
 }
