@@ -702,9 +702,10 @@ pub enum UnknownNodes {
     /// (unknown is a finding). The default.
     #[default]
     Deny,
-    /// Skip the `schedule` decision and admit with a warning: for clusters that admit
-    /// pods before node agents have reported their nodes. A blocked node is still
-    /// denied.
+    /// Decide anyway, and admit with a warning when the deny comes only from rules that
+    /// cannot be evaluated without the node's facts: for clusters that admit pods
+    /// before node agents have reported their nodes. A rule that does decide (a blocked
+    /// node, a forbidden image) still denies.
     Warn,
 }
 
