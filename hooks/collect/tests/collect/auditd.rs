@@ -803,7 +803,7 @@ fn an_idle_audisp_stream_still_closes_its_last_event_by_the_clock() {
 fn the_captures_password_never_appears_in_any_output() {
     let capture = fixture("auditd", SUDO_SU);
     let text = String::from_utf8_lossy(&capture);
-    let hex: String = PASSWORD.bytes().map(|b| format!("{b:02X}")).collect();
+    let hex = hex::encode_upper(PASSWORD);
     assert!(text.contains(&hex), "the capture carries it hex-encoded");
     assert!(!text.contains(PASSWORD));
     let (events, elevations, correlator) = events_of(&capture);
@@ -1126,7 +1126,7 @@ mod live {
             .unwrap()
             .read_exact(&mut b)
             .unwrap();
-        b.iter().map(|x| format!("{x:02x}")).collect()
+        hex::encode(b)
     }
 
     fn auditd_conf(dir: &Path) -> String {
@@ -1372,7 +1372,7 @@ mod live {
         assert!(ctx.now - ctx.last_remote_login_at.unwrap() <= 30);
         // The password went through `bash -c` (EXECVE, PROCTITLE); none of it comes out.
         let log = std::fs::read_to_string(d.join("audit.log")).unwrap();
-        let hex: String = password.bytes().map(|b| format!("{b:02X}")).collect();
+        let hex = hex::encode_upper(&password);
         assert!(
             log.contains(&hex[..20]),
             "the password is in the raw log, hex-encoded"
