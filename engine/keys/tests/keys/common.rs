@@ -142,7 +142,7 @@ impl Setup {
 
     pub fn with_kek(kek: Arc<dyn KekProvider>) -> Self {
         let store = Arc::new(MemoryMetaStore::new());
-        let clock = Arc::new(ManualClock::new(START));
+        let clock = Arc::new(ManualClock::at(START.unix_seconds() as i64));
         let keyring = Keyring::new(
             store.clone(),
             kek.clone(),

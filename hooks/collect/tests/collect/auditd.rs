@@ -2,8 +2,8 @@
 //! the file follower across rotation and truncation, the audisp stdin reader, bounded
 //! mutations of the captures, and one end-to-end run with the real auditd, sshd and sudo.
 
-use std::cell::Cell;
 use std::io::Write;
+use std::sync::Mutex;
 use std::time::{Duration, SystemTime};
 
 use probity_collect::Clock;
@@ -24,24 +24,25 @@ const OWN: &str = "own-console-login-sudo-setuid.log";
 /// The throwaway password typed in the Debian capture (hex-encoded there).
 const PASSWORD: &str = "Fixture-Pass-123";
 
-/// A clock the test moves by hand.
-struct TestClock(Cell<SystemTime>);
+/// A clock the test moves by hand (to the nanosecond, unlike `ManualClock`).
+#[derive(Debug)]
+struct TestClock(Mutex<SystemTime>);
 
 impl TestClock {
     fn at(secs: u64) -> Self {
-        Self(Cell::new(
+        Self(Mutex::new(
             SystemTime::UNIX_EPOCH + Duration::from_secs(secs),
         ))
     }
 
     fn advance(&self, d: Duration) {
-        self.0.set(self.0.get() + d);
+        *self.0.lock().unwrap() += d;
     }
 }
 
 impl Clock for TestClock {
     fn now(&self) -> SystemTime {
-        self.0.get()
+        *self.0.lock().unwrap()
     }
 }
 
