@@ -7,17 +7,18 @@
 //! the engine (`probity-collect`, `probity-keys`) can still share them.
 //!
 //! Code map:
-//! * [`clock`] — the [`Clock`] trait, the [`SystemClock`] and the [`ManualClock`] of tests.
+//! * [`clock`] — the [`Clock`] trait, the [`SystemClock`] and the [`ManualClock`] of tests;
+//! * [`time`] — RFC 3339 in UTC and the proleptic Gregorian calendar arithmetic under it.
 //!
 //! Invariant: nothing here knows about policies, keys or wire protocols.
 //!
 //! ```
 //! use probity_base::{Clock, ManualClock};
 //! let clock = ManualClock::at(1_772_357_405);
-//! clock.advance(60);
-//! assert_eq!(clock.now_unix(), 1_772_357_465);
+//! assert_eq!(probity_base::time::Rfc3339::seconds(clock.now_unix()).to_string(), "2026-03-01T09:30:05Z");
 //! ```
 
 pub mod clock;
+pub mod time;
 
 pub use clock::{Clock, ManualClock, SystemClock};

@@ -41,44 +41,26 @@ impl Timestamp {
 
     /// The calendar date in UTC, as `YYYY-MM-DD`.
     pub fn date(self) -> String {
-        let (y, m, d) = civil_from_days(self.0 / 86_400);
-        format!("{y:04}-{m:02}-{d:02}")
+        probity_base::time::date(self.signed() / 86_400)
     }
 
     /// The instant `t` in whole seconds (the epoch for an instant before it).
     pub fn from_system_time(t: SystemTime) -> Self {
         Self(t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs()))
     }
+
+    /// Seconds as the shared RFC 3339 writer takes them (saturating: a `u64` beyond
+    /// `i64::MAX` is some 292 billion years out).
+    fn signed(self) -> i64 {
+        i64::try_from(self.0).unwrap_or(i64::MAX)
+    }
 }
 
 /// RFC 3339 in UTC, e.g. `2026-03-01T09:30:00Z`.
 impl std::fmt::Display for Timestamp {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let secs = self.0 % 86_400;
-        write!(
-            f,
-            "{}T{:02}:{:02}:{:02}Z",
-            self.date(),
-            secs / 3600,
-            secs % 3600 / 60,
-            secs % 60
-        )
+        probity_base::time::Rfc3339::seconds(self.signed()).fmt(f)
     }
-}
-
-/// Converts days since 1970-01-01 to a proleptic Gregorian (year, month, day), after Howard
-/// Hinnant's `civil_from_days` (public domain), restricted to dates on or after the epoch.
-fn civil_from_days(days: u64) -> (u64, u64, u64) {
-    let z = days + 719_468;
-    let era = z / 146_097;
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + u64::from(m <= 2);
-    (y, m, d)
 }
 
 /// Where the keyring reads the time: whole seconds, as a [`Timestamp`].
