@@ -8,7 +8,8 @@
 //!
 //! Code map:
 //! * [`clock`] — the [`Clock`] trait, the [`SystemClock`] and the [`ManualClock`] of tests;
-//! * [`time`] — RFC 3339 in UTC and the proleptic Gregorian calendar arithmetic under it.
+//! * [`time`] — RFC 3339 in UTC and the proleptic Gregorian calendar arithmetic under it;
+//! * [`trust`] — trust material on disk: created tight, refused when others can change it.
 //!
 //! Invariant: nothing here knows about policies, keys or wire protocols.
 //!
@@ -20,5 +21,6 @@
 
 pub mod clock;
 pub mod time;
+pub mod trust;
 
 pub use clock::{Clock, ManualClock, SystemClock};
