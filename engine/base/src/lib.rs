@@ -9,7 +9,8 @@
 //! Code map:
 //! * [`clock`] — the [`Clock`] trait, the [`SystemClock`] and the [`ManualClock`] of tests;
 //! * [`time`] — RFC 3339 in UTC and the proleptic Gregorian calendar arithmetic under it;
-//! * [`trust`] — trust material on disk: created tight, refused when others can change it.
+//! * [`trust`] — trust material on disk: created tight, refused when others can change it;
+//! * [`prometheus`] — the Prometheus text exposition format, written.
 //!
 //! Invariant: nothing here knows about policies, keys or wire protocols.
 //!
@@ -20,6 +21,7 @@
 //! ```
 
 pub mod clock;
+pub mod prometheus;
 pub mod time;
 pub mod trust;
 
