@@ -643,7 +643,7 @@ fn digest(sources: &Sources, plugins: &PluginSet) -> String {
         h.update(f.text.as_bytes());
     }
     plugins.digest_into(&mut h);
-    h.finalize().iter().map(|b| format!("{b:02x}")).collect()
+    hex::encode(h.finalize())
 }
 
 /// Byte span of each policy in a file, in order: from its first token (an

@@ -182,7 +182,7 @@ impl PluginSet {
                     version: description.version,
                     actions: actions.clone(),
                     path: path.display().to_string(),
-                    sha256: hex(&hash),
+                    sha256: hex::encode(hash),
                     timeout_ms: limits.timeout_ms,
                     memory_mib: limits.memory_mib,
                     trapping_imports: compiled.stubbed.clone(),
@@ -296,10 +296,6 @@ fn load_one(
 #[doc(hidden)]
 pub fn compile_uncached(bytes: &[u8]) -> Result<(), String> {
     runtime::runtime()?.compile(bytes).map(drop)
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// What one plugin said about one request.

@@ -36,11 +36,8 @@ pub fn subject_kek_label(subject: &str) -> String {
     h.update(b"probity-keys subject KEK\0");
     h.update(subject.as_bytes());
     let digest = h.finalize();
-    let mut label = String::from("probity-subject-");
-    for b in digest.iter().take(16) {
-        label.push_str(&format!("{b:02x}"));
-    }
-    label
+    let half = digest.get(..16).unwrap_or_default();
+    format!("probity-subject-{}", hex::encode(half))
 }
 
 /// Checks a KEK label: 1 to [`MAX_KEK_LABEL_LEN`] bytes of `A-Z a-z 0-9 . _ -`, not starting

@@ -329,13 +329,7 @@ mod hex_opt {
     pub(super) fn serialize<S: Serializer>(v: &Option<Vec<u8>>, s: S) -> Result<S::Ok, S::Error> {
         match v {
             None => s.serialize_none(),
-            Some(bytes) => {
-                let mut out = String::with_capacity(bytes.len() * 2);
-                for b in bytes {
-                    out.push_str(&format!("{b:02x}"));
-                }
-                s.serialize_some(&out)
-            }
+            Some(bytes) => s.serialize_some(&hex::encode(bytes)),
         }
     }
 
@@ -345,19 +339,13 @@ mod hex_opt {
         let Some(text) = Option::<String>::deserialize(d)? else {
             return Ok(None);
         };
-        if text.len() % 2 != 0 {
-            return Err(serde::de::Error::custom("odd number of hex digits"));
+        match hex::decode(&text) {
+            Ok(bytes) => Ok(Some(bytes)),
+            Err(hex::FromHexError::OddLength) => {
+                Err(serde::de::Error::custom("odd number of hex digits"))
+            }
+            Err(_) => Err(serde::de::Error::custom("invalid hex digit")),
         }
-        text.as_bytes()
-            .chunks_exact(2)
-            .map(|pair| {
-                std::str::from_utf8(pair)
-                    .ok()
-                    .and_then(|p| u8::from_str_radix(p, 16).ok())
-                    .ok_or_else(|| serde::de::Error::custom("invalid hex digit"))
-            })
-            .collect::<Result<Vec<u8>, _>>()
-            .map(Some)
     }
 }
 

@@ -102,6 +102,12 @@ impl Pin {
         self.0.is_empty()
     }
 
+    /// The PIN as a PKCS#11 login takes it (the keyring's KEK provider and the engine's
+    /// integrity anchor both log in with it).
+    pub fn auth_pin(&self) -> cryptoki::types::AuthPin {
+        cryptoki::types::AuthPin::from(self.expose().to_owned())
+    }
+
     pub(crate) fn expose(&self) -> &str {
         &self.0
     }

@@ -6,8 +6,9 @@
 //! system time itself; it asks the [`Clock`] it was given, so tests (and the engine's
 //! simulations) can move time forward by 90 days without waiting.
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+pub use probity_base::clock::{ManualClock, SystemClock};
 
 use serde::{Deserialize, Serialize};
 
@@ -40,90 +41,42 @@ impl Timestamp {
 
     /// The calendar date in UTC, as `YYYY-MM-DD`.
     pub fn date(self) -> String {
-        let (y, m, d) = civil_from_days(self.0 / 86_400);
-        format!("{y:04}-{m:02}-{d:02}")
+        probity_base::time::date(self.signed() / 86_400)
+    }
+
+    /// The instant `t` in whole seconds (the epoch for an instant before it).
+    pub fn from_system_time(t: SystemTime) -> Self {
+        Self(t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs()))
+    }
+
+    /// Seconds as the shared RFC 3339 writer takes them (saturating: a `u64` beyond
+    /// `i64::MAX` is some 292 billion years out).
+    fn signed(self) -> i64 {
+        i64::try_from(self.0).unwrap_or(i64::MAX)
     }
 }
 
 /// RFC 3339 in UTC, e.g. `2026-03-01T09:30:00Z`.
 impl std::fmt::Display for Timestamp {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let secs = self.0 % 86_400;
-        write!(
-            f,
-            "{}T{:02}:{:02}:{:02}Z",
-            self.date(),
-            secs / 3600,
-            secs % 3600 / 60,
-            secs % 60
-        )
+        probity_base::time::Rfc3339::seconds(self.signed()).fmt(f)
     }
 }
 
-/// Converts days since 1970-01-01 to a proleptic Gregorian (year, month, day), after Howard
-/// Hinnant's `civil_from_days` (public domain), restricted to dates on or after the epoch.
-fn civil_from_days(days: u64) -> (u64, u64, u64) {
-    let z = days + 719_468;
-    let era = z / 146_097;
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + u64::from(m <= 2);
-    (y, m, d)
-}
-
-/// Where the keyring reads the time. The engine supplies its own; tests use [`ManualClock`].
+/// Where the keyring reads the time: whole seconds, as a [`Timestamp`].
+///
+/// Every [`probity_base::Clock`] is one (the engine's, [`SystemClock`], [`ManualClock`]),
+/// so this is a view of the one clock rather than another clock. It remains a trait of its
+/// own only because the engine's `keys::EngineClock` implements it directly; once that
+/// adapter goes, the keyring can take a `probity_base::Clock`.
 pub trait Clock: Send + Sync {
     /// The current time.
     fn now(&self) -> Timestamp;
 }
 
-/// The system's wall clock.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct SystemClock;
-
-impl Clock for SystemClock {
+impl<C: probity_base::Clock + ?Sized> Clock for C {
     fn now(&self) -> Timestamp {
-        let secs = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.as_secs())
-            .unwrap_or(0);
-        Timestamp(secs)
-    }
-}
-
-/// A clock that only moves when told to: for tests and for replaying a schedule.
-#[derive(Debug, Default)]
-pub struct ManualClock(AtomicU64);
-
-impl ManualClock {
-    /// A clock standing at `start`.
-    pub fn new(start: Timestamp) -> Self {
-        Self(AtomicU64::new(start.0))
-    }
-
-    /// Sets the time.
-    pub fn set(&self, to: Timestamp) {
-        self.0.store(to.0, Ordering::SeqCst);
-    }
-
-    /// Moves the time forward by `by`.
-    pub fn advance(&self, by: Duration) {
-        let secs = by.as_secs();
-        let _ = self
-            .0
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |t| {
-                Some(t.saturating_add(secs))
-            });
-    }
-}
-
-impl Clock for ManualClock {
-    fn now(&self) -> Timestamp {
-        Timestamp(self.0.load(Ordering::SeqCst))
+        Timestamp::from_system_time(probity_base::Clock::now(self))
     }
 }
 
@@ -143,9 +96,9 @@ mod tests {
 
     #[test]
     fn manual_clock_moves_only_when_told_and_ages_never_go_negative() {
-        let clock = ManualClock::new(Timestamp(1000));
+        let clock = ManualClock::at(1000);
         assert_eq!(clock.now(), Timestamp(1000));
-        clock.advance(Duration::from_secs(90 * 86_400));
+        clock.advance(90 * 86_400);
         assert_eq!(clock.now(), Timestamp(1000 + 90 * 86_400));
         assert_eq!(
             Timestamp(1000).elapsed_until(clock.now()),

@@ -45,14 +45,7 @@ impl PublicKey {
             return Err(invalid);
         }
         let mut bytes = [0u8; PUBLIC_KEY_LEN];
-        for (byte, pair) in bytes.iter_mut().zip(text.as_bytes().chunks_exact(2)) {
-            let digits = std::str::from_utf8(pair).map_err(|_| AnchorError::InvalidPublicKey {
-                len: text.len() / 2,
-            })?;
-            *byte = u8::from_str_radix(digits, 16).map_err(|_| AnchorError::InvalidPublicKey {
-                len: text.len() / 2,
-            })?;
-        }
+        hex::decode_to_slice(text, &mut bytes).map_err(|_| invalid)?;
         Self::from_sec1(&bytes)
     }
     /// The hex form of the uncompressed point (see [`PublicKey::from_hex`]).
@@ -370,10 +363,5 @@ fn required(attribute: &str) -> &'static str {
 
 /// Lowercase hex of `bytes`.
 pub fn hex(bytes: &[u8]) -> String {
-    use std::fmt::Write as _;
-    let mut s = String::with_capacity(bytes.len() * 2);
-    for b in bytes {
-        let _ = write!(s, "{b:02x}");
-    }
-    s
+    hex::encode(bytes)
 }

@@ -21,7 +21,6 @@ use cryptoki::error::{Error as P11Error, RvError};
 use cryptoki::mechanism::Mechanism;
 use cryptoki::object::{Attribute, AttributeType, KeyType, ObjectClass, ObjectHandle};
 use cryptoki::session::{Session, UserType};
-use cryptoki::types::AuthPin;
 
 use super::anchor::{
     Anchor, AnchorDescription, AnchorError, AnchorKind, PublicKey, SIGNATURE_LEN, Signature,
@@ -35,18 +34,18 @@ const P256_PARAMS: [u8; 10] = [0x06, 0x08, 0x2a, 0x86, 0x48, 0xce, 0x3d, 0x03, 0
 /// `CKA_APPLICATION` of the digest data objects.
 pub const DATA_APPLICATION: &str = "probity";
 
-/// A token user PIN. Its `Debug` output is redacted and it has no `Display`.
-pub struct Pin(AuthPin);
+/// A token user PIN: the keyring's [`probity_keys::Pin`] (redacted `Debug`, no `Display`,
+/// zeroized on drop), read with the anchor's errors and, from a file, the trust check.
+pub struct Pin(probity_keys::Pin);
 
 impl Pin {
     /// Reads the PIN from environment variable `var`.
     pub fn from_env(var: &str) -> Result<Self, AnchorError> {
-        match std::env::var(var) {
-            Ok(v) if !v.is_empty() => Ok(Self(AuthPin::from(v))),
-            _ => Err(AnchorError::PinEnvMissing {
+        probity_keys::Pin::from_env(var)
+            .map(Self)
+            .map_err(|_| AnchorError::PinEnvMissing {
                 var: var.to_owned(),
-            }),
-        }
+            })
     }
     /// Reads the PIN from the first line of the file at `path` (trailing newline removed).
     /// Refuses a file that group or others may read or write, or that another user than
@@ -76,26 +75,23 @@ impl Pin {
     }
 
     fn read_file(path: &Path) -> Result<Self, AnchorError> {
-        let text = std::fs::read_to_string(path).map_err(|source| AnchorError::PinFile {
+        let source = match probity_keys::Pin::from_file(path) {
+            Ok(pin) => return Ok(Self(pin)),
+            Err(probity_keys::PinError::File { source, .. }) => source,
+            Err(probity_keys::PinError::FileEmpty { .. }) => {
+                std::io::Error::new(std::io::ErrorKind::InvalidData, "the first line is empty")
+            }
+            Err(other) => std::io::Error::other(other.to_string()),
+        };
+        Err(AnchorError::PinFile {
             path: path.to_owned(),
             source,
-        })?;
-        let line = text.lines().next().unwrap_or_default().to_owned();
-        if line.is_empty() {
-            return Err(AnchorError::PinFile {
-                path: path.to_owned(),
-                source: std::io::Error::new(
-                    std::io::ErrorKind::InvalidData,
-                    "the first line is empty",
-                ),
-            });
-        }
-        Ok(Self(AuthPin::from(line)))
+        })
     }
     /// Wraps a PIN obtained some other way (a prompt, a secret store). Never pass a PIN on a
     /// command line: it shows in the process list.
     pub fn new(pin: String) -> Self {
-        Self(AuthPin::from(pin))
+        Self(probity_keys::Pin::new(pin))
     }
 }
 
@@ -234,7 +230,7 @@ fn login(config: &Pkcs11Config) -> Result<Session, AnchorError> {
     let session = ctx
         .open_rw_session(slot)
         .map_err(p11("open session", token))?;
-    match session.login(UserType::User, Some(&config.pin.0)) {
+    match session.login(UserType::User, Some(&config.pin.0.auth_pin())) {
         Ok(()) | Err(P11Error::Pkcs11(RvError::UserAlreadyLoggedIn, _)) => Ok(session),
         Err(P11Error::Pkcs11(RvError::PinIncorrect | RvError::PinLenRange, _)) => {
             Err(AnchorError::WrongPin {

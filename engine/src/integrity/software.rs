@@ -59,7 +59,7 @@ impl SoftwareAnchor {
         };
         let meta = std::fs::metadata(path).map_err(key_err)?;
         let mode = meta.mode() & 0o777;
-        if mode & 0o077 != 0 {
+        if crate::trust::granted_to_others(mode, 0o7).is_some() {
             return Err(AnchorError::KeyFilePermissions {
                 path: path.to_owned(),
                 mode,

@@ -8,9 +8,10 @@
 //! text lines in its `metrics` field and in `agent.prom` beside it.
 
 use std::collections::BTreeMap;
-use std::fmt::Write as _;
+use std::fmt::Display;
 use std::path::Path;
 
+use probity_base::prometheus::{Kind, Writer};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
@@ -203,63 +204,75 @@ impl Status {
     /// The figures as Prometheus text exposition lines.
     pub fn render_metrics(&self) -> String {
         let mut m = String::new();
-        let node = escape(&self.node);
-        let _ = writeln!(
-            m,
-            "# HELP probity_agent_cycles_total Collection cycles run since the agent started.\n# TYPE probity_agent_cycles_total counter\nprobity_agent_cycles_total{{node=\"{node}\"}} {}",
-            self.cycles
+        let mut w = Writer::new(&mut m);
+        let node = ("node", self.node.as_str());
+        let single = |w: &mut Writer<'_>, name: &str, kind: Kind, help: &str, v: &dyn Display| {
+            w.family(name, kind, help);
+            w.sample(name, &[node], v);
+        };
+        single(
+            &mut w,
+            "probity_agent_cycles_total",
+            Kind::Counter,
+            "Collection cycles run since the agent started.",
+            &self.cycles,
         );
-        let _ = writeln!(
-            m,
-            "# HELP probity_agent_last_cycle_cpu_seconds CPU time of the last cycle on the agent's thread.\n# TYPE probity_agent_last_cycle_cpu_seconds gauge\nprobity_agent_last_cycle_cpu_seconds{{node=\"{node}\"}} {}",
-            self.last_cycle_cpu_ms / 1000.0
+        single(
+            &mut w,
+            "probity_agent_last_cycle_cpu_seconds",
+            Kind::Gauge,
+            "CPU time of the last cycle on the agent's thread.",
+            &(self.last_cycle_cpu_ms / 1000.0),
         );
-        let _ = writeln!(
-            m,
-            "# HELP probity_agent_last_cycle_timestamp_seconds When the last cycle ran.\n# TYPE probity_agent_last_cycle_timestamp_seconds gauge\nprobity_agent_last_cycle_timestamp_seconds{{node=\"{node}\"}} {}",
-            self.last_cycle_at.unwrap_or(0)
+        single(
+            &mut w,
+            "probity_agent_last_cycle_timestamp_seconds",
+            Kind::Gauge,
+            "When the last cycle ran.",
+            &self.last_cycle_at.unwrap_or(0),
         );
-        let _ = writeln!(
-            m,
-            "# HELP probity_agent_source_up Whether a source's last collection gave a reading (1), or not (0).\n# TYPE probity_agent_source_up gauge"
+        w.family(
+            "probity_agent_source_up",
+            Kind::Gauge,
+            "Whether a source's last collection gave a reading (1), or not (0).",
         );
         for (name, s) in &self.sources {
-            let _ = writeln!(
-                m,
-                "probity_agent_source_up{{node=\"{node}\",source=\"{}\",state=\"{}\"}} {}",
-                escape(name),
-                escape(&s.state),
-                u8::from(s.state == "ok")
+            w.sample(
+                "probity_agent_source_up",
+                &[node, ("source", name), ("state", &s.state)],
+                u8::from(s.state == "ok"),
             );
         }
-        let _ = writeln!(
-            m,
-            "# HELP probity_agent_source_unreadable Whether a source is in the node's unreadable set (no reading, or a stale one).\n# TYPE probity_agent_source_unreadable gauge"
+        w.family(
+            "probity_agent_source_unreadable",
+            Kind::Gauge,
+            "Whether a source is in the node's unreadable set (no reading, or a stale one).",
         );
         for (name, s) in &self.sources {
-            let _ = writeln!(
-                m,
-                "probity_agent_source_unreadable{{node=\"{node}\",source=\"{}\"}} {}",
-                escape(name),
-                u8::from(s.unreadable)
+            w.sample(
+                "probity_agent_source_unreadable",
+                &[node, ("source", name)],
+                u8::from(s.unreadable),
             );
         }
-        let _ = writeln!(
-            m,
-            "# HELP probity_agent_source_last_ok_timestamp_seconds When a source last gave a reading.\n# TYPE probity_agent_source_last_ok_timestamp_seconds gauge"
+        w.family(
+            "probity_agent_source_last_ok_timestamp_seconds",
+            Kind::Gauge,
+            "When a source last gave a reading.",
         );
         for (name, s) in &self.sources {
             if let Some(t) = s.last_ok_at {
-                let _ = writeln!(
-                    m,
-                    "probity_agent_source_last_ok_timestamp_seconds{{node=\"{node}\",source=\"{}\"}} {t}",
-                    escape(name)
+                w.sample(
+                    "probity_agent_source_last_ok_timestamp_seconds",
+                    &[node, ("source", name)],
+                    t,
                 );
             }
         }
-        let _ = writeln!(
-            m,
-            "# HELP probity_agent_findings_active Active findings, per policy.\n# TYPE probity_agent_findings_active gauge"
+        w.family(
+            "probity_agent_findings_active",
+            Kind::Gauge,
+            "Active findings, per policy.",
         );
         let mut per_policy: BTreeMap<(&str, &str), u64> = BTreeMap::new();
         for f in &self.findings {
@@ -268,94 +281,90 @@ impl Status {
                 .or_default() += 1;
         }
         for ((policy, severity), n) in per_policy {
-            let _ = writeln!(
-                m,
-                "probity_agent_findings_active{{node=\"{node}\",policy=\"{}\",severity=\"{}\"}} {n}",
-                escape(policy),
-                escape(severity)
+            w.sample(
+                "probity_agent_findings_active",
+                &[node, ("policy", policy), ("severity", severity)],
+                n,
             );
         }
-        let _ = writeln!(
-            m,
-            "# HELP probity_agent_obligation_failures_total Obligations the agent could not carry out.\n# TYPE probity_agent_obligation_failures_total counter\nprobity_agent_obligation_failures_total{{node=\"{node}\"}} {}",
-            self.obligation_failures
+        single(
+            &mut w,
+            "probity_agent_obligation_failures_total",
+            Kind::Counter,
+            "Obligations the agent could not carry out.",
+            &self.obligation_failures,
         );
-        let _ = writeln!(
-            m,
-            "# HELP probity_agent_event_failures_total Findings or clearings that could not be recorded.\n# TYPE probity_agent_event_failures_total counter\nprobity_agent_event_failures_total{{node=\"{node}\"}} {}",
-            self.event_failures
+        single(
+            &mut w,
+            "probity_agent_event_failures_total",
+            Kind::Counter,
+            "Findings or clearings that could not be recorded.",
+            &self.event_failures,
         );
-        let _ = writeln!(
-            m,
-            "# HELP probity_agent_alerts_posted_total Alert posts that succeeded, per sink.\n# TYPE probity_agent_alerts_posted_total counter"
+        w.family(
+            "probity_agent_alerts_posted_total",
+            Kind::Counter,
+            "Alert posts that succeeded, per sink.",
         );
         for a in &self.alerts {
-            let _ = writeln!(
-                m,
-                "probity_agent_alerts_posted_total{{node=\"{node}\",sink=\"{}\"}} {}",
-                escape(&a.sink),
-                a.posted
+            w.sample(
+                "probity_agent_alerts_posted_total",
+                &[node, ("sink", &a.sink)],
+                a.posted,
             );
         }
-        let _ = writeln!(
-            m,
-            "# HELP probity_agent_alerts_failed_posts_total Alert posts that failed (retried), per sink.\n# TYPE probity_agent_alerts_failed_posts_total counter"
+        w.family(
+            "probity_agent_alerts_failed_posts_total",
+            Kind::Counter,
+            "Alert posts that failed (retried), per sink.",
         );
         for a in &self.alerts {
-            let _ = writeln!(
-                m,
-                "probity_agent_alerts_failed_posts_total{{node=\"{node}\",sink=\"{}\"}} {}",
-                escape(&a.sink),
-                a.failed_posts
+            w.sample(
+                "probity_agent_alerts_failed_posts_total",
+                &[node, ("sink", &a.sink)],
+                a.failed_posts,
             );
         }
         if !self.siem.is_empty() {
-            let _ = writeln!(
-                m,
-                "# HELP probity_agent_siem_forwarded_total Records the SIEM confirmed, per log.\n# TYPE probity_agent_siem_forwarded_total counter"
+            w.family(
+                "probity_agent_siem_forwarded_total",
+                Kind::Counter,
+                "Records the SIEM confirmed, per log.",
             );
             for l in &self.siem {
-                let _ = writeln!(
-                    m,
-                    "probity_agent_siem_forwarded_total{{node=\"{node}\",log=\"{}\"}} {}",
-                    escape(&l.log),
-                    l.forwarded
+                w.sample(
+                    "probity_agent_siem_forwarded_total",
+                    &[node, ("log", &l.log)],
+                    l.forwarded,
                 );
             }
-            let _ = writeln!(
-                m,
-                "# HELP probity_agent_siem_backlog Records not yet confirmed by the SIEM, per log.\n# TYPE probity_agent_siem_backlog gauge"
+            w.family(
+                "probity_agent_siem_backlog",
+                Kind::Gauge,
+                "Records not yet confirmed by the SIEM, per log.",
             );
             for l in &self.siem {
-                let _ = writeln!(
-                    m,
-                    "probity_agent_siem_backlog{{node=\"{node}\",log=\"{}\"}} {}",
-                    escape(&l.log),
-                    l.backlog
+                w.sample(
+                    "probity_agent_siem_backlog",
+                    &[node, ("log", &l.log)],
+                    l.backlog,
                 );
             }
-            let _ = writeln!(
-                m,
-                "# HELP probity_agent_siem_failures_total Failed sends and connections to the SIEM (retried), per log.\n# TYPE probity_agent_siem_failures_total counter"
+            w.family(
+                "probity_agent_siem_failures_total",
+                Kind::Counter,
+                "Failed sends and connections to the SIEM (retried), per log.",
             );
             for l in &self.siem {
-                let _ = writeln!(
-                    m,
-                    "probity_agent_siem_failures_total{{node=\"{node}\",log=\"{}\"}} {}",
-                    escape(&l.log),
-                    l.failures
+                w.sample(
+                    "probity_agent_siem_failures_total",
+                    &[node, ("log", &l.log)],
+                    l.failures,
                 );
             }
         }
         m
     }
-}
-
-/// A label value escaped for the text exposition format.
-fn escape(s: &str) -> String {
-    s.replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
 }
 
 #[cfg(test)]
@@ -437,6 +446,7 @@ mod tests {
         }
         // What the siem crate's exposition parser accepts, the DCGM parser does too.
         probity_collect::dcgm::parse_exposition(m.as_bytes()).unwrap();
+        probity_base::prometheus::check(&m).unwrap();
     }
 
     #[test]

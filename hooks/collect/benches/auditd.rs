@@ -16,7 +16,7 @@ const RECORDS: usize = 100_000;
 const GS: char = '\u{1d}';
 
 fn hex(s: &str) -> String {
-    s.bytes().map(|b| format!("{b:02X}")).collect()
+    hex::encode_upper(s)
 }
 
 /// Lines of one session `n` (uid 2000+n, session n+1), as (time offset in ms, line).

@@ -148,21 +148,9 @@ pub fn freshness(collected_at: SystemTime, max_age: Duration, now: SystemTime) -
     }
 }
 
-/// The time source for staleness decisions; tests inject a fixed one.
-pub trait Clock {
-    /// The current time.
-    fn now(&self) -> SystemTime;
-}
-
-/// The system's wall clock.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct SystemClock;
-
-impl Clock for SystemClock {
-    fn now(&self) -> SystemTime {
-        SystemTime::now()
-    }
-}
+/// The time source for staleness decisions (tests inject a fixed one): the one clock every
+/// Probity crate reads, from `probity-base`.
+pub use probity_base::clock::{Clock, SystemClock};
 
 /// Why a source does not exist on this node. Not an error: the node simply lacks it (a CPU
 /// node has no `nvidia-smi`, a VM has no BMC and no powercap tree). The agent records it as a
@@ -423,6 +411,7 @@ pub(crate) fn run_command(spec: &CommandSpec) -> Result<CommandOutput, Failure> 
 mod tests {
     use super::*;
 
+    #[derive(Debug)]
     struct Fixed(SystemTime);
     impl Clock for Fixed {
         fn now(&self) -> SystemTime {

@@ -26,6 +26,7 @@ use probity::keys::{
     Pin, SoftwareKek, StateKeyStore,
 };
 use probity::{Engine, EntityUid};
+use probity_base::prometheus::{Kind, Writer};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
@@ -404,38 +405,41 @@ pub(crate) fn spawn_rotation(state: &AppState) -> Option<std::sync::mpsc::Sender
 
 /// The keyring's metrics: each key's primary age, rotations, and payloads.
 pub(crate) fn render_metrics(service: &KeyService, out: &mut String) {
-    use std::fmt::Write as _;
-    let _ = writeln!(
-        out,
-        "# HELP probity_key_rotations_total Key rotations made by this server (asked through the API or by the policies).\n# TYPE probity_key_rotations_total counter\nprobity_key_rotations_total {}",
-        service.rotations.load(Ordering::Relaxed)
+    let mut w = Writer::new(out);
+    w.single(
+        "probity_key_rotations_total",
+        Kind::Counter,
+        "Key rotations made by this server (asked through the API or by the policies).",
+        service.rotations.load(Ordering::Relaxed),
     );
-    let _ = writeln!(
-        out,
-        "# HELP probity_key_operations_total Payloads encrypted and decrypted, and encryptions the policies refused.\n# TYPE probity_key_operations_total counter\nprobity_key_operations_total{{operation=\"encrypt\"}} {}\nprobity_key_operations_total{{operation=\"decrypt\"}} {}\nprobity_key_operations_total{{operation=\"refused\"}} {}",
-        service.encrypted.load(Ordering::Relaxed),
-        service.decrypted.load(Ordering::Relaxed),
-        service.refused.load(Ordering::Relaxed)
+    w.family(
+        "probity_key_operations_total",
+        Kind::Counter,
+        "Payloads encrypted and decrypted, and encryptions the policies refused.",
     );
+    for (operation, n) in [
+        ("encrypt", &service.encrypted),
+        ("decrypt", &service.decrypted),
+        ("refused", &service.refused),
+    ] {
+        w.sample(
+            "probity_key_operations_total",
+            &[("operation", operation)],
+            n.load(Ordering::Relaxed),
+        );
+    }
     if let Ok(status) = service.keyring.status() {
-        let _ = writeln!(
-            out,
-            "# HELP probity_key_age_seconds Age of each key's primary version.\n# TYPE probity_key_age_seconds gauge"
+        w.family(
+            "probity_key_age_seconds",
+            Kind::Gauge,
+            "Age of each key's primary version.",
         );
         for k in status.keys.iter().filter(|k| k.erased.is_none()) {
-            let _ = writeln!(
-                out,
-                "probity_key_age_seconds{{key=\"{}\"}} {}",
-                escape_label(k.id.as_str()),
-                k.age(status.now).as_secs()
+            w.sample(
+                "probity_key_age_seconds",
+                &[("key", k.id.as_str())],
+                k.age(status.now).as_secs(),
             );
         }
     }
-}
-
-/// A Prometheus label value: backslash, quote and newline escaped.
-fn escape_label(v: &str) -> String {
-    v.replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
 }

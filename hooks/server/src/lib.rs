@@ -403,75 +403,6 @@ impl AppState {
             .map(alerts::DecisionAlerts::stats)
     }
 
-    /// The decision caches' counters: many placement misses while nothing changes mean
-    /// the scheduler's questions are not being reused.
-    fn render_decision_cache(&self, out: &mut String) {
-        use std::fmt::Write as _;
-        let cache = self.decision_cache();
-        let _ = writeln!(
-            out,
-            "# HELP probity_decision_cache_hits_total Placement decisions reused from the decision cache.\n# TYPE probity_decision_cache_hits_total counter\nprobity_decision_cache_hits_total {}",
-            cache.hits()
-        );
-        let _ = writeln!(
-            out,
-            "# HELP probity_decision_cache_misses_total Placement decisions made afresh (not cached, or a fact they read changed).\n# TYPE probity_decision_cache_misses_total counter\nprobity_decision_cache_misses_total {}",
-            cache.misses()
-        );
-        let auth = self.authorization_cache();
-        let _ = writeln!(
-            out,
-            "# HELP probity_authorization_cache_hits_total API authorizations answered from their cache.\n# TYPE probity_authorization_cache_hits_total counter\nprobity_authorization_cache_hits_total {}",
-            auth.hits()
-        );
-        let _ = writeln!(
-            out,
-            "# HELP probity_authorization_cache_misses_total API authorizations decided afresh (a deny is then decided again and recorded).\n# TYPE probity_authorization_cache_misses_total counter\nprobity_authorization_cache_misses_total {}",
-            auth.misses()
-        );
-    }
-
-    /// The alert sinks' counters, appended to the metrics text.
-    fn render_alerts(&self, out: &mut String) {
-        use std::fmt::Write as _;
-        let Some((follower, sinks)) = self.alert_stats() else {
-            return;
-        };
-        let _ = writeln!(
-            out,
-            "# HELP probity_alerts_fired_total Alerts fired from alert obligations of recorded decisions.\n# TYPE probity_alerts_fired_total counter\nprobity_alerts_fired_total {}",
-            follower.fired
-        );
-        let _ = writeln!(
-            out,
-            "# HELP probity_alerts_resolved_total Decision alerts resolved after their hold.\n# TYPE probity_alerts_resolved_total counter\nprobity_alerts_resolved_total {}",
-            follower.resolved
-        );
-        let _ = writeln!(
-            out,
-            "# HELP probity_alerts_dropped_total Alerts an alert sink's full queue refused.\n# TYPE probity_alerts_dropped_total counter\nprobity_alerts_dropped_total {}",
-            follower.dropped
-        );
-        for (name, help, value) in [
-            (
-                "probity_alerts_posted_total",
-                "Alert posts that succeeded, per sink.",
-                (|s: &probity_siem::AlerterStats| s.posted)
-                    as fn(&probity_siem::AlerterStats) -> u64,
-            ),
-            (
-                "probity_alerts_failed_posts_total",
-                "Alert posts that failed (retried), per sink.",
-                |s| s.failed_posts,
-            ),
-        ] {
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
-            for (sink, s) in &sinks {
-                let _ = writeln!(out, "{name}{{sink=\"{sink}\"}} {}", value(s));
-            }
-        }
-    }
-
     /// Each SIEM forwarder's counters (none without `[siem]`).
     pub fn siem_stats(&self) -> Vec<(forward::Log, probity_siem::ForwarderStats)> {
         self.inner
@@ -516,125 +447,6 @@ impl AppState {
         self.log_usage().is_some_and(|u| {
             u.bytes.saturating_mul(100) >= c.max_bytes.saturating_mul(u64::from(c.warn_pct))
         })
-    }
-
-    /// The limits' gauges and counters, appended to the metrics text.
-    fn render_limits(&self, out: &mut String) {
-        use std::fmt::Write as _;
-        let _ = writeln!(
-            out,
-            "# HELP probity_recorded_budget_refused_total Requests answered 429 for want of a caller's budget of recorded decisions.\n# TYPE probity_recorded_budget_refused_total counter\nprobity_recorded_budget_refused_total {}",
-            self.inner.budget.refused()
-        );
-        let verify_key = self
-            .inner
-            .verify_key
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone();
-        if let Some(verdict) = verify_key {
-            let _ = writeln!(
-                out,
-                "# HELP probity_verify_key_trusted 1 while the pinned public key POST /v1/verify reads passes the trust checks (owner, mode, path); 0: verification is refused.\n# TYPE probity_verify_key_trusted gauge\nprobity_verify_key_trusted {}",
-                u8::from(verdict.is_ok())
-            );
-        }
-        if self.engine().state().is_some() {
-            let h = self.last_storage_health();
-            let _ = writeln!(
-                out,
-                "# HELP probity_state_store_failing 1 while the state store cannot write (a full disk, say): denies and obligations are answered 503.\n# TYPE probity_state_store_failing gauge\nprobity_state_store_failing {}\n# HELP probity_state_store_failures_total State store operations that failed with an I/O error.\n# TYPE probity_state_store_failures_total counter\nprobity_state_store_failures_total {}\n# HELP probity_state_store_recoveries_total Times the state store went from failing back to writing.\n# TYPE probity_state_store_recoveries_total counter\nprobity_state_store_recoveries_total {}",
-                u8::from(h.failure.is_some()),
-                h.failures_total,
-                h.recoveries_total
-            );
-        }
-        let _ = writeln!(
-            out,
-            "# HELP probity_io_jobs_in_flight Verification jobs on the I/O threads.\n# TYPE probity_io_jobs_in_flight gauge\nprobity_io_jobs_in_flight {}",
-            self.inner.io.in_flight()
-        );
-        let (open, refused) = self.inner.fact_streams.counts();
-        let _ = writeln!(
-            out,
-            "# HELP probity_fact_streams_open Fact streams (POST /v1/entities/stream) open.\n# TYPE probity_fact_streams_open gauge\nprobity_fact_streams_open {open}\n# HELP probity_fact_streams_refused_total Fact streams refused over the limits, in all or per caller.\n# TYPE probity_fact_streams_refused_total counter\nprobity_fact_streams_refused_total {refused}"
-        );
-        if let Some(c) = self.inner.connections.get() {
-            let (open, refused) = c.counts();
-            let _ = writeln!(
-                out,
-                "# HELP probity_connections_open Connections open.\n# TYPE probity_connections_open gauge\nprobity_connections_open {open}\n# HELP probity_connections_refused_total Connections refused over the limits.\n# TYPE probity_connections_refused_total counter\nprobity_connections_refused_total {refused}"
-            );
-        }
-        if let Some(h) = self.shared_health() {
-            let _ = writeln!(
-                out,
-                "# HELP probity_state_connected 1 while every watch of the shared state (etcd) is connected.\n# TYPE probity_state_connected gauge\nprobity_state_connected {}\n# HELP probity_state_since_last_heard_seconds Age of the shared state decisions serve from: time since its stalest watch last heard from etcd.\n# TYPE probity_state_since_last_heard_seconds gauge\nprobity_state_since_last_heard_seconds {}\n# HELP probity_state_applied_revision The etcd revision of the blocklist this process has applied.\n# TYPE probity_state_applied_revision gauge\nprobity_state_applied_revision {}\n# HELP probity_state_resyncs_total Full reads of the shared state after compactions or long disconnections.\n# TYPE probity_state_resyncs_total counter\nprobity_state_resyncs_total {}\n# HELP probity_state_unshared_blocks Blocks in force here that have not reached etcd yet.\n# TYPE probity_state_unshared_blocks gauge\nprobity_state_unshared_blocks {}",
-                u8::from(h.connected),
-                // Never heard: as stale as can be said (Prometheus spells it +Inf).
-                h.since_last_heard
-                    .map_or_else(|| "+Inf".to_owned(), |d| d.as_secs_f64().to_string()),
-                h.applied_revision,
-                h.resyncs,
-                h.unshared_blocks
-            );
-        }
-        if let Some(u) = self.log_usage() {
-            let c = &self.config().decision_log;
-            let _ = writeln!(
-                out,
-                "# HELP probity_decision_log_bytes Bytes the decision log holds.\n# TYPE probity_decision_log_bytes gauge\nprobity_decision_log_bytes {}\n# HELP probity_decision_log_budget_bytes The decision log's byte budget.\n# TYPE probity_decision_log_budget_bytes gauge\nprobity_decision_log_budget_bytes {}\n# HELP probity_decision_log_records Records the decision log holds.\n# TYPE probity_decision_log_records gauge\nprobity_decision_log_records {}\n# HELP probity_decision_log_near_budget 1 when the log holds warn_pct of its budget.\n# TYPE probity_decision_log_near_budget gauge\nprobity_decision_log_near_budget {}",
-                u.bytes,
-                c.max_bytes,
-                u.records,
-                u8::from(self.log_near_budget())
-            );
-        }
-    }
-
-    /// The SIEM forwarders' counters, appended to the metrics text.
-    fn render_siem(&self, out: &mut String) {
-        use std::fmt::Write as _;
-        let stats = self.siem_stats();
-        if stats.is_empty() {
-            return;
-        }
-        let _ = writeln!(
-            out,
-            "# HELP probity_siem_forwarded_total Audit records the SIEM confirmed received since start, per log.\n# TYPE probity_siem_forwarded_total counter"
-        );
-        for (log, s) in &stats {
-            let _ = writeln!(
-                out,
-                "probity_siem_forwarded_total{{log=\"{}\"}} {}",
-                log.as_str(),
-                s.forwarded
-            );
-        }
-        let _ = writeln!(
-            out,
-            "# HELP probity_siem_backlog Audit records not yet confirmed received by the SIEM, per log.\n# TYPE probity_siem_backlog gauge"
-        );
-        for (log, s) in &stats {
-            let _ = writeln!(
-                out,
-                "probity_siem_backlog{{log=\"{}\"}} {}",
-                log.as_str(),
-                s.backlog
-            );
-        }
-        let _ = writeln!(
-            out,
-            "# HELP probity_siem_connected 1 while the forwarder holds a connection to the SIEM, per log.\n# TYPE probity_siem_connected gauge"
-        );
-        for (log, s) in &stats {
-            let _ = writeln!(
-                out,
-                "probity_siem_connected{{log=\"{}\"}} {}",
-                log.as_str(),
-                u8::from(s.connected)
-            );
-        }
     }
 
     /// Readiness warnings about the SIEM forwarders: one per log that is behind.
@@ -946,13 +758,7 @@ async fn readyz(State(state): State<AppState>) -> Response {
 }
 
 async fn metrics_text(State(state): State<AppState>) -> Response {
-    let mut text = state
-        .metrics()
-        .render(&state.engine().status(), state.is_ready());
-    state.render_limits(&mut text);
-    state.render_decision_cache(&mut text);
-    state.render_siem(&mut text);
-    state.render_alerts(&mut text);
+    let mut text = metrics::exposition(&state);
     if state.keys().is_some() {
         // The key ages read the state backend, which may be etcd over the network.
         let s = state.clone();

@@ -195,27 +195,13 @@ pub struct Record {
 
 /// Lower-case hexadecimal of `bytes`.
 pub fn hex(bytes: &[u8]) -> String {
-    let mut s = String::with_capacity(bytes.len() * 2);
-    for b in bytes {
-        for nibble in [b >> 4, b & 0x0f] {
-            s.push(char::from_digit(u32::from(nibble), 16).unwrap_or('0'));
-        }
-    }
-    s
+    hex::encode(bytes)
 }
 
 /// Parses 64 hexadecimal digits (either case) into a digest.
 pub fn parse_digest(s: &str) -> Option<Digest> {
-    let bytes = s.as_bytes();
-    if bytes.len() != 64 {
-        return None;
-    }
     let mut out = [0u8; 32];
-    for (o, pair) in out.iter_mut().zip(bytes.chunks_exact(2)) {
-        let hi = char::from(*pair.first()?).to_digit(16)?;
-        let lo = char::from(*pair.get(1)?).to_digit(16)?;
-        *o = u8::try_from(hi * 16 + lo).ok()?;
-    }
+    hex::decode_to_slice(s, &mut out).ok()?;
     Some(out)
 }
 

@@ -435,12 +435,7 @@ fn push_u64(out: &mut Vec<u8>, mut n: u64) {
 }
 
 fn push_hex(out: &mut Vec<u8>, bytes: &[u8]) {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    for b in bytes {
-        for nibble in [b >> 4, b & 0x0f] {
-            out.push(DIGITS.get(usize::from(nibble)).copied().unwrap_or(b'0'));
-        }
-    }
+    out.extend_from_slice(hex::encode(bytes).as_bytes());
 }
 
 /// Valid, distinct SD-NAMEs for the fields' names, in the map's order (`None` where

@@ -1,8 +1,11 @@
 //! RFC 3339 timestamps, written and read without a date library: syslog (RFC 5424
 //! §6.2.3) and Alertmanager both want UTC with a fraction, and a parser of untrusted
-//! bytes must check every field's range itself anyway.
+//! bytes must check every field's range itself anyway. The writer and the calendar
+//! arithmetic are `probity-base`'s ([`probity_base::time`]); the RFC 5424 reader is here.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use probity_base::time::{Rfc3339, days_from_civil, is_leap};
 
 /// Microseconds from 1970-01-01T00:00:00Z to 9999-12-31T23:59:59.999999Z, the last
 /// instant a four-digit year can hold.
@@ -24,36 +27,12 @@ pub fn from_unix_micros(micros: i64) -> SystemTime {
 
 /// Appends `t` as `YYYY-MM-DDThh:mm:ss.ffffffZ` (UTC, microseconds) to `out`.
 pub fn write_rfc3339_micros(t: SystemTime, out: &mut Vec<u8>) {
-    let micros = unix_micros(t);
-    let secs = micros.div_euclid(1_000_000);
-    let frac = micros.rem_euclid(1_000_000);
-    let days = secs.div_euclid(86_400);
-    let sod = secs.rem_euclid(86_400);
-    let (y, m, d) = civil_from_days(days);
-    let fields: [(i64, u32, u8); 7] = [
-        (y, 4, b'-'),
-        (m, 2, b'-'),
-        (d, 2, b'T'),
-        (sod / 3600, 2, b':'),
-        ((sod / 60) % 60, 2, b':'),
-        (sod % 60, 2, b'.'),
-        (frac, 6, b'Z'),
-    ];
-    for (v, width, after) in fields {
-        for p in (0..width).rev() {
-            let digit = (v / 10i64.pow(p)) % 10;
-            out.push(b'0' + u8::try_from(digit).unwrap_or(0));
-        }
-        out.push(after);
-    }
+    Rfc3339::micros(unix_micros(t)).write_to(out);
 }
 
 /// `t` as an RFC 3339 string (UTC, microseconds).
 pub fn rfc3339_micros(t: SystemTime) -> String {
-    let mut v = Vec::with_capacity(27);
-    write_rfc3339_micros(t, &mut v);
-    // Only ASCII digits and punctuation were written.
-    String::from_utf8(v).unwrap_or_default()
+    Rfc3339::micros(unix_micros(t)).to_string()
 }
 
 /// Why a timestamp did not parse: the byte offset (within the timestamp) and what was
@@ -191,10 +170,6 @@ impl Cursor<'_> {
     }
 }
 
-fn is_leap(y: i64) -> bool {
-    y % 4 == 0 && (y % 100 != 0 || y % 400 == 0)
-}
-
 fn days_in_month(y: i64, m: i64) -> i64 {
     match m {
         2 if is_leap(y) => 29,
@@ -202,31 +177,6 @@ fn days_in_month(y: i64, m: i64) -> i64 {
         4 | 6 | 9 | 11 => 30,
         _ => 31,
     }
-}
-
-/// Days since 1970-01-01 of a proleptic Gregorian date (Howard Hinnant's algorithm).
-fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
-    let y = if m <= 2 { y - 1 } else { y };
-    let era = y.div_euclid(400);
-    let yoe = y.rem_euclid(400);
-    let mp = (m + 9) % 12;
-    let doy = (153 * mp + 2) / 5 + d - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    era * 146_097 + doe - 719_468
-}
-
-/// The date of a day number since 1970-01-01 (inverse of [`days_from_civil`]).
-fn civil_from_days(z: i64) -> (i64, i64, i64) {
-    let z = z + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400;
-    (if m <= 2 { y + 1 } else { y }, m, d)
 }
 
 #[cfg(test)]

@@ -29,7 +29,6 @@ use cryptoki::error::{Error as P11Error, RvError};
 use cryptoki::mechanism::Mechanism;
 use cryptoki::object::{Attribute, AttributeType, KeyType, ObjectClass, ObjectHandle};
 use cryptoki::session::{Session, UserType};
-use cryptoki::types::AuthPin;
 use sha2::{Digest as _, Sha256};
 use zeroize::Zeroize as _;
 
@@ -104,7 +103,7 @@ impl Pkcs11Kek {
         let session = pkcs11
             .open_rw_session(slot)
             .map_err(p11("open session", token))?;
-        let auth = AuthPin::from(pin.expose().to_owned());
+        let auth = pin.auth_pin();
         match session.login(UserType::User, Some(&auth)) {
             Ok(()) | Err(P11Error::Pkcs11(RvError::UserAlreadyLoggedIn, _)) => {}
             Err(P11Error::Pkcs11(RvError::PinIncorrect | RvError::PinLenRange, _)) => {

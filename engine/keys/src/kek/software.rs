@@ -25,6 +25,7 @@ use std::os::unix::fs::{
 use std::path::{Path, PathBuf};
 
 use aes_kw::{KeyInit as _, KwpAes256};
+use probity_base::trust;
 use zeroize::Zeroizing;
 
 use super::{KekDescription, KekError, KekKind, KekOutcome, KekProvider, check_kek_label};
@@ -65,17 +66,13 @@ fn kwp(kek: &[u8; DATA_KEY_LEN]) -> KwpAes256 {
     KwpAes256::new(&(*kek).into())
 }
 
-fn euid() -> u32 {
-    rustix::process::geteuid().as_raw()
-}
-
-/// Refuses a file or directory that another user owns.
+/// Refuses a file or directory that another user owns (root too: stricter than the engine's
+/// trust material, judged by the same [`trust::foreign_owner`]).
 fn check_owner(path: &Path, meta: &fs::Metadata) -> Result<(), KekError> {
-    let euid = euid();
-    if meta.uid() != euid {
+    if let Some((owner, euid)) = trust::foreign_owner(meta, false) {
         return Err(KekError::KeyFileOwner {
             path: path.to_owned(),
-            owner: meta.uid(),
+            owner,
             euid,
         });
     }
@@ -104,7 +101,7 @@ impl SoftwareKek {
         }
         check_owner(dir, &meta)?;
         let mode = meta.mode() & 0o7777;
-        if mode & 0o022 != 0 {
+        if trust::granted_to_others(mode, 0o2).is_some() {
             return Err(KekError::KeyFilePermissions {
                 path: dir.to_owned(),
                 mode,
@@ -162,7 +159,7 @@ impl SoftwareKek {
         }
         check_owner(&path, &meta)?;
         let mode = meta.mode() & 0o7777;
-        if mode & 0o077 != 0 {
+        if trust::granted_to_others(mode, 0o7).is_some() {
             return Err(KekError::KeyFilePermissions {
                 path,
                 mode,

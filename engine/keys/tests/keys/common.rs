@@ -30,10 +30,7 @@ pub fn content(len: usize) -> Vec<u8> {
 }
 
 pub fn hex(s: &str) -> Vec<u8> {
-    (0..s.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
-        .collect()
+    hex::decode(s).unwrap()
 }
 
 /// Randomness that hands out fixed bytes in order (for known answers only).
@@ -145,7 +142,7 @@ impl Setup {
 
     pub fn with_kek(kek: Arc<dyn KekProvider>) -> Self {
         let store = Arc::new(MemoryMetaStore::new());
-        let clock = Arc::new(ManualClock::new(START));
+        let clock = Arc::new(ManualClock::at(START.unix_seconds() as i64));
         let keyring = Keyring::new(
             store.clone(),
             kek.clone(),

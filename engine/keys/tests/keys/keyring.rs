@@ -47,10 +47,10 @@ fn rotation_at_90_days_on_the_injected_clock_keeps_old_versions_decrypting() {
     let o1 = stream::encrypt_to_vec(&s.keyring, &k, "shard/1", &p1, &small()).unwrap();
 
     // What the engine's rotation rule reads: the primary's age on the engine's clock.
-    s.clock.advance(Duration::from_secs(89 * DAY));
+    s.clock.advance(89 * DAY as i64);
     let st = s.keyring.key_status(&k).unwrap();
     assert_eq!(st.age(s.clock.now()), Duration::from_secs(89 * DAY));
-    s.clock.advance(Duration::from_secs(DAY));
+    s.clock.advance(DAY as i64);
     let st = s.keyring.key_status(&k).unwrap();
     assert_eq!(st.age(s.clock.now()).as_secs(), 90 * DAY);
     assert_eq!(st.versions[0].age_seconds, 90 * DAY);
@@ -84,7 +84,7 @@ fn rotation_at_90_days_on_the_injected_clock_keeps_old_versions_decrypting() {
     let rewrapped = std::fs::read(&path).unwrap();
     let h = probity_keys::Header::parse(&rewrapped).unwrap().0;
     assert_eq!((h.sealed_version(), h.wrap_version()), (1, 2));
-    s.clock.advance(Duration::from_secs(DAY));
+    s.clock.advance(DAY as i64);
     s.keyring.retire(&k, 1, "ops@example.org").unwrap();
     assert_eq!(decrypt(&s.keyring, "shard/1", &rewrapped).unwrap(), p1);
     let err = key_err(decrypt(&s.keyring, "shard/1", &o1).unwrap_err());
@@ -292,7 +292,7 @@ fn erasure_makes_all_three_versions_fail_with_the_date() {
     let mut sealed = Vec::new();
     for v in 1..=3 {
         if v > 1 {
-            s.clock.advance(Duration::from_secs(30 * DAY));
+            s.clock.advance(30 * DAY as i64);
             s.keyring.rotate(&k, "ops").unwrap();
         }
         let id = format!("alice/{v}");
@@ -305,7 +305,7 @@ fn erasure_makes_all_three_versions_fail_with_the_date() {
     let kek_file = dir.path().join("kek").join(format!("{label}.kek"));
     assert!(kek_file.exists());
 
-    s.clock.advance(Duration::from_secs(DAY));
+    s.clock.advance(DAY as i64);
     let record = s
         .keyring
         .erase(

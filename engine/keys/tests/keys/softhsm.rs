@@ -175,7 +175,7 @@ fn softhsm_end_to_end() {
         encrypt(&alice, "alice/1", 70_000);
 
         // 90 days later the engine's rule (age >= 90 days) rotates both keys.
-        s.clock.advance(Duration::from_secs(90 * DAY));
+        s.clock.advance(90 * DAY as i64);
         for k in [&data, &alice] {
             let st = s.keyring.key_status(k).unwrap();
             assert!(st.age(s.clock.now()) >= Duration::from_secs(90 * DAY));
@@ -215,7 +215,7 @@ fn softhsm_end_to_end() {
             hsm.pkcs11_tool(&["--list-objects", "--type", "secrkey"])
                 .contains(&label)
         );
-        s.clock.advance(Duration::from_secs(DAY));
+        s.clock.advance(DAY as i64);
         let erased = s
             .keyring
             .erase(

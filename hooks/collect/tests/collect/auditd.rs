@@ -2,8 +2,8 @@
 //! the file follower across rotation and truncation, the audisp stdin reader, bounded
 //! mutations of the captures, and one end-to-end run with the real auditd, sshd and sudo.
 
-use std::cell::Cell;
 use std::io::Write;
+use std::sync::Mutex;
 use std::time::{Duration, SystemTime};
 
 use probity_collect::Clock;
@@ -24,24 +24,25 @@ const OWN: &str = "own-console-login-sudo-setuid.log";
 /// The throwaway password typed in the Debian capture (hex-encoded there).
 const PASSWORD: &str = "Fixture-Pass-123";
 
-/// A clock the test moves by hand.
-struct TestClock(Cell<SystemTime>);
+/// A clock the test moves by hand (to the nanosecond, unlike `ManualClock`).
+#[derive(Debug)]
+struct TestClock(Mutex<SystemTime>);
 
 impl TestClock {
     fn at(secs: u64) -> Self {
-        Self(Cell::new(
+        Self(Mutex::new(
             SystemTime::UNIX_EPOCH + Duration::from_secs(secs),
         ))
     }
 
     fn advance(&self, d: Duration) {
-        self.0.set(self.0.get() + d);
+        *self.0.lock().unwrap() += d;
     }
 }
 
 impl Clock for TestClock {
     fn now(&self) -> SystemTime {
-        self.0.get()
+        *self.0.lock().unwrap()
     }
 }
 
@@ -803,7 +804,7 @@ fn an_idle_audisp_stream_still_closes_its_last_event_by_the_clock() {
 fn the_captures_password_never_appears_in_any_output() {
     let capture = fixture("auditd", SUDO_SU);
     let text = String::from_utf8_lossy(&capture);
-    let hex: String = PASSWORD.bytes().map(|b| format!("{b:02X}")).collect();
+    let hex = hex::encode_upper(PASSWORD);
     assert!(text.contains(&hex), "the capture carries it hex-encoded");
     assert!(!text.contains(PASSWORD));
     let (events, elevations, correlator) = events_of(&capture);
@@ -1126,7 +1127,7 @@ mod live {
             .unwrap()
             .read_exact(&mut b)
             .unwrap();
-        b.iter().map(|x| format!("{x:02x}")).collect()
+        hex::encode(b)
     }
 
     fn auditd_conf(dir: &Path) -> String {
@@ -1372,7 +1373,7 @@ mod live {
         assert!(ctx.now - ctx.last_remote_login_at.unwrap() <= 30);
         // The password went through `bash -c` (EXECVE, PROCTITLE); none of it comes out.
         let log = std::fs::read_to_string(d.join("audit.log")).unwrap();
-        let hex: String = password.bytes().map(|b| format!("{b:02X}")).collect();
+        let hex = hex::encode_upper(&password);
         assert!(
             log.contains(&hex[..20]),
             "the password is in the raw log, hex-encoded"

@@ -170,6 +170,7 @@ fn procfs_files_are_read_to_their_end() {
     assert!(String::from_utf8_lossy(&bytes).contains("Name:"));
 }
 
+#[derive(Debug)]
 struct FixedClock(SystemTime);
 
 impl Clock for FixedClock {
