@@ -10,7 +10,7 @@
 //! round, 3 rounds), each printing its median:
 //! * `unrecorded`: no state attached, nothing recorded (the reference rate);
 //! * `unchained`: the decision log as it was before the chain (JSON records, same redb
-//!   table, same group commit), a `StateBackend` written here for the baseline;
+//!   table, same group commit), a `LocalLog` written here for the baseline;
 //! * `chained`: today's `StateStore` with unsigned checkpoints every 1024 records;
 //! * `chained+signed`: the same with checkpoints signed by the software anchor.
 //!
@@ -32,10 +32,10 @@ use std::time::Instant;
 use probity::audit::CheckpointPolicy;
 use probity::integrity::SoftwareAnchor;
 use probity::state::{
-    BlockedNode, DecisionRecord, Event, LogUsage, NodeFacts, RegistryEntry, Retention,
-    ServedDigest, StateBackend, StateError, StateStore,
+    AttachedState, DecisionRecord, Event, LocalLog, LogUsage, Retention, SharedState, StateError,
+    StateStore,
 };
-use probity::{BlockRecord, Effect, Engine, Request};
+use probity::{Effect, Engine, Request};
 use redb::{ReadableTable as _, TableDefinition};
 
 const DECISIONS: TableDefinition<u64, &[u8]> = TableDefinition::new("decisions");
@@ -45,12 +45,12 @@ const DECISIONS: TableDefinition<u64, &[u8]> = TableDefinition::new("decisions")
 #[derive(Debug)]
 struct Unchained {
     db: redb::Database,
-    rest: StateStore,
+    rest: Arc<StateStore>,
 }
 
 impl Unchained {
     fn open(dir: &Path) -> Self {
-        let rest = StateStore::open(&dir.join("rest")).unwrap();
+        let rest = Arc::new(StateStore::open(&dir.join("rest")).unwrap());
         let db = redb::Database::create(dir.join("log.redb")).unwrap();
         let txn = db.begin_write().unwrap();
         txn.open_table(DECISIONS).unwrap();
@@ -67,25 +67,7 @@ fn failed(e: impl std::error::Error + Send + Sync + 'static) -> StateError {
     }
 }
 
-impl StateBackend for Unchained {
-    fn describe(&self) -> String {
-        "unchained".into()
-    }
-    fn registry_entry(&self, id: &str) -> Result<Option<RegistryEntry>, StateError> {
-        self.rest.registry_entry(id)
-    }
-    fn accept(&self, id: &str, v: u64, d: &[u8; 32], m: &[u8]) -> Result<(), StateError> {
-        self.rest.accept(id, v, d, m)
-    }
-    fn put_block(&self, node: &str, record: &BlockRecord) -> Result<(), StateError> {
-        self.rest.put_block(node, record)
-    }
-    fn unblock_node(&self, node: &str) -> Result<bool, StateError> {
-        self.rest.unblock_node(node)
-    }
-    fn blocked_nodes(&self) -> Result<Vec<BlockedNode>, StateError> {
-        self.rest.blocked_nodes()
-    }
+impl LocalLog for Unchained {
     fn record_event(&self, o: &str, n: Option<&str>, k: &str, d: &str) -> Result<u64, StateError> {
         self.rest.record_event(o, n, k, d)
     }
@@ -121,30 +103,6 @@ impl StateBackend for Unchained {
     fn prune_decisions(&self, _: &Retention, _: u64) -> Result<u64, StateError> {
         Ok(0)
     }
-    fn key_record(&self, id: &str) -> Result<Option<(Vec<u8>, u64)>, StateError> {
-        self.rest.key_record(id)
-    }
-    fn put_key_record(&self, id: &str, r: &[u8], e: Option<u64>) -> Result<u64, StateError> {
-        self.rest.put_key_record(id, r, e)
-    }
-    fn delete_key_record(&self, id: &str, e: u64) -> Result<(), StateError> {
-        self.rest.delete_key_record(id, e)
-    }
-    fn key_ids(&self) -> Result<Vec<String>, StateError> {
-        self.rest.key_ids()
-    }
-    fn publish_facts(&self, f: &NodeFacts) -> Result<(), StateError> {
-        self.rest.publish_facts(f)
-    }
-    fn node_facts(&self) -> Result<Vec<NodeFacts>, StateError> {
-        self.rest.node_facts()
-    }
-    fn report_digest(&self, s: &ServedDigest) -> Result<(), StateError> {
-        self.rest.report_digest(s)
-    }
-    fn served_digests(&self) -> Result<Vec<ServedDigest>, StateError> {
-        self.rest.served_digests()
-    }
 }
 
 fn root() -> std::path::PathBuf {
@@ -153,7 +111,7 @@ fn root() -> std::path::PathBuf {
 
 /// Recorded denies per second with `store` attached: `threads` threads deciding
 /// `denies` denies in all, each waiting for its record's commit.
-fn run(store: Option<Arc<dyn StateBackend>>, threads: usize, denies: usize) -> f64 {
+fn run(store: Option<AttachedState>, threads: usize, denies: usize) -> f64 {
     let engine = Engine::builder(root().join("policies")).build().unwrap();
     let text = std::fs::read_to_string(root().join("testdata/entities/cluster.json")).unwrap();
     engine
@@ -205,9 +163,13 @@ fn main() {
             }
             let tmp = tempfile::tempdir().unwrap();
             let mut chained = None;
-            let store: Option<Arc<dyn StateBackend>> = match i {
+            let store: Option<AttachedState> = match i {
                 0 => None,
-                1 => Some(Arc::new(Unchained::open(tmp.path()))),
+                1 => {
+                    let unchained = Unchained::open(tmp.path());
+                    let shared = Arc::clone(&unchained.rest) as Arc<dyn SharedState>;
+                    Some(AttachedState::new(shared, Arc::new(unchained)))
+                }
                 _ => {
                     let s = Arc::new(StateStore::open(&tmp.path().join("state")).unwrap());
                     if i == 3 {
@@ -218,7 +180,7 @@ fn main() {
                         });
                         chained = Some(s.clone());
                     }
-                    Some(s)
+                    Some(s.into())
                 }
             };
             let rate = run(store, threads, denies);

@@ -30,7 +30,7 @@ use std::time::Duration;
 
 use crate::decision::{Decision, DecisionError, Effect};
 use crate::request::Request;
-use crate::state::{DecisionRecord, RECOVERY_INTERVAL, StateBackend};
+use crate::state::{DecisionRecord, LocalLog, RECOVERY_INTERVAL};
 
 /// Submissions waiting for the writer; beyond this, submitters block.
 const QUEUE: usize = 1024;
@@ -135,7 +135,7 @@ pub(crate) struct DecisionLog {
 
 impl DecisionLog {
     /// Starts the writer thread for `store`.
-    pub fn start(store: Arc<dyn StateBackend>) -> std::io::Result<Self> {
+    pub fn start(store: Arc<dyn LocalLog>) -> std::io::Result<Self> {
         let (jobs, inbox) = sync_channel::<Job>(QUEUE);
         let writer = std::thread::Builder::new()
             .name("probity-decision-log".into())
@@ -184,7 +184,7 @@ impl Drop for DecisionLog {
 /// Shortest wait between time-based checkpoint checks.
 const MIN_TICK: Duration = Duration::from_millis(100);
 
-fn write_loop(store: &dyn StateBackend, inbox: &Receiver<Job>) {
+fn write_loop(store: &dyn LocalLog, inbox: &Receiver<Job>) {
     // Appends make the checkpoints due by count; a quiet log is checkpointed by time
     // here, between commits (the chain is hashed in the commit, in `record_decisions`).
     let checkpoint_tick = store.checkpoint_interval().map(|t| t.max(MIN_TICK));

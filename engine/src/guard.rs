@@ -95,7 +95,7 @@ impl Engine {
                 });
             }
         }
-        if let (false, Some(state)) = (decision.is_allowed(), self.state()) {
+        if let (false, Some(state)) = (decision.is_allowed(), self.log()) {
             let detail = decision
                 .reasons
                 .iter()

@@ -43,7 +43,7 @@ use std::path::{Path, PathBuf};
 
 use thiserror::Error;
 
-use crate::state::{StateBackend, StateError};
+use crate::state::{RegistryEntry, StateError};
 
 mod anchor;
 mod hash;
@@ -317,7 +317,7 @@ impl IntegrityError {
 pub fn check_manifest(
     signed: &SignedManifest,
     verifier: &Verifier,
-    registry: &dyn StateBackend,
+    registry: &dyn Registry,
 ) -> Result<(), IntegrityError> {
     let m = signed.manifest();
     match signed.check_signature(verifier) {
@@ -351,7 +351,7 @@ pub fn seal(
     object_id: &str,
     version: u64,
     anchor: &dyn Anchor,
-    registry: &dyn StateBackend,
+    registry: &dyn Registry,
     options: &HashOptions<'_>,
 ) -> Result<SignedManifest, IntegrityError> {
     let state_err = |e| IntegrityError::from_state(object_id, e);
@@ -429,7 +429,7 @@ pub fn verify_encoded(
     path: &Path,
     manifest: &[u8],
     verifier: &Verifier,
-    registry: &dyn StateBackend,
+    registry: &dyn Registry,
     options: &VerifyOptions<'_>,
 ) -> Result<Result<VerifyReport, VerifyFailure>, IntegrityError> {
     let signed = match SignedManifest::decode(manifest) {
@@ -451,7 +451,7 @@ pub fn verify_encoded_file(
     path: &Path,
     manifest: &[u8],
     verifier: &Verifier,
-    registry: &dyn StateBackend,
+    registry: &dyn Registry,
     options: &VerifyOptions<'_>,
 ) -> Result<Result<VerifyReport, VerifyFailure>, IntegrityError> {
     let signed = match SignedManifest::decode(manifest) {
@@ -474,7 +474,7 @@ pub fn verify_encoded_file(
 /// `probity seal` picks by default; `None` when the latest is the last version a `u64`
 /// holds.
 pub fn next_version(
-    registry: &dyn StateBackend,
+    registry: &dyn Registry,
     object_id: &str,
 ) -> Result<Option<u64>, IntegrityError> {
     let entry = registry
@@ -564,7 +564,7 @@ impl RollbackMemory {
 ///   refused as before ([`RollbackMemory::Rebuilt`]);
 /// * a new one without an HSM cannot be rebuilt: [`RollbackMemory::RestartedFromZero`].
 pub fn restore_rollback_memory(
-    registry: &dyn StateBackend,
+    registry: &dyn Registry,
     is_new: bool,
     hsm: Option<&Pkcs11Config>,
 ) -> Result<RollbackMemory, IntegrityError> {
@@ -583,7 +583,7 @@ pub fn restore_rollback_memory(
 /// signed manifest is kept for them: the token holds only digests). Returns the number of
 /// object ids. A registry that already holds a higher version keeps it.
 pub fn rebuild_registry(
-    registry: &dyn StateBackend,
+    registry: &dyn Registry,
     digests: &[TokenDigest],
 ) -> Result<usize, IntegrityError> {
     let mut highest: std::collections::BTreeMap<&str, &TokenDigest> =
@@ -657,7 +657,7 @@ pub fn verify_object(
     path: &Path,
     signed: &SignedManifest,
     verifier: &Verifier,
-    registry: &dyn StateBackend,
+    registry: &dyn Registry,
     options: &VerifyOptions<'_>,
 ) -> Result<VerifyReport, IntegrityError> {
     let result = verify_inner(path, None, signed, verifier, registry, options);
@@ -668,13 +668,54 @@ pub fn verify_object(
     result
 }
 
+/// What sealing and verifying need of the state, and nothing more: the registry of
+/// accepted versions, the event log a failure is recorded in, and (for
+/// [`VerifyOptions::node`], programs that run no engine) the blocklist. A
+/// [`crate::state::StateStore`] is one; so is an engine's
+/// [`crate::state::AttachedState`] (registry and blocks shared, events local).
+pub trait Registry {
+    /// The registry entry of `object_id`, if any version was accepted.
+    fn registry_entry(&self, object_id: &str) -> Result<Option<RegistryEntry>, StateError>;
+    /// Records `version` as accepted for `object_id`, refusing a rollback or another
+    /// digest for the accepted version.
+    fn accept(
+        &self,
+        object_id: &str,
+        version: u64,
+        digest: &[u8; 32],
+        signed_manifest: &[u8],
+    ) -> Result<(), StateError>;
+    /// Checks, without changing anything, that `version` with `digest` may be accepted.
+    fn check_version(
+        &self,
+        object_id: &str,
+        version: u64,
+        digest: &[u8; 32],
+    ) -> Result<(), StateError> {
+        match self.registry_entry(object_id)? {
+            Some(entry) => crate::state::check_against(object_id, version, digest, &entry),
+            None => Ok(()),
+        }
+    }
+    /// Appends an event to this machine's event log; its sequence number.
+    fn record_event(
+        &self,
+        object_id: &str,
+        node: Option<&str>,
+        kind: &str,
+        detail: &str,
+    ) -> Result<u64, StateError>;
+    /// Blocks `node` at `now` (Unix seconds).
+    fn block_node(&self, node: &str, reason: &str, now: u64) -> Result<(), StateError>;
+}
+
 /// Records an integrity failure: appends it to the event log (durably) and, when `node` is
 /// given and the object's bytes differ from the manifest, blocks that node. This is what
 /// [`verify_object`] does on failure. It blocks without consulting the policies: for
 /// a reader under the policies use [`crate::Engine::guard_reader`], and for a whole
 /// object [`crate::Engine::decide_read`] (the CLI and the server do the latter).
 pub fn record_failure(
-    registry: &dyn StateBackend,
+    registry: &dyn Registry,
     object_id: &str,
     node: Option<&str>,
     err: &IntegrityError,
@@ -684,7 +725,10 @@ pub fn record_failure(
     if let Some(node) = node
         && err.is_content_mismatch()
     {
-        registry.block_node(node, &detail)?;
+        // Programs that run no engine have no clock of their own to ask.
+        let now =
+            u64::try_from(crate::clock::Clock::now_unix(&crate::clock::SystemClock)).unwrap_or(0);
+        registry.block_node(node, &detail, now)?;
     }
     Ok(())
 }
@@ -694,7 +738,7 @@ fn verify_inner(
     opened: Option<(std::fs::File, u64)>,
     signed: &SignedManifest,
     verifier: &Verifier,
-    registry: &dyn StateBackend,
+    registry: &dyn Registry,
     options: &VerifyOptions<'_>,
 ) -> Result<VerifyReport, IntegrityError> {
     let m = signed.manifest();

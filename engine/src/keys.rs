@@ -9,7 +9,7 @@
 //! * the schema marks `Key` `@owned("keyring")`: no request and no `POST /v1/entities`
 //!   can supply or change one; [`publish_keys`] is the only way in, and it writes what
 //!   the keyring's metadata says (the primary version's creation time and state);
-//! * the keyring's metadata goes through the engine's [`StateBackend`]
+//! * the keyring's metadata goes through the engine's [`SharedState`]
 //!   ([`StateKeyStore`]), so redb holds it on one node and etcd across a cluster;
 //! * the keyring reads the engine's clock ([`EngineClock`]), so ages in `probity keys
 //!   status` and in decisions agree, and a test can move time by 91 days;
@@ -55,7 +55,7 @@ use crate::engine::Engine;
 use crate::error::EntityError;
 use crate::facts::EntityOwner;
 use crate::request::{EntityUid, Request};
-use crate::state::{StateBackend, StateError};
+use crate::state::{SharedState, StateError};
 
 pub use probity_keys::*;
 
@@ -99,12 +99,12 @@ pub enum KeysError {
 /// cluster. Records are the keyring's JSON; revisions are the backend's.
 #[derive(Debug, Clone)]
 pub struct StateKeyStore {
-    state: Arc<dyn StateBackend>,
+    state: Arc<dyn SharedState>,
 }
 
 impl StateKeyStore {
     /// Key metadata in `state`.
-    pub fn new(state: Arc<dyn StateBackend>) -> Self {
+    pub fn new(state: Arc<dyn SharedState>) -> Self {
         Self { state }
     }
 }
@@ -172,8 +172,8 @@ pub fn open_hsm_kek(
 pub fn record_erasure(engine: &Engine, erasure: &ErasureRecord) {
     let detail =
         serde_json::to_string(erasure).unwrap_or_else(|e| format!("(unserializable: {e})"));
-    if let Some(state) = engine.state()
-        && let Err(e) = state.record_event(
+    if let Some(log) = engine.log()
+        && let Err(e) = log.record_event(
             &format!("subject:{}", erasure.subject),
             None,
             "subject-erased",
@@ -376,8 +376,8 @@ fn rotate(
 /// Records a keyring event in the engine's event log, when it has one. A failure to
 /// record is reported on standard error rather than undoing a change the keyring made.
 pub fn record_event(engine: &Engine, key: &KeyId, kind: &str, detail: &str) {
-    if let Some(state) = engine.state()
-        && let Err(e) = state.record_event(&format!("key:{}", key.as_str()), None, kind, detail)
+    if let Some(log) = engine.log()
+        && let Err(e) = log.record_event(&format!("key:{}", key.as_str()), None, kind, detail)
     {
         let _ = std::io::Write::write_fmt(
             &mut std::io::stderr(),

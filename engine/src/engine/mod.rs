@@ -20,7 +20,7 @@ use crate::error::LoadError;
 use crate::integrity::Verifier;
 use crate::policy_seal::Sealing;
 use crate::source::Origin;
-use crate::state::StateBackend;
+use crate::state::{LocalLog, SharedState};
 use crate::store::Store;
 use crate::watch::ReloadSubscribers;
 
@@ -49,7 +49,9 @@ struct Shared {
     authorizer: Authorizer,
     clock: Arc<dyn Clock>,
     /// Where blocks are made durable, once attached.
-    state: std::sync::OnceLock<Arc<dyn StateBackend>>,
+    state: std::sync::OnceLock<Arc<dyn SharedState>>,
+    /// This machine's decision and event logs, once attached.
+    log: std::sync::OnceLock<Arc<dyn LocalLog>>,
     /// Records denies and obligations in the state store, once one is attached.
     decision_log: std::sync::OnceLock<DecisionLog>,
     /// Sealed mode: load only sets whose `policy.seal` verifies.
@@ -228,6 +230,7 @@ impl Engine {
                 authorizer: Authorizer::new(),
                 clock,
                 state: std::sync::OnceLock::new(),
+                log: std::sync::OnceLock::new(),
                 decision_log: std::sync::OnceLock::new(),
                 sealing,
                 reload_events: ReloadSubscribers::default(),

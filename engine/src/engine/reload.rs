@@ -14,7 +14,7 @@ use crate::facts::EntityOwner;
 use crate::plugin::PluginInfo;
 use crate::policy_seal::{self, LoadedSeal, SealInfo, Sealing};
 use crate::source::Origin;
-use crate::state::StateBackend;
+use crate::state::SharedState;
 use crate::watch::{ReloadEvent, ReloadOutcome};
 
 /// The state of the loaded policy set, for status endpoints and `probity check`.
@@ -287,7 +287,7 @@ pub(super) fn load_bundle(
     origin: &Origin,
     sealing: Option<&Sealing>,
     live: Option<&LoadedSeal>,
-    registry: Option<&dyn StateBackend>,
+    registry: Option<&dyn SharedState>,
 ) -> Result<Bundle, LoadError> {
     let sources = origin.read()?;
     let checked = match sealing {

@@ -12,14 +12,14 @@ use super::snapshot::Working;
 use crate::decision_log::DecisionLog;
 use crate::error::EntityError;
 use crate::request::EntityUid;
-use crate::state::StateBackend;
+use crate::state::{AttachedState, LocalLog, SharedState};
 use crate::store::{self};
 
 impl Engine {
     /// Makes blocks durable in `state`: the nodes it holds as blocked are blocked in the
     /// engine now, and every later block and unblock is written there first. From now
     /// on, decisions that deny or carry obligations are recorded in its decision log
-    /// ([`StateBackend::decisions`]) before they are returned. Attach once; a second call
+    /// ([`LocalLog::decisions`]) before they are returned. Attach once; a second call
     /// is refused.
     ///
     /// In sealed mode ([`EngineBuilder::sealed`]) the live set's seal version is checked
@@ -27,11 +27,15 @@ impl Engine {
     /// this store saw loaded is refused ([`crate::state::StateError::Rollback`]) and
     /// nothing is attached.
     ///
-    /// A shared backend ([`StateBackend::is_shared`], etcd) is followed from then on:
-    /// every change it reports ([`StateBackend::changes`]: blocks and unblocks, this
+    /// A shared backend ([`SharedState::is_shared`], etcd) is followed from then on:
+    /// every change it reports ([`SharedState::changes`]: blocks and unblocks, this
     /// engine's own included, and node facts) is applied to the snapshot in the
     /// backend's order, on a thread of its own.
-    pub fn attach_state(&self, state: Arc<dyn StateBackend>) -> Result<(), EntityError> {
+    ///
+    /// `state` is what the cluster shares and this machine's logs
+    /// ([`AttachedState`]); an `Arc<StateStore>` is both.
+    pub fn attach_state(&self, state: impl Into<AttachedState>) -> Result<(), EntityError> {
+        let AttachedState { shared: state, log } = state.into();
         if let Some(seal) = self.shared.current.load().bundle.seal.clone() {
             let id = seal.seal.registry_id();
             state
@@ -44,9 +48,10 @@ impl Engine {
         // The log starts before the store counts as attached, so no decision made with
         // the store attached goes unrecorded; a losing second call drops (and joins)
         // its own log.
-        let log = DecisionLog::start(Arc::clone(&state)).map_err(EntityError::DecisionLog)?;
-        if self.shared.decision_log.set(log).is_err()
+        let writer = DecisionLog::start(Arc::clone(&log)).map_err(EntityError::DecisionLog)?;
+        if self.shared.decision_log.set(writer).is_err()
             || self.shared.state.set(Arc::clone(&state)).is_err()
+            || self.shared.log.set(log).is_err()
         {
             return Err(EntityError::StateAlreadyAttached);
         }
@@ -274,13 +279,27 @@ impl Engine {
         }
     }
 
-    /// The attached state store, if any.
-    pub fn state(&self) -> Option<&Arc<dyn StateBackend>> {
+    /// The attached shared state, if any.
+    pub fn state(&self) -> Option<&Arc<dyn SharedState>> {
         self.shared.state.get()
     }
 
+    /// This machine's decision and event logs, once state is attached.
+    pub fn log(&self) -> Option<&Arc<dyn LocalLog>> {
+        self.shared.log.get()
+    }
+
+    /// Both halves of the attached state, for what needs the two (verifying an object
+    /// reads the shared registry and records failures in the local event log).
+    pub fn attached(&self) -> Option<AttachedState> {
+        Some(AttachedState::new(
+            Arc::clone(self.shared.state.get()?),
+            Arc::clone(self.shared.log.get()?),
+        ))
+    }
+
     /// The attached store, if it is shared between processes.
-    pub(super) fn shared_state(&self) -> Option<Arc<dyn StateBackend>> {
+    pub(super) fn shared_state(&self) -> Option<Arc<dyn SharedState>> {
         self.shared.state.get().filter(|s| s.is_shared()).cloned()
     }
 }

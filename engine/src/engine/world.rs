@@ -94,6 +94,7 @@ impl Engine {
                     authorizer: Authorizer::new(),
                     clock: Arc::new(crate::clock::ManualClock::at(t)),
                     state: std::sync::OnceLock::new(),
+                    log: std::sync::OnceLock::new(),
                     decision_log: std::sync::OnceLock::new(),
                     sealing: None,
                     reload_events: ReloadSubscribers::default(),

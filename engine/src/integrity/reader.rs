@@ -12,11 +12,11 @@ use std::path::PathBuf;
 
 use sha2::{Digest as _, Sha256};
 
+use super::Registry;
 use super::anchor::Verifier;
 use super::manifest::{Hash, Manifest};
 use super::signed::SignedManifest;
 use super::{IntegrityError, check_manifest, compare_size, mismatch_error};
-use crate::state::StateBackend;
 
 /// A hook called once with the first integrity failure of a [`VerifiedReader`].
 type FailureHook = Box<dyn FnMut(&IntegrityError) + Send>;
@@ -56,7 +56,7 @@ impl<R: Read + Seek> VerifiedReader<R> {
         mut inner: R,
         signed: &SignedManifest,
         verifier: &Verifier,
-        registry: &dyn StateBackend,
+        registry: &dyn Registry,
     ) -> Result<Self, IntegrityError> {
         check_manifest(signed, verifier, registry)?;
         let manifest = signed.manifest().clone();

@@ -42,7 +42,7 @@ pub(crate) fn check(
     sources: &[(PathBuf, Hash)],
     components: &[(PathBuf, Hash)],
     live: Option<&LoadedSeal>,
-    registry: Option<&dyn crate::state::StateBackend>,
+    registry: Option<&dyn crate::state::SharedState>,
 ) -> Result<Checked, LoadError> {
     let path = seal_path(dir);
     let file = path.display().to_string();

@@ -1,17 +1,19 @@
-//! The [`StateBackend`] trait: everything durable goes through it.
+//! The [`SharedState`] trait: everything durable goes through it.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::*;
 use crate::audit::Checkpoint;
 use crate::block::BlockRecord;
 
-/// Everything durable goes through this trait, so that one machine (the embedded
+/// What the cluster shares (the manifest registry, blocks, key records, node facts,
+/// served digests, admitted objects' facts), so that one machine (the embedded
 /// [`StateStore`]) and a cluster (etcd, `probity_etcd::EtcdState`) are interchangeable.
 /// A write returns once it is durable; a refusal (a rollback, a lost compare-and-swap)
-/// is an error and changes nothing. The decision and event logs stay with the
-/// process that wrote them (they are forwarded to the SIEM), whatever the backend.
-pub trait StateBackend: Send + Sync + std::fmt::Debug {
+/// is an error and changes nothing. The decision and event logs are not here: they
+/// always stay on the machine that wrote them ([`LocalLog`]).
+pub trait SharedState: Send + Sync + std::fmt::Debug {
     /// What it is and where, for status lines (`redb /var/lib/probity/state.redb`).
     fn describe(&self) -> String;
 
@@ -47,11 +49,11 @@ pub trait StateBackend: Send + Sync + std::fmt::Debug {
     /// Unblocks `node`; whether it was blocked.
     fn unblock_node(&self, node: &str) -> Result<bool, StateError>;
 
-    /// Blocks `node` with `reason`: a node already blocked keeps its first reason and
-    /// time, and this block joins its history. For programs that run no engine; an
-    /// engine computes the record itself and calls [`StateBackend::put_block`].
-    fn block_node(&self, node: &str, reason: &str) -> Result<(), StateError> {
-        let now = now_unix();
+    /// Blocks `node` with `reason` at `now` (Unix seconds, from the caller's clock): a
+    /// node already blocked keeps its first reason and time, and this block joins its
+    /// history. For programs that run no engine; an engine computes the record itself
+    /// and calls [`SharedState::put_block`].
+    fn block_node(&self, node: &str, reason: &str, now: u64) -> Result<(), StateError> {
         let record = match self.blocked_nodes()?.into_iter().find(|b| b.node == node) {
             Some(b) => b.record.blocked_again(reason, now),
             None => BlockRecord::new(reason, now),
@@ -61,48 +63,6 @@ pub trait StateBackend: Send + Sync + std::fmt::Debug {
 
     /// Every blocked node.
     fn blocked_nodes(&self) -> Result<Vec<BlockedNode>, StateError>;
-
-    /// Appends an event to the event log; its sequence number.
-    fn record_event(
-        &self,
-        object_id: &str,
-        node: Option<&str>,
-        kind: &str,
-        detail: &str,
-    ) -> Result<u64, StateError>;
-
-    /// Events with sequence number `from` or later, in order.
-    fn events(&self, from: u64) -> Result<Vec<Event>, StateError>;
-
-    /// Appends decision records in one durable transaction; the first's sequence number.
-    fn record_decisions(&self, records: &mut [DecisionRecord]) -> Result<u64, StateError>;
-
-    /// Up to `limit` decision records from sequence number `from`, in order.
-    fn decisions(&self, from: u64, limit: usize) -> Result<Vec<DecisionRecord>, StateError>;
-
-    /// How much the decision log holds.
-    fn decision_log_usage(&self) -> Result<LogUsage, StateError>;
-
-    /// Prunes the decision log up to checkpoints (see [`StateStore::prune_decisions`]).
-    fn prune_decisions(&self, retention: &Retention, now_ms: u64) -> Result<u64, StateError>;
-
-    /// Makes the checkpoints that are due by time (see [`crate::audit`]): the decision
-    /// log's writer calls it every [`StateBackend::checkpoint_interval`] while no record
-    /// arrives (appends make the others). Default: the backend keeps no checkpoints.
-    fn checkpoint_due(&self) -> Result<Vec<Checkpoint>, StateError> {
-        Ok(Vec::new())
-    }
-
-    /// Whether the local store writes (see [`StateStore::storage_health`]); while it
-    /// fails, asking tries to recover. Default: a backend that cannot fail this way.
-    fn storage_health(&self) -> StorageHealth {
-        StorageHealth::default()
-    }
-
-    /// How often [`StateBackend::checkpoint_due`] is worth calling; `None`: never.
-    fn checkpoint_interval(&self) -> Option<Duration> {
-        None
-    }
 
     /// A key's metadata record and its revision.
     fn key_record(&self, id: &str) -> Result<Option<(Vec<u8>, u64)>, StateError>;
@@ -164,26 +124,26 @@ pub trait StateBackend: Send + Sync + std::fmt::Debug {
     fn served_digests(&self) -> Result<Vec<ServedDigest>, StateError>;
 
     /// Whether other processes write this backend too. An engine then applies every
-    /// blocklist change, its own included, from [`StateBackend::changes`] (see the
+    /// blocklist change, its own included, from [`SharedState::changes`] (see the
     /// module docs); otherwise it writes its memory itself.
     fn is_shared(&self) -> bool {
         false
     }
 
-    /// [`StateBackend::put_block`], returning the backend's revision of the write when
-    /// it is shared (`None` otherwise), for [`StateBackend::await_applied`].
+    /// [`SharedState::put_block`], returning the backend's revision of the write when
+    /// it is shared (`None` otherwise), for [`SharedState::await_applied`].
     fn put_block_at(&self, node: &str, record: &BlockRecord) -> Result<Option<u64>, StateError> {
         self.put_block(node, record).map(|()| None)
     }
 
-    /// [`StateBackend::unblock_node`], also returning the backend's revision of the
+    /// [`SharedState::unblock_node`], also returning the backend's revision of the
     /// write when it is shared.
     fn unblock_node_at(&self, node: &str) -> Result<(bool, Option<u64>), StateError> {
         self.unblock_node(node).map(|was| (was, None))
     }
 
     /// Waits, within the backend's read-your-writes bound, until the follower of
-    /// [`StateBackend::changes`] has applied the blocklist up to `revision`;
+    /// [`SharedState::changes`] has applied the blocklist up to `revision`;
     /// [`StateError::NotYetApplied`] when the bound passes first.
     fn await_applied(&self, revision: u64) -> Result<(), StateError> {
         let _ = revision;
@@ -199,7 +159,7 @@ pub trait StateBackend: Send + Sync + std::fmt::Debug {
         self.put_block(node, record)
     }
 
-    /// Blocks queued by [`StateBackend::queue_block`] that have not landed yet. An
+    /// Blocks queued by [`SharedState::queue_block`] that have not landed yet. An
     /// engine keeps them in force whatever the shared blocklist says until they land.
     fn unshared_blocks(&self) -> Vec<BlockedNode> {
         Vec::new()
@@ -215,5 +175,137 @@ pub trait StateBackend: Send + Sync + std::fmt::Debug {
     /// the first call starts the watches, later calls return `None`.
     fn changes(&self) -> Option<std::sync::mpsc::Receiver<ChangeBatch>> {
         None
+    }
+}
+
+/// What always stays on the machine that wrote it: the decision and event logs,
+/// hash-chained and checkpointed ([`crate::audit`]), and forwarded to the SIEM from
+/// there. The embedded [`StateStore`] keeps them, whichever [`SharedState`] the
+/// cluster uses.
+pub trait LocalLog: Send + Sync + std::fmt::Debug {
+    /// Appends an event to the event log; its sequence number.
+    fn record_event(
+        &self,
+        object_id: &str,
+        node: Option<&str>,
+        kind: &str,
+        detail: &str,
+    ) -> Result<u64, StateError>;
+
+    /// Events with sequence number `from` or later, in order.
+    fn events(&self, from: u64) -> Result<Vec<Event>, StateError>;
+
+    /// Appends decision records in one durable transaction; the first's sequence number.
+    fn record_decisions(&self, records: &mut [DecisionRecord]) -> Result<u64, StateError>;
+
+    /// Up to `limit` decision records from sequence number `from`, in order.
+    fn decisions(&self, from: u64, limit: usize) -> Result<Vec<DecisionRecord>, StateError>;
+
+    /// How much the decision log holds.
+    fn decision_log_usage(&self) -> Result<LogUsage, StateError>;
+
+    /// Prunes the decision log up to checkpoints (see [`StateStore::prune_decisions`]).
+    fn prune_decisions(&self, retention: &Retention, now_ms: u64) -> Result<u64, StateError>;
+
+    /// Makes the checkpoints that are due by time (see [`crate::audit`]): the decision
+    /// log's writer calls it every [`LocalLog::checkpoint_interval`] while no record
+    /// arrives (appends make the others). Default: the backend keeps no checkpoints.
+    fn checkpoint_due(&self) -> Result<Vec<Checkpoint>, StateError> {
+        Ok(Vec::new())
+    }
+
+    /// Whether the local store writes (see [`StateStore::storage_health`]); while it
+    /// fails, asking tries to recover. Default: a backend that cannot fail this way.
+    fn storage_health(&self) -> StorageHealth {
+        StorageHealth::default()
+    }
+
+    /// How often [`LocalLog::checkpoint_due`] is worth calling; `None`: never.
+    fn checkpoint_interval(&self) -> Option<Duration> {
+        None
+    }
+}
+
+/// The state an engine is attached to ([`crate::Engine::attach_state`]): what the
+/// cluster shares, and this machine's logs. On one machine both are the same
+/// [`StateStore`] (`From<Arc<StateStore>>`).
+#[derive(Debug, Clone)]
+pub struct AttachedState {
+    /// The registry, blocks, key records and facts.
+    pub shared: Arc<dyn SharedState>,
+    /// The decision and event logs.
+    pub log: Arc<dyn LocalLog>,
+}
+
+impl AttachedState {
+    /// `shared` for what the cluster shares, `log` for this machine's logs.
+    pub fn new(shared: Arc<dyn SharedState>, log: Arc<dyn LocalLog>) -> Self {
+        Self { shared, log }
+    }
+}
+
+impl From<Arc<StateStore>> for AttachedState {
+    fn from(store: Arc<StateStore>) -> Self {
+        Self {
+            shared: Arc::clone(&store) as Arc<dyn SharedState>,
+            log: store,
+        }
+    }
+}
+
+/// The embedded store is the whole registry: versions, blocks and events in one file.
+impl<T: SharedState + LocalLog + ?Sized> crate::integrity::Registry for T {
+    fn registry_entry(&self, object_id: &str) -> Result<Option<RegistryEntry>, StateError> {
+        SharedState::registry_entry(self, object_id)
+    }
+    fn accept(
+        &self,
+        object_id: &str,
+        version: u64,
+        digest: &[u8; 32],
+        signed_manifest: &[u8],
+    ) -> Result<(), StateError> {
+        SharedState::accept(self, object_id, version, digest, signed_manifest)
+    }
+    fn record_event(
+        &self,
+        object_id: &str,
+        node: Option<&str>,
+        kind: &str,
+        detail: &str,
+    ) -> Result<u64, StateError> {
+        LocalLog::record_event(self, object_id, node, kind, detail)
+    }
+    fn block_node(&self, node: &str, reason: &str, now: u64) -> Result<(), StateError> {
+        SharedState::block_node(self, node, reason, now)
+    }
+}
+
+/// An engine's state: the registry and blocks shared, the events on this machine.
+impl crate::integrity::Registry for AttachedState {
+    fn registry_entry(&self, object_id: &str) -> Result<Option<RegistryEntry>, StateError> {
+        self.shared.registry_entry(object_id)
+    }
+    fn accept(
+        &self,
+        object_id: &str,
+        version: u64,
+        digest: &[u8; 32],
+        signed_manifest: &[u8],
+    ) -> Result<(), StateError> {
+        self.shared
+            .accept(object_id, version, digest, signed_manifest)
+    }
+    fn record_event(
+        &self,
+        object_id: &str,
+        node: Option<&str>,
+        kind: &str,
+        detail: &str,
+    ) -> Result<u64, StateError> {
+        self.log.record_event(object_id, node, kind, detail)
+    }
+    fn block_node(&self, node: &str, reason: &str, now: u64) -> Result<(), StateError> {
+        self.shared.block_node(node, reason, now)
     }
 }

@@ -1,14 +1,15 @@
-//! Durable state: the [`StateBackend`] trait that everything durable goes through
-//! (manifest registry, blocklist, event and decision logs, key metadata, node facts,
-//! served policy digests), and [`StateStore`], its embedded implementation on redb
-//! under a state directory (one machine). The cluster-wide implementation on etcd
-//! (`probity_etcd::EtcdState`) lives with the hooks, which know the network: the engine
-//! sees it through this trait only.
+//! Durable state, one trait per kind: [`SharedState`] for what the cluster shares
+//! (manifest registry, blocklist, key metadata, node facts, served policy digests,
+//! admitted objects' facts) and [`LocalLog`] for what always stays on one machine (the
+//! decision and event logs). [`StateStore`] implements both on redb under a state
+//! directory; the cluster-wide [`SharedState`] on etcd (`probity_etcd::EtcdState`) lives
+//! with the hooks, which know the network, and pairs with a local [`StateStore`] for the
+//! logs ([`AttachedState`]). The engine sees both through these traits only.
 //!
-//! A shared backend ([`StateBackend::is_shared`]) is written by many processes. Its
-//! changes reach every engine through [`StateBackend::changes`], in the backend's order,
+//! A shared backend ([`SharedState::is_shared`]) is written by many processes. Its
+//! changes reach every engine through [`SharedState::changes`], in the backend's order,
 //! and an engine's own writes reach its memory the same way (read-your-writes: it waits
-//! until [`StateBackend::await_applied`] says the watch has applied them), so memory
+//! until [`SharedState::await_applied`] says the watch has applied them), so memory
 //! never disagrees with the shared store and every process applies writes in one order.
 //!
 //! Invariants:
@@ -32,12 +33,12 @@ mod backend;
 mod embedded;
 mod error;
 
-pub use backend::StateBackend;
+pub use backend::{AttachedState, LocalLog, SharedState};
+pub(crate) use embedded::check_against;
 pub(crate) use embedded::decode_event;
 #[cfg(test)]
 pub(crate) use embedded::encode_event;
 pub use embedded::{RECOVERY_INTERVAL, StateStore, StorageFailure, StorageHealth};
-use embedded::{check_against, now_unix};
 pub use error::StateError;
 
 /// How much of the decision log to keep.
@@ -205,7 +206,7 @@ pub enum StateChange {
 
 /// Changes a shared backend delivers together, in its order. The follower applies them
 /// and then calls [`ChangeBatch::acknowledge`], which is what
-/// [`StateBackend::await_applied`] waits for.
+/// [`SharedState::await_applied`] waits for.
 pub struct ChangeBatch {
     /// The changes, in order.
     pub changes: Vec<StateChange>,

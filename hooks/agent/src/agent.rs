@@ -1163,8 +1163,8 @@ impl Agent {
             }
         }
         let mut seq = None;
-        if let Some(state) = self.engine.state() {
-            match state.record_event(&f.key, Some(&self.config.node), kind, &detail.to_string()) {
+        if let Some(log) = self.engine.log() {
+            match log.record_event(&f.key, Some(&self.config.node), kind, &detail.to_string()) {
                 Ok(s) => seq = Some(s),
                 Err(e) => {
                     self.event_failures += 1;

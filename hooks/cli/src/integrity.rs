@@ -383,7 +383,12 @@ pub fn nodes(command: &NodesCommand, state_args: &StateArgs) -> Result<u8> {
     let state = open_state(state_args)?;
     match command {
         NodesCommand::List => {}
-        NodesCommand::Block { node, reason } => state.block_node(node, reason)?,
+        NodesCommand::Block { node, reason } => {
+            use probity::Clock as _;
+            // The operator's block, at the machine's time: no engine runs here.
+            let now = u64::try_from(probity::SystemClock.now_unix()).unwrap_or(0);
+            probity::state::SharedState::block_node(state.as_ref(), node, reason, now)?;
+        }
         NodesCommand::Unblock { node } => {
             if !state.unblock_node(node)? {
                 err_line!("{node} was not blocked");

@@ -36,7 +36,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use probity::state::{StateBackend, StateChange, StateStore};
+use probity::state::{SharedState, StateChange, StateStore};
 use probity::{Engine, Request};
 use probity_etcd::{EtcdClient, EtcdConfig, EtcdState, EtcdStateOptions, Role, WatchMessage};
 use serde_json::json;
@@ -111,9 +111,7 @@ fn follower(endpoint: &str) {
         .unwrap(),
     );
     let engine = Engine::from_embedded_defaults().unwrap();
-    engine
-        .attach_state(Arc::clone(&state) as Arc<dyn StateBackend>)
-        .unwrap();
+    engine.attach_state(state.attached()).unwrap();
     let rt = runtime();
     let raw_client = rt.block_on(EtcdClient::connect(config)).unwrap();
     let (_, rev) = rt.block_on(raw_client.get("blocklist/")).unwrap();
@@ -198,9 +196,7 @@ fn propagation() {
         .unwrap(),
     );
     let engine = Engine::from_embedded_defaults().unwrap();
-    engine
-        .attach_state(Arc::clone(&state) as Arc<dyn StateBackend>)
-        .unwrap();
+    engine.attach_state(state.attached()).unwrap();
     let exe = std::env::current_exe().unwrap();
     let (mut to_engine, mut to_raw, mut own) = (Vec::new(), Vec::new(), Vec::new());
     for round in 0..3 {
@@ -420,9 +416,7 @@ fn decisions() {
         .unwrap(),
     );
     let engine = Engine::from_embedded_defaults().unwrap();
-    engine
-        .attach_state(Arc::clone(&state) as Arc<dyn StateBackend>)
-        .unwrap();
+    engine.attach_state(state.attached()).unwrap();
     engine
         .upsert_entities(&json!([
           {"uid": {"type": "Cluster", "id": "c"}, "attrs": {"gpusTotal": 8, "gpusAllocated": 0}, "parents": []},

@@ -1,14 +1,16 @@
-//! [`EtcdState`]: the engine's [`StateBackend`] on etcd, so that a block, a facts update
+//! [`EtcdState`]: the engine's [`SharedState`] on etcd, so that a block, a facts update
 //! or a sealed version made by one process reaches every sidecar and webhook.
 //!
 //! Why this module exists: DESIGN.md's "one truth per cluster". Everything shared lives in
 //! etcd under the configured prefix (the layout is in [`records`]): the blocklist, the
 //! manifest registry (versions only go up, by compare-and-swap), key metadata (CAS on the
 //! key's mod revision), node facts under a lease per node, and the policy digest each
-//! process serves under a lease per process. The decision and event logs stay local: an
-//! [`EtcdState`] holds a [`StateStore`] (redb in the state directory) for them.
+//! process serves under a lease per process. The decision and event logs are not part of
+//! it ([`probity::state::LocalLog`]): an [`EtcdState`] holds a [`StateStore`] (redb in the
+//! state directory) for its outbox, and [`EtcdState::attached`] pairs the two for an
+//! engine.
 //!
-//! How changes reach an engine: [`StateBackend::changes`] starts one resyncing watch per
+//! How changes reach an engine: [`SharedState::changes`] starts one resyncing watch per
 //! prefix the process needs ([`Role`]): a sidecar follows the blocklist, the registry and
 //! its own node's facts; a webhook (or scheduler extender) replica the blocklist and every
 //! node's facts. The handlers ([`follow`]) translate etcd's events to
@@ -16,20 +18,20 @@
 //! becomes a full read (a `Resync` of the blocklist, `Facts`/`FactsGone` for facts).
 //!
 //! Read-your-writes: a block or unblock returns the revision etcd gave it
-//! ([`StateBackend::put_block_at`]), and the engine waits ([`StateBackend::await_applied`],
+//! ([`SharedState::put_block_at`]), and the engine waits ([`SharedState::await_applied`],
 //! bounded by [`EtcdStateOptions::read_your_writes`]) until its watch has applied the
 //! blocklist up to that revision. So memory changes only through the watch, and every
 //! process applies every write in etcd's order.
 //!
-//! Blocks that must not wait ([`StateBackend::queue_block`]: a node that failed
+//! Blocks that must not wait ([`SharedState::queue_block`]: a node that failed
 //! verification): they go to an outbox, kept durably in the local store's blocklist table,
 //! and a background task writes them to etcd, retrying every
 //! [`EtcdStateOptions::outbox_retry`] until they land. They stay in
-//! [`StateBackend::unshared_blocks`], which the engine keeps in force, until the watch has
+//! [`SharedState::unshared_blocks`], which the engine keeps in force, until the watch has
 //! applied them. A restart re-sends what the outbox holds (so switching a node from the
 //! redb backend to etcd pushes its local blocklist to etcd).
 //!
-//! Leases: [`StateBackend::publish_facts`] puts `facts/<node>` under a lease of the facts'
+//! Leases: [`SharedState::publish_facts`] puts `facts/<node>` under a lease of the facts'
 //! `ttl_seconds`, kept alive while the publisher keeps publishing: when it has not
 //! published for a TTL the lease is revoked (the facts go at once), and when the process
 //! dies the lease expires after its TTL. Either way every watcher sees `FactsGone`.
@@ -50,12 +52,12 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, PoisonError, RwLock};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use probity::BlockRecord;
 use probity::state::{
-    BlockedNode, ChangeBatch, DecisionRecord, Event, LogUsage, NodeFacts, RegistryEntry, Retention,
-    ServedDigest, SharedHealth, StateBackend, StateError, StateStore,
+    BlockedNode, ChangeBatch, NodeFacts, RegistryEntry, ServedDigest, SharedHealth, SharedState,
+    StateError, StateStore,
 };
 use thiserror::Error;
 use tokio::runtime::{Handle, Runtime};
@@ -296,12 +298,6 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-fn now_unix() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
-}
-
 /// Runs `fut` on `handle` and waits for it from this (non-runtime) thread.
 fn run_on<T, F>(handle: &Handle, fut: F) -> Option<T>
 where
@@ -425,6 +421,15 @@ impl EtcdState {
     /// The local store that holds the decision and event logs.
     pub fn local(&self) -> &Arc<StateStore> {
         &self.core.local
+    }
+
+    /// This backend for what the cluster shares, with its local store for the logs:
+    /// what [`probity::Engine::attach_state`] takes.
+    pub fn attached(self: &Arc<Self>) -> probity::state::AttachedState {
+        probity::state::AttachedState::new(
+            Arc::clone(self) as Arc<dyn SharedState>,
+            Arc::clone(&self.core.local) as Arc<dyn probity::state::LocalLog>,
+        )
     }
 
     /// The status of each running watch, by prefix.
@@ -702,7 +707,7 @@ async fn put_digest(
     Ok((lease, core.client.keep_alive(lease)))
 }
 
-impl StateBackend for EtcdState {
+impl SharedState for EtcdState {
     fn describe(&self) -> String {
         format!(
             "{} (logs: {})",
@@ -726,7 +731,7 @@ impl StateBackend for EtcdState {
 
     /// From the registry mirror when the registry is watched (a sidecar): a refusal is
     /// certain (versions only go up), and an admission is confirmed by the
-    /// compare-and-swap of [`StateBackend::accept`]. Otherwise a linearizable read.
+    /// compare-and-swap of [`SharedState::accept`]. Otherwise a linearizable read.
     fn check_version(
         &self,
         object_id: &str,
@@ -805,7 +810,7 @@ impl StateBackend for EtcdState {
 
     /// A compare-and-swap on the node's key, so two processes blocking the same node at
     /// once both land in its history.
-    fn block_node(&self, node: &str, reason: &str) -> Result<(), StateError> {
+    fn block_node(&self, node: &str, reason: &str, now: u64) -> Result<(), StateError> {
         let key = format!("{BLOCKLIST}{node}");
         let client = self.core.client.clone();
         let reason = reason.to_owned();
@@ -813,7 +818,6 @@ impl StateBackend for EtcdState {
         let outcome: Result<bool, StateError> = self.run("blocking a node", async move {
             let (mut current, _) = client.get(&k).await?;
             for _ in 0..BLOCK_ROUNDS {
-                let now = now_unix();
                 let record = match &current {
                     Some(e) => records::decode_block(&e.value)
                         .map(|r| r.blocked_again(reason.clone(), now))
@@ -854,50 +858,6 @@ impl StateBackend for EtcdState {
             .iter()
             .filter_map(follow::blocked_node)
             .collect())
-    }
-
-    fn record_event(
-        &self,
-        object_id: &str,
-        node: Option<&str>,
-        kind: &str,
-        detail: &str,
-    ) -> Result<u64, StateError> {
-        self.core.local.record_event(object_id, node, kind, detail)
-    }
-
-    fn events(&self, from: u64) -> Result<Vec<Event>, StateError> {
-        self.core.local.events(from)
-    }
-
-    fn record_decisions(&self, records: &mut [DecisionRecord]) -> Result<u64, StateError> {
-        self.core.local.record_decisions(records)
-    }
-
-    fn decisions(&self, from: u64, limit: usize) -> Result<Vec<DecisionRecord>, StateError> {
-        self.core.local.decisions(from, limit)
-    }
-
-    fn decision_log_usage(&self) -> Result<LogUsage, StateError> {
-        self.core.local.decision_log_usage()
-    }
-
-    fn prune_decisions(&self, retention: &Retention, now_ms: u64) -> Result<u64, StateError> {
-        self.core.local.prune_decisions(retention, now_ms)
-    }
-
-    // The logs are the local store's, so a quiet log is checkpointed by time there, as
-    // with the redb backend alone.
-    fn checkpoint_due(&self) -> Result<Vec<probity::audit::Checkpoint>, StateError> {
-        StateBackend::checkpoint_due(self.core.local.as_ref())
-    }
-
-    fn checkpoint_interval(&self) -> Option<Duration> {
-        StateBackend::checkpoint_interval(self.core.local.as_ref())
-    }
-
-    fn storage_health(&self) -> probity::state::StorageHealth {
-        self.core.local.storage_health()
     }
 
     fn remember_admitted(

@@ -6,7 +6,7 @@
 //! serves. Every Probity process watches the prefixes it needs and applies the changes in
 //! order. The crate has two layers: the etcd client (everything but [`backend`], which
 //! knows nothing of the engine), and [`EtcdState`], the engine's
-//! [`probity::state::StateBackend`] built on it.
+//! [`probity::state::SharedState`] built on it.
 //!
 //! What it promises, call by call:
 //!

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use engine::integrity::{
     self, IntegrityError, PublicKey, Verifier, VerifyFailure, VerifyOptions, VerifyReport, hex,
 };
-use engine::state::{StateBackend, StateStore};
+use engine::state::{AttachedState, StateStore};
 use engine::{Decision, Engine, ReloadWatcher, Request};
 use serde_json::{Value, json};
 
@@ -238,8 +238,8 @@ fn load_failure(e: &engine::LoadError) -> Failure {
 
 /// The attached state store: verification keeps its registry (accepted versions, so
 /// rollbacks are refused) and its event log there.
-pub(crate) fn registry(entry: &EngineEntry) -> Result<Arc<dyn StateBackend>, Failure> {
-    entry.engine.state().cloned().ok_or_else(|| {
+pub(crate) fn registry(entry: &EngineEntry) -> Result<AttachedState, Failure> {
+    entry.engine.attached().ok_or_else(|| {
         Failure::invalid(
             "verification needs a state directory (its registry refuses rollbacks): open the engine with one",
         )
@@ -375,7 +375,7 @@ pub(crate) fn verify(entry: &EngineEntry, args: &VerifyArgs<'_>) -> Result<Verif
     };
     // The environment failing is an error; the object failing is a verdict.
     let outcome =
-        integrity::verify_encoded_file(file, path, &manifest, &verifier, store.as_ref(), &options)
+        integrity::verify_encoded_file(file, path, &manifest, &verifier, &store, &options)
             .map_err(|e| Failure::chain(environment_status(&e), &e))?;
     let decision = args.node.map(|node| {
         let verification = match &outcome {

@@ -70,7 +70,7 @@ pub(crate) fn open(entry: &EngineEntry, args: &OpenArgs<'_>) -> Result<ReaderEnt
         };
         return Err(refuse(&e));
     }
-    let reader = match VerifiedReader::new(file, &signed, &verifier, store.as_ref()) {
+    let reader = match VerifiedReader::new(file, &signed, &verifier, &store) {
         Ok(r) => r.with_path(path),
         Err(e) if e.is_environment() => {
             return Err(Failure::chain(engines::environment_status(&e), &e));

@@ -419,7 +419,7 @@ pub(crate) async fn decisions(
     let Query(query) = query.map_err(|e| ApiError::BadRequest(e.body_text()))?;
     let caller = caller(&ext);
     authorize(&state, &caller, "decisions", "read", None).await?;
-    let Some(store) = state.engine().state().cloned() else {
+    let Some(store) = state.engine().log().cloned() else {
         return Err(ApiError::Unavailable(
             "no state directory is configured, so no decision is recorded".into(),
         ));
@@ -483,7 +483,7 @@ pub(crate) async fn verify(
     })?;
     authorize(&state, &caller, "verify", "verify", Some(&body.node)).await?;
     let engine = state.engine().clone();
-    let Some(store) = engine.state().cloned() else {
+    let Some(store) = engine.attached() else {
         return Err(ApiError::Unavailable(
             "verification needs a state directory ([integrity] state_dir)".into(),
         ));
@@ -503,7 +503,7 @@ pub(crate) async fn verify(
     let outcome = state
         .io()
         .run(&caller.0, move || {
-            verify_blocking(&checker, &engine, store.as_ref(), &key_path, &roots, &body)
+            verify_blocking(&checker, &engine, &store, &key_path, &roots, &body)
         })
         .await
         .map_err(|busy| match busy {
@@ -570,7 +570,7 @@ pub(crate) fn open_confined(
 fn verify_blocking(
     state: &AppState,
     engine: &probity::Engine,
-    store: &dyn probity::state::StateBackend,
+    store: &probity::state::AttachedState,
     key_path: &std::path::Path,
     roots: &[std::path::PathBuf],
     body: &VerifyBody,

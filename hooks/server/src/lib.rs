@@ -220,7 +220,7 @@ impl AppState {
     /// at error level when it starts failing, at info when it recovers. May write to
     /// disk: call it off the async workers.
     pub fn storage_health(&self) -> Option<probity::state::StorageHealth> {
-        let health = self.engine().state()?.storage_health();
+        let health = self.engine().log()?.storage_health();
         let mut last = self
             .inner
             .storage

@@ -161,34 +161,34 @@ fn load_engine(
         None => Engine::from_embedded_defaults()?,
     };
     log_reloads(&engine);
-    let mut local_logs = None;
+    let mut local_logs: Option<Arc<probity::state::StateStore>> = None;
     if let Some(dir) = &config.integrity.state_dir {
         let bad = |detail: String| ServeError::State {
             path: dir.clone(),
             detail,
         };
-        let store: Arc<dyn probity::state::StateBackend> = match config.state.backend {
+        // The decision and event logs always stay on this machine, in the state
+        // directory's store; with etcd, the cluster shares the rest.
+        let (shared, local): (Arc<dyn probity::state::SharedState>, _) = match config.state.backend
+        {
             StateBackendKind::Redb => {
                 let local = Arc::new(
                     probity::state::StateStore::open(dir).map_err(|e| bad(e.to_string()))?,
                 );
-                local_logs = Some(Arc::clone(&local));
-                local
+                (Arc::clone(&local) as _, local)
             }
             StateBackendKind::Etcd => {
-                let etcd = open_etcd(config, dir).map_err(bad)?;
-                // The logs stay on this machine even with etcd: forwarding reads them.
-                local_logs = Some(Arc::clone(etcd.local()));
-                Arc::new(etcd)
+                let etcd = Arc::new(open_etcd(config, dir).map_err(bad)?);
+                let local = Arc::clone(etcd.local());
+                (etcd as _, local)
             }
         };
-        tracing::info!(state = %store.describe(), "state attached");
-        if let Some(local) = &local_logs {
-            // Before attaching: the log's writer reads the interval once, at start.
-            local.set_checkpoint_policy(checkpoint_policy(config, dir).map_err(bad)?);
-        }
+        tracing::info!(state = %shared.describe(), "state attached");
+        // Before attaching: the log's writer reads the interval once, at start.
+        local.set_checkpoint_policy(checkpoint_policy(config, dir).map_err(bad)?);
+        local_logs = Some(Arc::clone(&local));
         engine
-            .attach_state(store)
+            .attach_state(probity::state::AttachedState::new(shared, local))
             .map_err(|e| bad(error_chain(&e)))?;
     }
     if let Some(path) = &config.policies.entities {
@@ -681,7 +681,7 @@ fn spawn_storage_watch(state: &AppState) -> Option<std::sync::mpsc::Sender<()>> 
 /// Prunes the decision log on an interval, on a thread of its own, and keeps the
 /// usage figures for readiness and metrics. Stops when the returned sender drops.
 fn spawn_retention(state: &AppState) -> Option<std::sync::mpsc::Sender<()>> {
-    let store = state.engine().state().cloned()?;
+    let store = state.engine().log().cloned()?;
     let (tx, rx) = std::sync::mpsc::channel::<()>();
     let s = state.clone();
     let spawned = std::thread::Builder::new()

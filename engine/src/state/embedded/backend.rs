@@ -1,4 +1,4 @@
-//! [`StateBackend`] for the embedded store.
+//! [`SharedState`] for the embedded store.
 
 use std::time::Duration;
 
@@ -9,7 +9,7 @@ use crate::block::BlockRecord;
 
 use super::*;
 
-impl StateBackend for StateStore {
+impl SharedState for StateStore {
     fn describe(&self) -> String {
         format!("redb {}", self.path.display())
     }
@@ -33,39 +33,6 @@ impl StateBackend for StateStore {
     }
     fn blocked_nodes(&self) -> Result<Vec<BlockedNode>, StateError> {
         StateStore::blocked_nodes(self)
-    }
-    fn record_event(
-        &self,
-        object_id: &str,
-        node: Option<&str>,
-        kind: &str,
-        detail: &str,
-    ) -> Result<u64, StateError> {
-        StateStore::record_event(self, object_id, node, kind, detail)
-    }
-    fn events(&self, from: u64) -> Result<Vec<Event>, StateError> {
-        StateStore::events(self, from)
-    }
-    fn record_decisions(&self, records: &mut [DecisionRecord]) -> Result<u64, StateError> {
-        StateStore::record_decisions(self, records)
-    }
-    fn decisions(&self, from: u64, limit: usize) -> Result<Vec<DecisionRecord>, StateError> {
-        StateStore::decisions(self, from, limit)
-    }
-    fn decision_log_usage(&self) -> Result<LogUsage, StateError> {
-        StateStore::decision_log_usage(self)
-    }
-    fn prune_decisions(&self, retention: &Retention, now_ms: u64) -> Result<u64, StateError> {
-        StateStore::prune_decisions(self, retention, now_ms)
-    }
-    fn checkpoint_due(&self) -> Result<Vec<Checkpoint>, StateError> {
-        self.checkpoint(false)
-    }
-    fn storage_health(&self) -> StorageHealth {
-        StateStore::storage_health(self)
-    }
-    fn checkpoint_interval(&self) -> Option<Duration> {
-        Some(self.checkpoint_policy().every)
     }
     fn key_record(&self, id: &str) -> Result<Option<(Vec<u8>, u64)>, StateError> {
         let read = |txn: &redb::ReadTransaction| -> Result<Option<Vec<u8>>, redb::Error> {
@@ -220,5 +187,41 @@ impl StateBackend for StateStore {
     }
     fn served_digests(&self) -> Result<Vec<ServedDigest>, StateError> {
         self.values_of(DIGESTS, "digests", "reading served digests")
+    }
+}
+
+impl LocalLog for StateStore {
+    fn record_event(
+        &self,
+        object_id: &str,
+        node: Option<&str>,
+        kind: &str,
+        detail: &str,
+    ) -> Result<u64, StateError> {
+        StateStore::record_event(self, object_id, node, kind, detail)
+    }
+    fn events(&self, from: u64) -> Result<Vec<Event>, StateError> {
+        StateStore::events(self, from)
+    }
+    fn record_decisions(&self, records: &mut [DecisionRecord]) -> Result<u64, StateError> {
+        StateStore::record_decisions(self, records)
+    }
+    fn decisions(&self, from: u64, limit: usize) -> Result<Vec<DecisionRecord>, StateError> {
+        StateStore::decisions(self, from, limit)
+    }
+    fn decision_log_usage(&self) -> Result<LogUsage, StateError> {
+        StateStore::decision_log_usage(self)
+    }
+    fn prune_decisions(&self, retention: &Retention, now_ms: u64) -> Result<u64, StateError> {
+        StateStore::prune_decisions(self, retention, now_ms)
+    }
+    fn checkpoint_due(&self) -> Result<Vec<Checkpoint>, StateError> {
+        self.checkpoint(false)
+    }
+    fn storage_health(&self) -> StorageHealth {
+        StateStore::storage_health(self)
+    }
+    fn checkpoint_interval(&self) -> Option<Duration> {
+        Some(self.checkpoint_policy().every)
     }
 }

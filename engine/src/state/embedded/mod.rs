@@ -19,7 +19,7 @@ mod logs;
 #[cfg(test)]
 mod tests;
 
-pub(in crate::state) use codec::check_against;
+pub(crate) use codec::check_against;
 use codec::*;
 pub(crate) use codec::{decode_event, encode_event};
 
@@ -481,17 +481,6 @@ impl StateStore {
             }
             Some(refusal) => Err(refusal),
         }
-    }
-
-    /// Blocks `node` with `reason`: a node already blocked keeps its first reason and
-    /// time, and this block joins its history.
-    pub fn block_node(&self, node: &str, reason: &str) -> Result<(), StateError> {
-        let now = now_unix();
-        let record = match self.blocked(node)? {
-            Some(b) => b.record.blocked_again(reason, now),
-            None => BlockRecord::new(reason, now),
-        };
-        self.put_block(node, &record)
     }
 
     /// Stores `node`'s block record as it is (the engine computes it).

@@ -251,7 +251,7 @@ fn a_quiet_log_is_checkpointed_by_time_and_by_force() {
 fn key_records_are_compare_and_swap() {
     let dir = tempfile::tempdir().unwrap();
     let s = StateStore::open(dir.path()).unwrap();
-    let b: &dyn StateBackend = &s;
+    let b: &dyn SharedState = &s;
     assert_eq!(b.key_record("k").unwrap(), None);
     let r1 = b.put_key_record("k", b"one", None).unwrap();
     assert!(matches!(
@@ -303,7 +303,8 @@ fn blocklist_and_events_persist() {
     let dir = tempfile::tempdir().unwrap();
     {
         let s = StateStore::open(dir.path()).unwrap();
-        s.block_node("node-1", "chunk 3 mismatch").unwrap();
+        s.block_node("node-1", "chunk 3 mismatch", 1_700_000_000)
+            .unwrap();
         assert_eq!(
             s.record_event("o", Some("node-1"), "chunk-mismatch", "d")
                 .unwrap(),

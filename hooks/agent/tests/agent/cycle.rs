@@ -170,7 +170,7 @@ fn power_spike_heat_driver_drift_and_an_extra_port_alert_and_then_clear() {
     });
 
     // Each finding and its clearing is in the state store's event log, with its facts.
-    let events = engine.state().unwrap().events(0).unwrap();
+    let events = engine.log().unwrap().events(0).unwrap();
     let kinds: Vec<(&str, &str)> = events
         .iter()
         .map(|e| (e.kind.as_str(), e.object_id.as_str()))

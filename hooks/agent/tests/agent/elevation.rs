@@ -73,10 +73,10 @@ fn an_unauthorized_elevation_after_a_remote_login_is_denied_and_alerted() {
         assert_eq!(a["labels"]["probity_node"], NODE);
         assert_eq!(a["labels"]["severity"], "critical");
     }
-    let events = engine.state().unwrap().events(0).unwrap();
+    let events = engine.log().unwrap().events(0).unwrap();
     assert_eq!(events.iter().filter(|e| e.kind == "finding").count(), 3);
     // The decision log has the denies too (the engine records them).
-    let decisions = engine.state().unwrap().decisions(0, 100).unwrap();
+    let decisions = engine.log().unwrap().decisions(0, 100).unwrap();
     assert!(
         decisions
             .iter()

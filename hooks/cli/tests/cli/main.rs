@@ -768,7 +768,7 @@ fn bug_a_closed_pipe_ends_audit_quietly_with_status_0() {
                 decision: probity::Decision::error("a blocked node takes part in this request"),
             })
             .collect();
-        probity::state::StateBackend::record_decisions(&store, &mut records).unwrap();
+        probity::state::LocalLog::record_decisions(&store, &mut records).unwrap();
     }
     let mut child = Command::new(env!("CARGO_BIN_EXE_probity"))
         .args(["audit", "--limit", "3000"])

@@ -165,7 +165,7 @@ impl WatchHandler for FactsHandler {
 }
 
 /// Follows `registry/` into the backend's mirror, which answers
-/// [`probity::state::StateBackend::check_version`] without a round trip.
+/// [`probity::state::SharedState::check_version`] without a round trip.
 pub(super) struct RegistryHandler {
     pub(super) core: Arc<Core>,
 }

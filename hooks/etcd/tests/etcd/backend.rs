@@ -7,7 +7,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use probity::state::{NodeFacts, StateBackend, StateError};
+use probity::state::{NodeFacts, SharedState, StateError};
 use probity::{Engine, Request};
 use probity_etcd::{EtcdConfig, EtcdState, EtcdStateOptions, ResyncOptions, Role};
 use rustix::process::Signal;
@@ -54,9 +54,7 @@ impl Peer {
         let dir = tempfile::tempdir().unwrap();
         let state = Arc::new(EtcdState::open(config, dir.path(), options).unwrap());
         let engine = Engine::from_embedded_defaults().unwrap();
-        engine
-            .attach_state(Arc::clone(&state) as Arc<dyn StateBackend>)
-            .unwrap();
+        engine.attach_state(state.attached()).unwrap();
         Self {
             engine,
             state,
@@ -271,9 +269,7 @@ fn a_queued_block_survives_a_restart_of_the_process() {
     }
     let state = Arc::new(EtcdState::open(etcd.config(), dir.path(), options()).unwrap());
     let engine = Engine::from_embedded_defaults().unwrap();
-    engine
-        .attach_state(Arc::clone(&state) as Arc<dyn StateBackend>)
-        .unwrap();
+    engine.attach_state(state.attached()).unwrap();
     assert!(
         engine.blocked_nodes().contains_key("gpu-q"),
         "in force at start"
@@ -786,8 +782,11 @@ fn served_digests_and_key_metadata_live_in_etcd() {
     assert_eq!(b.key_record("k").unwrap(), None);
 
     // The decision and event logs stay in the local store.
-    assert_eq!(b.record_event("o", None, "rollback", "d").unwrap(), 0);
-    assert_eq!(b.events(0).unwrap().len(), 1);
+    assert_eq!(
+        b.local().record_event("o", None, "rollback", "d").unwrap(),
+        0
+    );
+    assert_eq!(b.local().events(0).unwrap().len(), 1);
     assert!(b.describe().contains("logs: redb"), "{}", b.describe());
 }
 
@@ -812,12 +811,10 @@ fn a_quiet_log_on_etcd_is_checkpointed_by_time() {
         anchor: None,
     });
     let engine = Engine::from_embedded_defaults().unwrap();
-    engine
-        .attach_state(Arc::clone(&state) as Arc<dyn StateBackend>)
-        .unwrap();
+    engine.attach_state(state.attached()).unwrap();
     let deny = engine.decide(&comply("gpu-quiet"));
     assert!(!deny.is_allowed(), "{deny:?}");
-    assert_eq!(state.decisions(0, 10).unwrap().len(), 1);
+    assert_eq!(state.local().decisions(0, 10).unwrap().len(), 1);
     let checkpoint = wait_for(WAIT, "a checkpoint of the quiet decision log", || {
         state.local().checkpoints(Log::Decisions).unwrap().pop()
     });

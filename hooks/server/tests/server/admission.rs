@@ -855,7 +855,7 @@ fn binding(namespace: &str, name: &str, pod_uid: &str, node: &str) -> Value {
 /// with them.
 #[tokio::test]
 async fn bug_an_rlhf_pod_could_never_bind_to_its_dedicated_zone() {
-    use probity::state::StateBackend as _;
+    use probity::state::SharedState as _;
     let tmp = tempfile::tempdir().unwrap();
     let store =
         std::sync::Arc::new(probity::state::StateStore::open(&tmp.path().join("state")).unwrap());

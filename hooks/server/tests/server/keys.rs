@@ -220,7 +220,7 @@ async fn keys_over_the_api_encrypt_rotate_at_91_days_and_only_admins_erase() {
     .await;
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{out}");
     assert!(out.to_string().contains("was erased on"), "{out}");
-    let events = s.engine().state().unwrap().events(0).unwrap();
+    let events = s.engine().log().unwrap().events(0).unwrap();
     let kinds: Vec<&str> = events.iter().map(|e| e.kind.as_str()).collect();
     assert!(kinds.contains(&"key-rotated"), "{kinds:?}");
     assert!(kinds.contains(&"subject-erased"), "{kinds:?}");
