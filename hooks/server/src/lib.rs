@@ -16,14 +16,18 @@
 //! | `POST /v1/entities/stream` | NDJSON of upserts on one long-lived request, applied in groups and acknowledged as they go (authorized likewise) |
 //! | `DELETE /v1/entities` | remove `{"uids": [..]}` (authorized likewise) |
 //! | `GET /v1/entities/{type}/{id}` | one entity |
-//! | `POST /v1/nodes/{id}/block`, `.../unblock` | block or unblock a node (authorized: `manage` on `Api::"nodes"`) |
+//! | `POST /v1/nodes/{id}/block`, `POST /v1/nodes/{id}/unblock` | block or unblock a node (authorized: `manage` on `Api::"nodes"`) |
 //! | `GET /v1/nodes/blocked` | blocked nodes and why |
 //! | `GET /v1/policy/status` | digest, files, reloads, last reload error |
 //! | `GET /v1/cluster/digests` | the policy digest every process serves (from the state store), and which lag |
 //! | `POST /v1/verify` | verify a file before a node reads it; a failure blocks the node (authorized: `manage` on `Api::"verify"`) |
-//! | `POST /v1/admission/validate`, `/v1/admission/mutate` | AdmissionReview v1 (Pods, pod templates, `pods/binding`) |
-//! | `POST /v1/scheduler/filter`, `/v1/scheduler/prioritize` | kube-scheduler extender: ExtenderArgs in, ExtenderFilterResult / HostPriorityList out |
-//! | `GET /healthz`, `/readyz`, `/metrics` | liveness, readiness, Prometheus |
+//! | `GET /v1/decisions?from=&limit=` | the decision log, oldest first (authorized: `read` on `Api::"decisions"`) |
+//! | `GET /v1/keys` | every key's metadata (never key material) and where the KEKs live |
+//! | `POST /v1/keys/rotate`, `POST /v1/keys/erase` | `{"key"}`: a new primary version; `{"subject", "objects"}`: crypto-shredding |
+//! | `POST /v1/encrypt`, `POST /v1/decrypt` | `{"key", "object_id", "plaintext"}` / `{"object_id", "ciphertext"}`, base64, after the policies allow it |
+//! | `POST /v1/admission/validate`, `POST /v1/admission/mutate` | AdmissionReview v1 (Pods, pod templates, `pods/binding`) |
+//! | `POST /v1/scheduler/filter`, `POST /v1/scheduler/prioritize` | kube-scheduler extender: ExtenderArgs in, ExtenderFilterResult / HostPriorityList out |
+//! | `GET /healthz`, `GET /readyz`, `GET /metrics` | liveness, readiness, Prometheus |
 //!
 //! Running it: `cargo run -p probity-cli -- serve` serves the embedded default policies
 //! on `/run/probity/probity.sock` (mode 0660; the directory is created), where root is an
@@ -609,6 +613,37 @@ impl AppState {
         Ok(decisions)
     }
 }
+
+/// Every (method, path) [`app`] serves, in its order: what the route tables of README.md
+/// and of this module's documentation are checked against, and what the server's route
+/// test checks against [`app`] itself (tests/server/routes.rs).
+pub const ROUTES: &[(&str, &str)] = &[
+    ("POST", "/v1/decide"),
+    ("POST", "/v1/decide/batch"),
+    ("POST", "/v1/entities"),
+    ("DELETE", "/v1/entities"),
+    ("POST", "/v1/entities/stream"),
+    ("GET", "/v1/entities/{type}/{id}"),
+    ("GET", "/v1/nodes/blocked"),
+    ("POST", "/v1/nodes/{id}/block"),
+    ("POST", "/v1/nodes/{id}/unblock"),
+    ("GET", "/v1/policy/status"),
+    ("GET", "/v1/cluster/digests"),
+    ("GET", "/v1/decisions"),
+    ("POST", "/v1/verify"),
+    ("GET", "/v1/keys"),
+    ("POST", "/v1/keys/rotate"),
+    ("POST", "/v1/keys/erase"),
+    ("POST", "/v1/encrypt"),
+    ("POST", "/v1/decrypt"),
+    ("POST", "/v1/admission/validate"),
+    ("POST", "/v1/admission/mutate"),
+    ("POST", "/v1/scheduler/filter"),
+    ("POST", "/v1/scheduler/prioritize"),
+    ("GET", "/healthz"),
+    ("GET", "/readyz"),
+    ("GET", "/metrics"),
+];
 
 /// The router: every route, with the body limit, concurrency bound, and timeout and
 /// metrics as layers.

@@ -13,6 +13,7 @@ mod forward;
 mod keys;
 #[path = "../../../testsupport/services.rs"]
 mod services;
+mod tour;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

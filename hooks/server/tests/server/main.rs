@@ -17,6 +17,7 @@ mod disk_full;
 mod keys;
 mod net;
 mod placement;
+mod routes;
 mod stream;
 
 use std::path::{Path, PathBuf};
