@@ -453,3 +453,41 @@ fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
         }
     }
 }
+
+/// The agent alerts on the kind the schema's conventions name (`@alert_obligation`),
+/// and a kind it does not name is only recorded.
+#[test]
+fn an_alert_obligation_the_schema_renames_alerts() {
+    let dir = policy_dir(|text| {
+        text.replace(
+            "@obligations(\"alert block_node burst_to_cloud migrate rotate_key\")",
+            "@obligations(\"alert block_node burst_to_cloud migrate rotate_key page\")",
+        )
+        .replace(
+            "@alert_obligation(\"alert\")",
+            "@alert_obligation(\"page\")",
+        )
+    });
+    let thermal = dir.path().join("thermal/thermal.cedar");
+    let text = std::fs::read_to_string(&thermal).unwrap().replace(
+        "@message(\"node {resource} has telemetry that could not be read or is stale: {resource.unreadable}\")\n@obligation(\"alert\")",
+        "@message(\"node {resource} has telemetry that could not be read or is stale: {resource.unreadable}\")\n@obligation(\"page\")",
+    );
+    assert!(text.contains("@obligation(\"page\")"));
+    std::fs::write(&thermal, text).unwrap();
+    let node = FakeNode::new();
+    node.tool_fails("ipmitool", "Could not open device at /dev/ipmi0");
+    let engine = probity::Engine::builder(dir.path()).build().unwrap();
+    assert_eq!(engine.conventions().alert_obligation(), Some("page"));
+    engine
+        .upsert_entities(&crate::support::cluster_entities(false))
+        .unwrap();
+    let mut agent = agent(node.config("", ""), engine);
+    let r = agent.cycle();
+    let page = r.obligations.iter().find(|o| o.kind == "page").unwrap();
+    assert_eq!(page.outcome, "no alert sink configured: recorded only");
+    // `alert` is an ordinary kind here: the agent does not alert on it.
+    for o in r.obligations.iter().filter(|o| o.kind == "alert") {
+        assert_eq!(o.outcome, "alert: not carried out by the node agent");
+    }
+}
