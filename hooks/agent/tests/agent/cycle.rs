@@ -491,3 +491,46 @@ fn an_alert_obligation_the_schema_renames_alerts() {
         assert_eq!(o.outcome, "alert: not carried out by the node agent");
     }
 }
+
+/// A role's firewall baseline is read from the attributes the schema names
+/// (`@baseline_ports`, `@baseline_restrictions`), not from names of the agent's.
+#[test]
+fn a_baseline_the_schema_renames_is_followed() {
+    use probity_agent::baseline::role_baseline;
+    let rdma = with_rdma_ports("udp");
+    let dir = policy_dir(|text| {
+        // The RDMA set instead of udpPorts, in an order `rdma` does not edit.
+        let text = text.replace(
+            "@baseline_ports(\"NodeRole.tcpPorts:tcp NodeRole.udpPorts:udp Settings.inboundPortBaseline:tcp Settings.inboundUdpPortBaseline:udp\")",
+            "@baseline_ports(\"NodeRole.rdmaPorts:udp NodeRole.tcpPorts:tcp Settings.inboundUdpPortBaseline:udp Settings.inboundPortBaseline:tcp\")",
+        );
+        assert!(text.contains("NodeRole.rdmaPorts:udp NodeRole.tcpPorts:tcp"));
+        rdma(text)
+            .replace(
+                "  restricted: Set<String>,",
+                "  reachableFrom: Set<String>,",
+            )
+            .replace(
+                "@baseline_restrictions(\"NodeRole.restricted\")",
+                "@baseline_restrictions(\"NodeRole.reachableFrom\")",
+            )
+    });
+    let toml = dir.path().join("probity.toml");
+    let text = std::fs::read_to_string(&toml)
+        .unwrap()
+        .replace("udp = [8472]\n", "udp = [8472]\nrdma = [4791]\n");
+    std::fs::write(&toml, text).unwrap();
+    let engine = probity::Engine::builder(dir.path()).build().unwrap();
+    let b = role_baseline(&engine, Some("gpu-worker")).unwrap();
+    let t = probity_firewall::baseline::render(&b).unwrap();
+    let t = t.text();
+    // The RDMA set is the role's UDP baseline now; udpPorts is not.
+    assert!(t.contains("udp dport 4791 accept"), "{t}");
+    assert!(!t.contains("udp dport 8472 accept"), "{t}");
+    // The renamed restriction still limits the kubelet's port.
+    assert!(
+        t.contains("ip saddr 10.0.0.0/8 tcp dport 10250 accept"),
+        "{t}"
+    );
+    assert!(!t.contains("\ttcp dport 10250 accept"), "restricted: {t}");
+}
