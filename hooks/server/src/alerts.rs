@@ -387,7 +387,11 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("renamed.cedarschema");
         std::fs::write(&path, schema).unwrap();
-        let engine = probity::Engine::defaults().schema(path).build().unwrap();
+        let engine =
+            probity::Engine::builder(concat!(env!("CARGO_MANIFEST_DIR"), "/../../policies"))
+                .schema(path)
+                .build()
+                .unwrap();
         // Each kind on its own node, to tell which one alerted.
         let obligation = |kind: &str, node: &str| Obligation {
             kind: kind.into(),
