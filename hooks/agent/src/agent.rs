@@ -43,7 +43,7 @@ use thiserror::Error;
 
 use crate::alerts::{AlertSetupError, AlertSinks, alert_spec};
 use crate::config::Config;
-use crate::elevation::{AuditReader, AuditSetupError, EngineClock, elevation_facts};
+use crate::elevation::{AuditReader, AuditSetupError, elevation_facts};
 use crate::facts::{self, GpuFact, NodeNumbers, PowerFact};
 use crate::findings::{Finding, Findings, Scope, findings_of};
 use crate::listen::{self, ListenSubject, PortSets};
@@ -1211,7 +1211,7 @@ impl Agent {
         let Some(reader) = self.audit.as_mut() else {
             return report;
         };
-        let poll = reader.poll(&EngineClock(Arc::clone(&clock)));
+        let poll = reader.poll(&*clock);
         match &reader.status().last {
             Outcome::Ok { .. } => self.audit_state.record_ok((), now),
             Outcome::Unavailable { reason, .. } => {
