@@ -12,9 +12,12 @@
 //! @conventions
 //! @obligations("alert block_node burst_to_cloud migrate rotate_key")
 //! @block_obligation("block_node")
+//! @alert_obligation("alert")
 //! @verified_read("read")
 //! @block_policy("security.blocked-node")
 //! @port_sets("NodeRole.tcpPorts:tcp NodeRole.udpPorts:udp Settings.inboundPortBaseline:tcp Settings.inboundUdpPortBaseline:udp")
+//! @baseline_ports("NodeRole.tcpPorts:tcp NodeRole.udpPorts:udp Settings.inboundPortBaseline:tcp Settings.inboundUdpPortBaseline:udp")
+//! @baseline_restrictions("NodeRole.restricted")
 //! @schedule_action("schedule")
 //! @placement_group("zone")
 //! entity Conventions;
@@ -24,8 +27,11 @@
 //! | --- | --- | --- |
 //! | `@obligations` | `alert block_node burst_to_cloud migrate rotate_key` | the obligation kinds a policy's `@obligation` may name; another is a load error, so a typo cannot drop an obligation |
 //! | `@block_obligation` | `block_node` | the kind whose target the engine blocks when it carries out a decision (its type must be the blocklist's, `@owned("blocklist")`) |
+//! | `@alert_obligation` | `alert` | the kind a hook carries out by raising an alert (the node agent's sinks, the server's decision-log follower); declared, it must be one of the obligation kinds (a load error otherwise); the default where the kinds lack it means no kind alerts |
 //! | `@verified_read` | `read` | the action [`Engine::decide_read`](crate::Engine::decide_read) asks: its principal is the reader, its resource the object, and its context holds a Bool `verified` and an optional String `failure` |
 //! | `@port_sets` | `NodeRole.tcpPorts:tcp NodeRole.udpPorts:udp Settings.inboundPortBaseline:tcp Settings.inboundUdpPortBaseline:udp` | the `Set<Long>` attributes (`Type.attribute:protocol`) that hold ports of a protocol (`tcp` or `udp`; another is a load error): the node agent asks one `listen` question per range of ports that lie on the same side of every such set, so a set left out here would be ignored. A default entry the schema does not declare is left out |
+//! | `@baseline_ports` | as `@port_sets` | the port sets that are a node's *allowed* ports, which the node agent turns into its firewall baseline: those of the role type (`NodeRole`) for a node with a role, those of `Settings` for one without. Each must be one of the `@port_sets` (so `listen` tells its ports apart); a default entry that is not is left out |
+//! | `@baseline_restrictions` | `NodeRole.restricted` | the `Set<String>` attributes (`Type.attribute`) of `"tcp/PORT PREFIX"` entries that limit an allowed port to sources; a default the schema does not declare is left out |
 //! | `@schedule_action` | `schedule` | the action placement asks (admission, the scheduler extender, the mutating webhook's affinity): its principal is the workload, its resource the node |
 //! | `@placement_group` | `zone` | the attribute of the schedule action's resource (an entity reference) by which the mutating webhook groups nodes into the zones of its affinity; declared, it must be one on every resource type of the schedule action |
 //! | `@block_policy` | none | the id of the forbid policy that enforces the blocklist: a set without it, or with it as a permit, is refused (naming it), and no reload can drop it. The default schema declares `security.blocked-node` |
@@ -63,15 +69,32 @@ pub const CONVENTIONS_ANNOTATION: &str = "conventions";
 pub struct Conventions {
     obligation_kinds: BTreeSet<String>,
     block_obligation: String,
+    alert_obligation: Option<String>,
     verified_read: Option<VerifiedRead>,
     block_policy: Option<String>,
     port_sets: Vec<PortSet>,
+    baseline_ports: Vec<PortSet>,
+    baseline_restrictions: Vec<Restrictions>,
     schedule_action: String,
     placement_group: String,
 }
 
 /// The port sets a schema without `@port_sets` declares (each where the schema backs it).
 pub const DEFAULT_PORT_SETS: &str = "NodeRole.tcpPorts:tcp NodeRole.udpPorts:udp Settings.inboundPortBaseline:tcp Settings.inboundUdpPortBaseline:udp";
+
+/// The restriction attributes a schema without `@baseline_restrictions` declares (where
+/// the schema backs them).
+const DEFAULT_BASELINE_RESTRICTIONS: &str = "NodeRole.restricted";
+
+/// A `Set<String>` attribute of `"tcp/PORT PREFIX"` entries (`NodeRole.restricted`): an
+/// allowed port reachable only from these sources.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Restrictions {
+    /// The entity type holding it (`NodeRole`).
+    pub entity_type: String,
+    /// The attribute (`restricted`).
+    pub attribute: String,
+}
 
 /// A protocol whose ports a [`PortSet`] holds. Exhaustive on purpose: a protocol added
 /// here must be handled by every host that reads port sets, not skipped.
@@ -135,9 +158,12 @@ impl Default for Conventions {
                 .map(|k| (*k).to_owned())
                 .collect(),
             block_obligation: "block_node".into(),
+            alert_obligation: Some("alert".into()),
             verified_read: None,
             block_policy: None,
             port_sets: Vec::new(),
+            baseline_ports: Vec::new(),
+            baseline_restrictions: Vec::new(),
             schedule_action: "schedule".into(),
             placement_group: "zone".into(),
         }
@@ -160,6 +186,16 @@ impl Conventions {
         &self.block_obligation
     }
 
+    /// The obligation kind a hook carries out by raising an alert, if the schema has one.
+    pub fn alert_obligation(&self) -> Option<&str> {
+        self.alert_obligation.as_deref()
+    }
+
+    /// Whether `kind` is the alert obligation.
+    pub fn is_alert(&self, kind: &str) -> bool {
+        self.alert_obligation() == Some(kind)
+    }
+
     /// The id of the policy that enforces the blocklist, if the schema names one.
     pub fn block_policy(&self) -> Option<&str> {
         self.block_policy.as_deref()
@@ -173,6 +209,17 @@ impl Conventions {
     /// The attributes that hold sets of ports, with their protocols.
     pub fn port_sets(&self) -> &[PortSet] {
         &self.port_sets
+    }
+
+    /// The port sets that hold a node's allowed ports (its firewall baseline), each one
+    /// of [`port_sets`](Self::port_sets).
+    pub fn baseline_ports(&self) -> &[PortSet] {
+        &self.baseline_ports
+    }
+
+    /// The attributes that limit allowed ports to sources.
+    pub fn baseline_restrictions(&self) -> &[Restrictions] {
+        &self.baseline_restrictions
     }
 
     /// The action placement asks (`schedule`).
@@ -195,6 +242,9 @@ impl Conventions {
         };
         let mut declared = None;
         let mut port_sets_declared = false;
+        let mut alert_declared = false;
+        let mut baseline_declared = None;
+        let mut restrictions_declared = false;
         for (namespace, body) in json.as_object().into_iter().flatten() {
             for (name, decl) in body
                 .get("entityTypes")
@@ -247,6 +297,24 @@ impl Conventions {
                 }
                 if let Some(kind) = get("block_obligation") {
                     out.block_obligation = kind.to_owned();
+                }
+                if let Some(kind) = get("alert_obligation") {
+                    alert_declared = true;
+                    out.alert_obligation = Some(kind.to_owned());
+                }
+                if let Some(list) = get("baseline_ports") {
+                    // Checked once the port sets are known, which it must be among.
+                    baseline_declared = Some((qualified.clone(), list.to_owned()));
+                }
+                if let Some(list) = get("baseline_restrictions") {
+                    restrictions_declared = true;
+                    match restrictions(json, list) {
+                        Ok(r) => out.baseline_restrictions = r,
+                        Err(why) => problems.push(problem(
+                            "@baseline_restrictions",
+                            format!("entity {qualified}: @baseline_restrictions: {why}"),
+                        )),
+                    }
                 }
                 match get("block_policy") {
                     Some(id) if id.trim().is_empty() => problems.push(problem(
@@ -310,12 +378,66 @@ impl Conventions {
                 ),
             ));
         }
+        if let Some(kind) = out.alert_obligation.clone()
+            && !out.obligation_kinds.contains(&kind)
+        {
+            if alert_declared {
+                problems.push(problem(
+                    "@alert_obligation",
+                    format!(
+                        "the alert obligation {kind:?} is not among the obligation kinds ({})",
+                        out.obligation_kinds
+                            .iter()
+                            .map(String::as_str)
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ),
+                ));
+            } else {
+                // The default, where the schema's kinds lack it: nothing alerts.
+                out.alert_obligation = None;
+            }
+        }
         if !port_sets_declared {
             // The defaults the schema backs: a schema without a `NodeRole` has no role
             // port sets to cut at.
             out.port_sets = DEFAULT_PORT_SETS
                 .split_whitespace()
                 .filter_map(|entry| port_set(json, entry).ok())
+                .collect();
+        }
+        match baseline_declared {
+            Some((qualified, list)) => {
+                match port_sets(json, &list).and_then(|sets| {
+                    match sets.iter().find(|s| !out.port_sets.contains(s)) {
+                        Some(s) => Err(format!(
+                            "{}.{}:{} is not one of the @port_sets, so `listen` would not tell its ports apart",
+                            s.entity_type,
+                            s.attribute,
+                            s.protocol.name()
+                        )),
+                        None => Ok(sets),
+                    }
+                }) {
+                    Ok(sets) => out.baseline_ports = sets,
+                    Err(why) => problems.push(problem(
+                        "@baseline_ports",
+                        format!("entity {qualified}: @baseline_ports: {why}"),
+                    )),
+                }
+            }
+            None => {
+                out.baseline_ports = DEFAULT_PORT_SETS
+                    .split_whitespace()
+                    .filter_map(|entry| port_set(json, entry).ok())
+                    .filter(|s| out.port_sets.contains(s))
+                    .collect();
+            }
+        }
+        if !restrictions_declared {
+            out.baseline_restrictions = DEFAULT_BASELINE_RESTRICTIONS
+                .split_whitespace()
+                .filter_map(|entry| restriction(json, entry).ok())
                 .collect();
         }
         if out.verified_read.is_none() && problems.is_empty() {
@@ -405,6 +527,37 @@ fn port_set(json: &Json, entry: &str) -> Result<PortSet, String> {
     })
 }
 
+/// The entries of `@baseline_restrictions`: `Type.attribute`, each a `Set<String>`.
+fn restrictions(json: &Json, list: &str) -> Result<Vec<Restrictions>, String> {
+    let found = list
+        .split_whitespace()
+        .map(|entry| restriction(json, entry).map_err(|why| format!("{entry:?}: {why}")))
+        .collect::<Result<Vec<_>, _>>()?;
+    if found.is_empty() {
+        return Err("names no attribute".into());
+    }
+    Ok(found)
+}
+
+fn restriction(json: &Json, entry: &str) -> Result<Restrictions, String> {
+    let (entity_type, attribute) = entry
+        .rsplit_once('.')
+        .filter(|(t, a)| !t.is_empty() && !a.is_empty())
+        .ok_or("not Type.attribute")?;
+    let decl = attribute_decl(json, entity_type, attribute)?;
+    let is_set_of_string = decl.get("type").and_then(Json::as_str) == Some("Set")
+        && decl
+            .get("element")
+            .is_some_and(|e| is_primitive(e, "String"));
+    if !is_set_of_string {
+        return Err(format!("{entity_type}.{attribute} is not a Set<String>"));
+    }
+    Ok(Restrictions {
+        entity_type: entity_type.to_owned(),
+        attribute: attribute.to_owned(),
+    })
+}
+
 /// Checks that `attr` is an entity reference on every resource type of `action`.
 fn placement_group(json: &Json, action: &str, attr: &str) -> Result<(), String> {
     let resources = action_decl(json, action)
@@ -488,6 +641,18 @@ mod tests {
     #[test]
     fn the_default_schema_declares_the_defaults() {
         let c = read(include_str!("../../policies/probity.cedarschema")).unwrap();
+        let port_sets: Vec<PortSet> = [
+            ("NodeRole", "tcpPorts", PortProtocol::Tcp),
+            ("NodeRole", "udpPorts", PortProtocol::Udp),
+            ("Settings", "inboundPortBaseline", PortProtocol::Tcp),
+            ("Settings", "inboundUdpPortBaseline", PortProtocol::Udp),
+        ]
+        .map(|(t, a, protocol)| PortSet {
+            entity_type: t.into(),
+            attribute: a.into(),
+            protocol,
+        })
+        .into();
         let defaults = Conventions {
             verified_read: Some(VerifiedRead {
                 action: "read".into(),
@@ -495,18 +660,12 @@ mod tests {
                 object: "Checkpoint".into(),
             }),
             block_policy: Some("security.blocked-node".into()),
-            port_sets: [
-                ("NodeRole", "tcpPorts", PortProtocol::Tcp),
-                ("NodeRole", "udpPorts", PortProtocol::Udp),
-                ("Settings", "inboundPortBaseline", PortProtocol::Tcp),
-                ("Settings", "inboundUdpPortBaseline", PortProtocol::Udp),
-            ]
-            .map(|(t, a, protocol)| PortSet {
-                entity_type: t.into(),
-                attribute: a.into(),
-                protocol,
-            })
-            .into(),
+            baseline_ports: port_sets.clone(),
+            port_sets,
+            baseline_restrictions: vec![Restrictions {
+                entity_type: "NodeRole".into(),
+                attribute: "restricted".into(),
+            }],
             ..Conventions::default()
         };
         assert_eq!(c, defaults);
@@ -514,9 +673,16 @@ mod tests {
         let bare: String = include_str!("../../policies/probity.cedarschema")
             .lines()
             .filter(|l| {
-                !["@port_sets", "@schedule_action", "@placement_group"]
-                    .iter()
-                    .any(|a| l.starts_with(a))
+                ![
+                    "@port_sets",
+                    "@baseline_ports",
+                    "@baseline_restrictions",
+                    "@alert_obligation",
+                    "@schedule_action",
+                    "@placement_group",
+                ]
+                .iter()
+                .any(|a| l.starts_with(a))
             })
             .collect::<Vec<_>>()
             .join("\n");
@@ -525,7 +691,7 @@ mod tests {
 
     const ROLES: &str = r#"
         entity Zone; entity Room;
-        entity NodeRole = { tcpPorts: Set<Long>, udpPorts: Set<Long>, gpuDirectPorts: Set<Long>, name: String };
+        entity NodeRole = { tcpPorts: Set<Long>, udpPorts: Set<Long>, gpuDirectPorts: Set<Long>, name: String, limited: Set<String> };
         entity Node = { zone: Zone, room: Room, rack: String };
         entity Workload;
         action place appliesTo { principal: Workload, resource: Node, context: {} };
@@ -554,6 +720,47 @@ mod tests {
         let sets: Vec<&str> = c.port_sets().iter().map(|s| &*s.attribute).collect();
         assert_eq!(sets, ["tcpPorts", "udpPorts"]);
         assert!(read("entity A;").unwrap().port_sets().is_empty());
+    }
+
+    #[test]
+    fn the_baseline_follows_the_schema() {
+        let c = read(&format!(
+            r#"{ROLES} @conventions @port_sets("NodeRole.tcpPorts:tcp NodeRole.gpuDirectPorts:udp")
+               @baseline_ports("NodeRole.gpuDirectPorts:udp") @baseline_restrictions("NodeRole.limited")
+               entity C;"#
+        ))
+        .unwrap();
+        let sets: Vec<&str> = c.baseline_ports().iter().map(|s| &*s.attribute).collect();
+        assert_eq!(sets, ["gpuDirectPorts"]);
+        let limits: Vec<&str> = c
+            .baseline_restrictions()
+            .iter()
+            .map(|r| &*r.attribute)
+            .collect();
+        assert_eq!(limits, ["limited"]);
+        // Undeclared: the default port sets that are port sets here, and no
+        // restrictions (ROLES has no `restricted`).
+        let c = read(&format!(
+            r#"{ROLES} @conventions @port_sets("NodeRole.tcpPorts:tcp") entity C;"#
+        ))
+        .unwrap();
+        let sets: Vec<&str> = c.baseline_ports().iter().map(|s| &*s.attribute).collect();
+        assert_eq!(sets, ["tcpPorts"]);
+        assert!(c.baseline_restrictions().is_empty());
+    }
+
+    #[test]
+    fn a_renamed_alert_obligation_is_the_one_that_alerts() {
+        let c = read(
+            r#"@conventions @obligations("page block_node") @alert_obligation("page") entity C;"#,
+        )
+        .unwrap();
+        assert_eq!(c.alert_obligation(), Some("page"));
+        assert!(c.is_alert("page") && !c.is_alert("alert"));
+        assert_eq!(read("entity A;").unwrap().alert_obligation(), Some("alert"));
+        // Kinds without `alert` and no declaration: nothing alerts.
+        let c = read(r#"@conventions @obligations("block_node") entity C;"#).unwrap();
+        assert_eq!(c.alert_obligation(), None);
     }
 
     #[test]
@@ -595,6 +802,22 @@ mod tests {
                 "entity C: @port_sets: names no port set",
             ),
             (
+                format!(
+                    r#"{ROLES} @conventions @port_sets("NodeRole.tcpPorts:tcp") @baseline_ports("NodeRole.udpPorts:udp") entity C;"#
+                ),
+                "entity C: @baseline_ports: NodeRole.udpPorts:udp is not one of the @port_sets, so `listen` would not tell its ports apart",
+            ),
+            (
+                format!(r#"{ROLES} @conventions @baseline_ports("NodeRole.name:tcp") entity C;"#),
+                "entity C: @baseline_ports: \"NodeRole.name:tcp\": NodeRole.name is not a Set<Long>",
+            ),
+            (
+                format!(
+                    r#"{ROLES} @conventions @baseline_restrictions("NodeRole.tcpPorts") entity C;"#
+                ),
+                "entity C: @baseline_restrictions: \"NodeRole.tcpPorts\": NodeRole.tcpPorts is not a Set<String>",
+            ),
+            (
                 format!(r#"{ROLES} @conventions @schedule_action("schedule") entity C;"#),
                 "entity C: @schedule_action(\"schedule\"): the schema declares no such action",
             ),
@@ -629,6 +852,7 @@ mod tests {
         )
         .unwrap();
         assert!(c.knows_obligation("page") && !c.knows_obligation("alert"));
+        assert_eq!(c.alert_obligation(), None);
         assert_eq!(c.block_obligation(), "quarantine");
         assert_eq!(
             c.verified_read().unwrap(),
@@ -657,6 +881,10 @@ mod tests {
             (
                 r#"@conventions @obligations("alert") entity C;"#,
                 "the block obligation \"block_node\" is not among the obligation kinds (alert)",
+            ),
+            (
+                r#"@conventions @alert_obligation("page") entity C;"#,
+                "the alert obligation \"page\" is not among the obligation kinds (alert, block_node, burst_to_cloud, migrate, rotate_key)",
             ),
             (
                 r#"@conventions @obligations("Alert") entity C;"#,

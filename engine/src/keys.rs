@@ -11,7 +11,7 @@
 //!   the keyring's metadata says (the primary version's creation time and state);
 //! * the keyring's metadata goes through the engine's [`SharedState`]
 //!   ([`StateKeyStore`]), so redb holds it on one node and etcd across a cluster;
-//! * the keyring reads the engine's clock ([`EngineClock`]), so ages in `probity keys
+//! * the keyring reads the engine's clock ([`Engine::clock`], in whole seconds), so ages in `probity keys
 //!   status` and in decisions agree, and a test can move time by 91 days;
 //! * [`authorize_encrypt`] asks the `encrypt` decision and carries out its `rotate_key`
 //!   obligation: a key past its maximum age is rotated (a new primary version; older
@@ -30,7 +30,7 @@
 //! let keyring = Keyring::new(
 //!     Arc::new(MemoryMetaStore::new()),
 //!     Arc::new(SoftwareKek::open(&dir.path().join("kek"))?), // not an HSM
-//!     Arc::new(keys::EngineClock::new(engine.clock().clone())),
+//!     engine.clock().clone(),
 //!     KeyringOptions::default(),
 //! );
 //! let key = KeyId::new("dataset/imagenet")?;
@@ -187,24 +187,6 @@ pub fn record_erasure(engine: &Engine, erasure: &ErasureRecord) {
                 erasure.subject
             ),
         );
-    }
-}
-
-/// The engine's clock, as the keyring reads time: whole Unix seconds (a clock before the
-/// epoch reads as the epoch).
-#[derive(Debug, Clone)]
-pub struct EngineClock(Arc<dyn crate::Clock>);
-
-impl EngineClock {
-    /// The keyring's view of `clock`.
-    pub fn new(clock: Arc<dyn crate::Clock>) -> Self {
-        Self(clock)
-    }
-}
-
-impl Clock for EngineClock {
-    fn now(&self) -> Timestamp {
-        Timestamp::from_unix_seconds(u64::try_from(self.0.now_unix()).unwrap_or(0))
     }
 }
 
@@ -441,7 +423,7 @@ mod tests {
         let keyring = Keyring::new(
             Arc::new(StateKeyStore::new(state.clone())),
             Arc::new(SoftwareKek::open(&dir.path().join("kek")).unwrap()),
-            Arc::new(EngineClock::new(engine.clock().clone())),
+            engine.clock().clone(),
             KeyringOptions::default(),
         );
         Fixture {

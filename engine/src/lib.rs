@@ -87,7 +87,7 @@ pub(crate) fn available_cores() -> std::num::NonZeroUsize {
 pub use block::{BlockEvent, BlockRecord};
 pub use conventions::{
     CONVENTIONS_ANNOTATION, Conventions, DEFAULT_OBLIGATION_KINDS, DEFAULT_PORT_SETS, PortProtocol,
-    PortSet, VerifiedRead,
+    PortSet, Restrictions, VerifiedRead,
 };
 pub use decision::{Decision, DecisionError, Effect, Obligation, Reason, Severity};
 pub use decision_log::{Awaiting, Settled};

@@ -515,7 +515,7 @@ impl Keyring {
                 source: Box::new(source),
             })?;
         let (data_key, wrapped) = self.wrap_new(key, 1, &kek_label)?;
-        let now = self.clock.now();
+        let now = Timestamp::now(&*self.clock);
         let record = KeyRecord {
             id: key.clone(),
             scope,
@@ -568,7 +568,7 @@ impl Keyring {
             .checked_add(1)
             .ok_or_else(|| KeyError::TooManyVersions { key: key.clone() })?;
         let (data_key, wrapped) = self.wrap_new(key, next, &record.kek_label)?;
-        let now = self.clock.now();
+        let now = Timestamp::now(&*self.clock);
         if let Some(old) = record.version_mut(previous)
             && old.state == VersionState::Active
         {
@@ -614,7 +614,7 @@ impl Keyring {
             });
         }
         let primary = record.primary;
-        let now = self.clock.now();
+        let now = Timestamp::now(&*self.clock);
         let v = record
             .version_mut(version)
             .ok_or_else(|| KeyError::UnknownVersion {
@@ -683,18 +683,21 @@ impl Keyring {
                 value: record,
                 revision,
             },
-            self.clock.now(),
+            Timestamp::now(&*self.clock),
         ))
     }
 
     /// The status of `key`.
     pub fn key_status(&self, key: &KeyId) -> Result<KeyStatus, KeyError> {
-        Ok(KeyStatus::new(&self.load(key)?, self.clock.now()))
+        Ok(KeyStatus::new(
+            &self.load(key)?,
+            Timestamp::now(&*self.clock),
+        ))
     }
 
     /// Every key with its versions, states and ages, and where the KEKs live.
     pub fn status(&self) -> Result<KeyringStatus, KeyError> {
-        let now = self.clock.now();
+        let now = Timestamp::now(&*self.clock);
         let mut ids = self.store.list().map_err(|source| KeyError::Store {
             key: String::new(),
             source,
@@ -731,7 +734,7 @@ impl Keyring {
     ) -> Result<ErasureRecord, KeyError> {
         check_actor(actor)?;
         check_id("data subject id", subject, MAX_SUBJECT_LEN)?;
-        let now = self.clock.now();
+        let now = Timestamp::now(&*self.clock);
         let ids = self.store.list().map_err(|source| KeyError::Store {
             key: String::new(),
             source,

@@ -1,5 +1,5 @@
-//! Time as the keyring sees it: whole seconds since the Unix epoch, from a [`Clock`] the
-//! caller injects.
+//! Time as the keyring sees it: whole seconds since the Unix epoch, read from the
+//! [`Clock`] the caller injects (the one clock of `probity_base`, the engine's).
 //!
 //! Why this module exists: key age drives rotation, and the decision *when* to rotate belongs
 //! to the engine's policies and the engine's clock. The keyring therefore never reads the
@@ -8,7 +8,7 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-pub use probity_base::clock::{ManualClock, SystemClock};
+pub use probity_base::clock::{Clock, ManualClock, SystemClock};
 
 use serde::{Deserialize, Serialize};
 
@@ -44,6 +44,12 @@ impl Timestamp {
         probity_base::time::date(self.signed() / 86_400)
     }
 
+    /// Now by `clock`, in whole seconds (the epoch for an instant before it): the
+    /// keyring counts ages in seconds.
+    pub fn now(clock: &dyn Clock) -> Self {
+        Self::from_system_time(clock.now())
+    }
+
     /// The instant `t` in whole seconds (the epoch for an instant before it).
     pub fn from_system_time(t: SystemTime) -> Self {
         Self(t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs()))
@@ -60,23 +66,6 @@ impl Timestamp {
 impl std::fmt::Display for Timestamp {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         probity_base::time::Rfc3339::seconds(self.signed()).fmt(f)
-    }
-}
-
-/// Where the keyring reads the time: whole seconds, as a [`Timestamp`].
-///
-/// Every [`probity_base::Clock`] is one (the engine's, [`SystemClock`], [`ManualClock`]),
-/// so this is a view of the one clock rather than another clock. It remains a trait of its
-/// own only because the engine's `keys::EngineClock` implements it directly; once that
-/// adapter goes, the keyring can take a `probity_base::Clock`.
-pub trait Clock: Send + Sync {
-    /// The current time.
-    fn now(&self) -> Timestamp;
-}
-
-impl<C: probity_base::Clock + ?Sized> Clock for C {
-    fn now(&self) -> Timestamp {
-        Timestamp::from_system_time(probity_base::Clock::now(self))
     }
 }
 
@@ -97,13 +86,16 @@ mod tests {
     #[test]
     fn manual_clock_moves_only_when_told_and_ages_never_go_negative() {
         let clock = ManualClock::at(1000);
-        assert_eq!(clock.now(), Timestamp(1000));
+        assert_eq!(Timestamp::now(&clock), Timestamp(1000));
         clock.advance(90 * 86_400);
-        assert_eq!(clock.now(), Timestamp(1000 + 90 * 86_400));
+        assert_eq!(Timestamp::now(&clock), Timestamp(1000 + 90 * 86_400));
         assert_eq!(
-            Timestamp(1000).elapsed_until(clock.now()),
+            Timestamp(1000).elapsed_until(Timestamp::now(&clock)),
             Duration::from_secs(90 * 86_400)
         );
-        assert_eq!(clock.now().elapsed_until(Timestamp(5)), Duration::ZERO);
+        assert_eq!(
+            Timestamp::now(&clock).elapsed_until(Timestamp(5)),
+            Duration::ZERO
+        );
     }
 }

@@ -43,7 +43,7 @@ use thiserror::Error;
 
 use crate::alerts::{AlertSetupError, AlertSinks, alert_spec};
 use crate::config::Config;
-use crate::elevation::{AuditReader, AuditSetupError, EngineClock, elevation_facts};
+use crate::elevation::{AuditReader, AuditSetupError, elevation_facts};
 use crate::facts::{self, GpuFact, NodeNumbers, PowerFact};
 use crate::findings::{Finding, Findings, Scope, findings_of};
 use crate::listen::{self, ListenSubject, PortSets};
@@ -1038,11 +1038,11 @@ impl Agent {
     /// Carries out a raised finding's obligations; what was done, per obligation.
     fn carry_out(&mut self, f: &Finding, out: &mut Vec<ObligationReport>) -> Vec<Value> {
         let mut done = Vec::new();
-        // The kind that blocks is the schema's to name, not the agent's.
+        // The kinds that alert and block are the schema's to name, not the agent's.
         let conventions = self.engine.conventions();
         for o in &f.obligations {
             let outcome = match o.kind.as_str() {
-                "alert" => {
+                kind if conventions.is_alert(kind) => {
                     if self.alerts.is_empty() {
                         "no alert sink configured: recorded only".to_owned()
                     } else {
@@ -1086,7 +1086,12 @@ impl Agent {
     /// Resolves a cleared finding's alerts.
     fn resolve(&mut self, f: &Finding, out: &mut Vec<ObligationReport>) -> Vec<Value> {
         let mut done = Vec::new();
-        for o in f.obligations.iter().filter(|o| o.kind == "alert") {
+        let conventions = self.engine.conventions();
+        for o in f
+            .obligations
+            .iter()
+            .filter(|o| conventions.is_alert(&o.kind))
+        {
             if self.alerts.is_empty() {
                 continue;
             }
@@ -1119,17 +1124,26 @@ impl Agent {
         if self.alerts.is_empty() {
             return;
         }
-        for o in before.obligations.iter().filter(|o| o.kind == "alert") {
+        let conventions = self.engine.conventions();
+        for o in before
+            .obligations
+            .iter()
+            .filter(|o| conventions.is_alert(&o.kind))
+        {
             let old = alert_spec(&self.config.node, before, o);
             let still = after.obligations.iter().any(|n| {
-                n.kind == "alert"
+                conventions.is_alert(&n.kind)
                     && alert_spec(&self.config.node, after, n).label_set() == old.label_set()
             });
             if !still {
                 let _ = self.alerts.resolve(&old);
             }
         }
-        for o in after.obligations.iter().filter(|o| o.kind == "alert") {
+        for o in after
+            .obligations
+            .iter()
+            .filter(|o| conventions.is_alert(&o.kind))
+        {
             let failed = self.alerts.fire(&alert_spec(&self.config.node, after, o));
             let outcome = if failed.is_empty() {
                 "alert updated".to_owned()
@@ -1197,7 +1211,7 @@ impl Agent {
         let Some(reader) = self.audit.as_mut() else {
             return report;
         };
-        let poll = reader.poll(&EngineClock(Arc::clone(&clock)));
+        let poll = reader.poll(&*clock);
         match &reader.status().last {
             Outcome::Ok { .. } => self.audit_state.record_ok((), now),
             Outcome::Unavailable { reason, .. } => {

@@ -2,15 +2,17 @@
 //!
 //! Why this module exists: the ports a role may expose are policy data (`probity.toml`'s
 //! `[roles.<name>]`, which the engine turns into `NodeRole` entities with every port of
-//! a range expanded, and `restricted` entries such as `"tcp/10250 10.0.0.0/8"`). The
+//! a range expanded, and restrictions such as `"tcp/10250 10.0.0.0/8"`). The
 //! firewall wants the same thing as a [`Baseline`] of port ranges and source prefixes.
-//! This module converts one into the other and states nothing of its own: a node without
-//! a role gets `Settings`' global baseline, as the `listen` policy does, and a role the
-//! policy directory does not define is an error rather than an empty baseline.
+//! This module converts one into the other and states nothing of its own: which
+//! attributes hold the allowed ports and their restrictions is the schema's to name
+//! (`@baseline_ports`, `@baseline_restrictions`, see [`probity::Conventions`]), a node
+//! without a role gets `Settings`' global baseline, as the `listen` policy does, and a
+//! role the policy directory does not define is an error rather than an empty baseline.
 
 use std::collections::BTreeMap;
 
-use probity::Engine;
+use probity::{Conventions, Engine, PortProtocol};
 use probity_firewall::baseline::{Allowance, Baseline, FamilyScope};
 use probity_firewall::{PortRange, Prefix, Protocol};
 use serde_json::Value;
@@ -18,6 +20,11 @@ use thiserror::Error;
 
 /// The role name a baseline without a role renders under.
 pub const DEFAULT_ROLE: &str = "default";
+
+/// The entity type of a node's role.
+const ROLE_TYPE: &str = "NodeRole";
+/// The entity type of the global settings, whose baseline a node without a role gets.
+const SETTINGS_TYPE: &str = "Settings";
 
 /// Why a role's baseline could not be built.
 #[derive(Debug, Error, PartialEq, Eq)]
@@ -34,8 +41,8 @@ pub enum RoleError {
     /// There is no `Settings::"active"` entity (the engine always builds one).
     #[error("the engine has no Settings::\"active\" entity")]
     NoSettings,
-    /// A `restricted` entry that is not `PROTO/PORT PREFIX`.
-    #[error("role {role:?}: restricted entry {entry:?} is not \"tcp/PORT PREFIX\"")]
+    /// A restriction entry (`@baseline_restrictions`) that is not `PROTO/PORT PREFIX`.
+    #[error("role {role:?}: restriction {entry:?} is not \"tcp/PORT PREFIX\"")]
     BadRestriction {
         /// The role.
         role: String,
@@ -46,9 +53,10 @@ pub enum RoleError {
 
 /// The baseline of `role` (or the global one when `None`) from the engine's store.
 pub fn role_baseline(engine: &Engine, role: Option<&str>) -> Result<Baseline, RoleError> {
+    let conventions = engine.conventions();
     match role {
         Some(role) => {
-            let roles = engine.entities_json(Some("NodeRole"));
+            let roles = engine.entities_json(Some(ROLE_TYPE));
             let Some(entity) = roles
                 .iter()
                 .find(|e| e.pointer("/uid/id").and_then(Value::as_str) == Some(role))
@@ -66,15 +74,21 @@ pub fn role_baseline(engine: &Engine, role: Option<&str>) -> Result<Baseline, Ro
                     },
                 });
             };
+            let restricted: Vec<String> = conventions
+                .baseline_restrictions()
+                .iter()
+                .filter(|r| r.entity_type == ROLE_TYPE)
+                .flat_map(|r| strings(attribute(entity, &r.attribute)))
+                .collect();
             from_sets(
                 role,
-                &ports(entity.pointer("/attrs/tcpPorts")),
-                &ports(entity.pointer("/attrs/udpPorts")),
-                &strings(entity.pointer("/attrs/restricted")),
+                &allowed(&conventions, ROLE_TYPE, entity, PortProtocol::Tcp),
+                &allowed(&conventions, ROLE_TYPE, entity, PortProtocol::Udp),
+                &restricted,
             )
         }
         None => {
-            let settings = engine.entities_json(Some("Settings"));
+            let settings = engine.entities_json(Some(SETTINGS_TYPE));
             let Some(s) = settings
                 .iter()
                 .find(|e| e.pointer("/uid/id").and_then(Value::as_str) == Some("active"))
@@ -83,24 +97,36 @@ pub fn role_baseline(engine: &Engine, role: Option<&str>) -> Result<Baseline, Ro
             };
             from_sets(
                 DEFAULT_ROLE,
-                &ports(s.pointer("/attrs/inboundPortBaseline")),
-                &ports(s.pointer("/attrs/inboundUdpPortBaseline")),
+                &allowed(&conventions, SETTINGS_TYPE, s, PortProtocol::Tcp),
+                &allowed(&conventions, SETTINGS_TYPE, s, PortProtocol::Udp),
                 &[],
             )
         }
     }
 }
 
-fn ports(v: Option<&Value>) -> Vec<u16> {
-    let mut out: Vec<u16> = v
-        .and_then(Value::as_array)
-        .map(|a| {
-            a.iter()
-                .filter_map(Value::as_u64)
-                .filter_map(|p| u16::try_from(p).ok())
-                .collect()
-        })
-        .unwrap_or_default();
+/// Attribute `name` of the JSON `entity`.
+fn attribute<'a>(entity: &'a Value, name: &str) -> Option<&'a Value> {
+    entity.get("attrs").and_then(|a| a.get(name))
+}
+
+/// The ports of `protocol` that `entity` (of type `ty`) allows: the union of its
+/// baseline port sets of that protocol.
+fn allowed(
+    conventions: &Conventions,
+    ty: &str,
+    entity: &Value,
+    protocol: PortProtocol,
+) -> Vec<u16> {
+    let mut out: Vec<u16> = conventions
+        .baseline_ports()
+        .iter()
+        .filter(|s| s.entity_type == ty && s.protocol == protocol)
+        .filter_map(|s| attribute(entity, &s.attribute).and_then(Value::as_array))
+        .flatten()
+        .filter_map(Value::as_u64)
+        .filter_map(|p| u16::try_from(p).ok())
+        .collect();
     out.sort_unstable();
     out.dedup();
     out

@@ -9,7 +9,7 @@
 //! written while it was down (a rotated-away file is read from its start).
 
 use std::path::{Path, PathBuf};
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use probity_collect::auditd::{
     AudispSource, AuditConfig, Elevation, FollowConfig, LogFollower, Pipeline, Position, StartAt,
@@ -318,16 +318,6 @@ pub fn elevation_facts(e: &Elevation) -> serde_json::Value {
             "program": l.program,
         })),
     })
-}
-
-/// The engine's clock as probity-collect's.
-#[derive(Debug, Clone)]
-pub struct EngineClock(pub std::sync::Arc<dyn probity::Clock>);
-
-impl Clock for EngineClock {
-    fn now(&self) -> SystemTime {
-        self.0.now()
-    }
 }
 
 #[cfg(test)]

@@ -5,8 +5,8 @@
 //! protocol in, and asking the engine 131,070 questions a cycle is neither bounded nor
 //! useful (each would be its own finding). The answer of the `listen` policies depends
 //! on the port only through the port sets the policy directory gives (the attributes
-//! the schema's conventions name in `@port_sets`: by default each `NodeRole`'s
-//! `tcpPorts`/`udpPorts` and `Settings`' baselines): two ports that lie on the same side
+//! the schema's conventions name in `@port_sets`: by default each role's TCP and UDP
+//! ports and `Settings`' baselines): two ports that lie on the same side
 //! of every such set get the same answer. So reachable ports are cut into ranges at every
 //! boundary of those sets (and around every listening port), and one question is asked
 //! per range, with the range's first port. This keeps the judgement in the policies

@@ -185,7 +185,7 @@ fn open(args: &KeyringArgs) -> Result<Opened> {
     let keyring = Keyring::new(
         Arc::new(StateKeyStore::new(state)),
         kek,
-        Arc::new(keys::EngineClock::new(engine.clock().clone())),
+        engine.clock().clone(),
         KeyringOptions::default(),
     );
     keys::publish_keys(&engine, &keyring)?;

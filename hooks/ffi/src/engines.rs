@@ -276,9 +276,10 @@ pub(crate) fn verifier(entry: &EngineEntry, path: Option<&str>) -> Result<Verifi
             .permissions()
             .mode()
     };
-    if mode & 0o022 != 0 {
+    // The same judgement as every other trust file's (write access beyond the owner).
+    if let Some(who) = engine::trust::granted_to_others(mode, 0o2) {
         return Err(Failure::invalid(format!(
-            "the public key {} is writable by group or others (mode {:o}): refusing it as a pinned key",
+            "the public key {} is writable by {who} (mode {:04o}): refusing it as a pinned key",
             path.display(),
             mode & 0o7777
         )));

@@ -451,7 +451,7 @@ fn a_writable_pinned_key_is_refused() {
     let (status, _) = open_reader(&s, &s.f.object, None);
     assert_eq!(status, ProbityStatus::InvalidArgument);
     assert!(
-        last_error().contains("writable by group or others"),
+        last_error().contains("writable by group and others (mode 0666)"),
         "{}",
         last_error()
     );

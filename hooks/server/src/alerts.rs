@@ -1,5 +1,7 @@
-//! Carrying out `alert` obligations of the server's decisions (`[alerts]`): to
-//! Alertmanager's API v2 and/or a webhook.
+//! Carrying out the alert obligations of the server's decisions (`[alerts]`): to
+//! Alertmanager's API v2 and/or a webhook. Which kind alerts is the schema's to name
+//! (`@alert_obligation`, see [`probity::Conventions`]), asked of the engine per batch so
+//! that a reload renaming it is followed.
 //!
 //! Why from the decision log and not from the request: a decision that carries an
 //! obligation is recorded durably before it is answered, so alerting from the log
@@ -16,6 +18,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use probity::Conventions;
 use probity::state::{DecisionRecord, StateStore};
 use probity_siem::{
     AlertSpec, Alerter, AlerterConfig, AlerterStats, AlertmanagerSink, Backoff, CursorStore,
@@ -55,12 +58,15 @@ pub struct DecisionAlerts {
     thread: Option<JoinHandle<()>>,
 }
 
-/// The alert an `alert` obligation of `record` raises, if it is one.
-pub fn alert_specs(record: &DecisionRecord) -> Vec<AlertSpec> {
+/// Where the follower reads the conventions (an engine's, which a reload may change).
+pub type ConventionsSource = Box<dyn Fn() -> Arc<Conventions> + Send>;
+
+/// The alerts the alert obligations (`conventions`' kind) of `record` raise.
+pub fn alert_specs(record: &DecisionRecord, conventions: &Conventions) -> Vec<AlertSpec> {
     let d = &record.decision;
     d.obligations
         .iter()
-        .filter(|o| o.kind == "alert")
+        .filter(|o| conventions.is_alert(&o.kind))
         .map(|o| {
             let reason = d.reasons.iter().find(|r| r.policy == o.policy);
             let severity = reason.map_or(Severity::Medium, |r| severity(r.severity));
@@ -96,12 +102,31 @@ fn severity(s: probity::Severity) -> Severity {
 }
 
 impl DecisionAlerts {
-    /// The sinks `config` names, fed from `store`'s decision log from the cursor in
-    /// `state_dir`. `None` when `config` names no sink.
+    /// As [`start_with`](Self::start_with), alerting on the default schema's alert kind:
+    /// a server should pass its engine's conventions instead, so that a schema renaming
+    /// the kind is followed.
     pub fn start(
         config: &AlertsConfig,
         store: Arc<StateStore>,
         state_dir: &Path,
+    ) -> Result<Option<Self>, String> {
+        let defaults = Arc::new(Conventions::default());
+        Self::start_with(
+            config,
+            store,
+            state_dir,
+            Box::new(move || Arc::clone(&defaults)),
+        )
+    }
+
+    /// The sinks `config` names, fed from `store`'s decision log from the cursor in
+    /// `state_dir`, alerting on the kind `conventions` names (e.g.
+    /// `Box::new(move || engine.conventions())`). `None` when `config` names no sink.
+    pub fn start_with(
+        config: &AlertsConfig,
+        store: Arc<StateStore>,
+        state_dir: &Path,
+        conventions: ConventionsSource,
     ) -> Result<Option<Self>, String> {
         let http = HttpSettings {
             timeout: Duration::from_millis(config.timeout_ms),
@@ -151,7 +176,15 @@ impl DecisionAlerts {
             std::thread::Builder::new()
                 .name("probity-alerts".into())
                 .spawn(move || {
-                    follow(&store, &mut cursor, &sinks, &stats, hold, &stopped);
+                    follow(
+                        &store,
+                        &conventions,
+                        &mut cursor,
+                        &sinks,
+                        &stats,
+                        hold,
+                        &stopped,
+                    );
                 })
                 .map_err(|e| format!("cannot start the alert follower: {e}"))?
         };
@@ -186,6 +219,7 @@ impl Drop for DecisionAlerts {
 /// The follower: read, fire, store the cursor, resolve what was held long enough.
 fn follow(
     store: &StateStore,
+    conventions: &ConventionsSource,
     cursor: &mut FileCursor,
     sinks: &[(&'static str, Alerter)],
     stats: &Mutex<FollowerStats>,
@@ -200,8 +234,9 @@ fn follow(
         match store.chained_decisions(next, BATCH) {
             Ok(batch) => {
                 let (mut fired, mut dropped) = (0, 0);
+                let conventions = conventions();
                 for (record, _) in &batch {
-                    for spec in alert_specs(record) {
+                    for spec in alert_specs(record, &conventions) {
                         for (_, a) in sinks {
                             match a.fire(spec.clone()) {
                                 Ok(()) => fired += 1,
@@ -325,7 +360,8 @@ mod tests {
                 policy: "placement.hot".into(),
             },
         ]);
-        let specs = alert_specs(&r);
+        let defaults = Conventions::default();
+        let specs = alert_specs(&r, &defaults);
         assert_eq!(specs.len(), 1);
         let labels = specs[0].label_set();
         assert_eq!(labels["alertname"], "placement.hot");
@@ -333,6 +369,47 @@ mod tests {
         assert_eq!(labels["severity"], "high");
         assert_eq!(labels["principal"], "Workload::\"w\"");
         assert_eq!(specs[0].message, "too hot");
-        assert!(alert_specs(&record(vec![])).is_empty());
+        assert!(alert_specs(&record(vec![]), &defaults).is_empty());
+    }
+
+    /// A schema that renames the alert kind: its kind alerts, `alert` no longer does.
+    #[test]
+    fn the_alert_kind_the_schema_names_is_the_one_that_alerts() {
+        let schema = include_str!("../../../policies/probity.cedarschema")
+            .replace(
+                "@obligations(\"alert block_node",
+                "@obligations(\"page alert block_node",
+            )
+            .replace(
+                "@alert_obligation(\"alert\")",
+                "@alert_obligation(\"page\")",
+            );
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("renamed.cedarschema");
+        std::fs::write(&path, schema).unwrap();
+        let engine =
+            probity::Engine::builder(concat!(env!("CARGO_MANIFEST_DIR"), "/../../policies"))
+                .schema(path)
+                .build()
+                .unwrap();
+        // Each kind on its own node, to tell which one alerted.
+        let obligation = |kind: &str, node: &str| Obligation {
+            kind: kind.into(),
+            target: Some(format!("Node::\"{node}\"")),
+            parameters: BTreeMap::new(),
+            policy: "placement.hot".into(),
+        };
+        let r = record(vec![
+            obligation("page", "paged"),
+            obligation("alert", "alerted"),
+        ]);
+        let nodes = |conventions: &Conventions| -> Vec<String> {
+            alert_specs(&r, conventions)
+                .iter()
+                .map(|s| s.label_set()["node"].clone())
+                .collect()
+        };
+        assert_eq!(nodes(&engine.conventions()), ["Node::\"paged\""]);
+        assert_eq!(nodes(&Conventions::default()), ["Node::\"alerted\""]);
     }
 }

@@ -83,7 +83,7 @@ pub(crate) fn open(engine: &Engine, config: &Config) -> Result<Option<KeyService
     let keyring = Keyring::new(
         Arc::new(StateKeyStore::new(state)),
         kek,
-        Arc::new(keys::EngineClock::new(engine.clock().clone())),
+        engine.clock().clone(),
         KeyringOptions::default(),
     );
     keys::publish_keys(engine, &keyring).map_err(|e| chain(&e))?;

@@ -8,9 +8,9 @@ use std::time::Duration;
 
 use probity_keys::stream::{self, EncryptOptions};
 use probity_keys::{
-    Clock as _, KekError, KeyError, KeyId, KeyMetaStore, KeyRecord, KeyScope, Keyring,
-    KeyringOptions, MemoryMetaStore, MetaStoreError, SOFTWARE_KEK_NOTICE, StreamError,
-    VersionState, Versioned, rewrap_file, subject_kek_label,
+    KekError, KeyError, KeyId, KeyMetaStore, KeyRecord, KeyScope, Keyring, KeyringOptions,
+    MemoryMetaStore, MetaStoreError, SOFTWARE_KEK_NOTICE, StreamError, Timestamp, VersionState,
+    Versioned, rewrap_file, subject_kek_label,
 };
 
 use crate::common::{CountingKek, DAY, Setup, content, decrypt, key};
@@ -49,17 +49,20 @@ fn rotation_at_90_days_on_the_injected_clock_keeps_old_versions_decrypting() {
     // What the engine's rotation rule reads: the primary's age on the engine's clock.
     s.clock.advance(89 * DAY as i64);
     let st = s.keyring.key_status(&k).unwrap();
-    assert_eq!(st.age(s.clock.now()), Duration::from_secs(89 * DAY));
+    assert_eq!(
+        st.age(Timestamp::now(&*s.clock)),
+        Duration::from_secs(89 * DAY)
+    );
     s.clock.advance(DAY as i64);
     let st = s.keyring.key_status(&k).unwrap();
-    assert_eq!(st.age(s.clock.now()).as_secs(), 90 * DAY);
+    assert_eq!(st.age(Timestamp::now(&*s.clock)).as_secs(), 90 * DAY);
     assert_eq!(st.versions[0].age_seconds, 90 * DAY);
 
     let rot = s.keyring.rotate(&k, "probity-engine").unwrap();
     assert_eq!((rot.previous, rot.primary), (1, 2));
-    assert_eq!(rot.created_at, s.clock.now());
+    assert_eq!(rot.created_at, Timestamp::now(&*s.clock));
     let st = s.keyring.key_status(&k).unwrap();
-    assert_eq!(st.age(s.clock.now()), Duration::ZERO);
+    assert_eq!(st.age(Timestamp::now(&*s.clock)), Duration::ZERO);
     assert_eq!(st.versions[0].state, VersionState::DecryptOnly);
     assert!(st.versions[0].decrypts);
     assert_eq!(st.versions[1].state, VersionState::Active);
@@ -316,7 +319,7 @@ fn erasure_makes_all_three_versions_fail_with_the_date() {
         .unwrap();
     assert_eq!(record.subject, "alice@example.org");
     assert_eq!(record.erased_by, "dpo@example.org");
-    assert_eq!(record.erased_at, s.clock.now());
+    assert_eq!(record.erased_at, Timestamp::now(&*s.clock));
     assert_eq!(record.keys.len(), 1);
     assert_eq!(record.keys[0].key, k);
     assert_eq!(record.keys[0].versions, vec![1, 2, 3]);
@@ -328,7 +331,7 @@ fn erasure_makes_all_three_versions_fail_with_the_date() {
     let raw = String::from_utf8(s.store.raw(&k).unwrap()).unwrap();
     assert!(!raw.contains("\"wrapped\":\""), "{raw}");
 
-    let date = s.clock.now().date();
+    let date = Timestamp::now(&*s.clock).date();
     for keyring in [&s.keyring, &s.another(s.kek.clone())] {
         for (id, o) in &sealed {
             let err = key_err(decrypt(keyring, id, o).unwrap_err());

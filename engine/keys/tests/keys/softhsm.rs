@@ -23,8 +23,8 @@ use cryptoki::session::UserType;
 use cryptoki::types::AuthPin;
 use probity_keys::stream::EncryptOptions;
 use probity_keys::{
-    Clock as _, DataKey, DecryptOptions, KekError, KekProvider, KeyError, KeyMetaStore as _,
-    KeyScope, Pin, PinError, Pkcs11Kek, StreamError, decrypt_file, encrypt_file, rewrap_file,
+    DataKey, DecryptOptions, KekError, KekProvider, KeyError, KeyMetaStore as _, KeyScope, Pin,
+    PinError, Pkcs11Kek, StreamError, Timestamp, decrypt_file, encrypt_file, rewrap_file,
     subject_kek_label,
 };
 
@@ -178,7 +178,7 @@ fn softhsm_end_to_end() {
         s.clock.advance(90 * DAY as i64);
         for k in [&data, &alice] {
             let st = s.keyring.key_status(k).unwrap();
-            assert!(st.age(s.clock.now()) >= Duration::from_secs(90 * DAY));
+            assert!(st.age(Timestamp::now(&*s.clock)) >= Duration::from_secs(90 * DAY));
             assert_eq!(s.keyring.rotate(k, "probity-engine").unwrap().primary, 2);
         }
         encrypt(&data, "weights/2", 1);
@@ -231,7 +231,7 @@ fn softhsm_end_to_end() {
             !hsm.pkcs11_tool(&["--list-objects", "--type", "secrkey"])
                 .contains(&label)
         );
-        let date = s.clock.now().date();
+        let date = Timestamp::now(&*s.clock).date();
         for (id, e, _) in objects.iter().filter(|(id, _, _)| id.starts_with("alice/")) {
             for keyring in [&s.keyring, &cold] {
                 let err = decrypt_file(keyring, id, e, &dir.join("out"), &dec).unwrap_err();

@@ -453,3 +453,84 @@ fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
         }
     }
 }
+
+/// The agent alerts on the kind the schema's conventions name (`@alert_obligation`),
+/// and a kind it does not name is only recorded.
+#[test]
+fn an_alert_obligation_the_schema_renames_alerts() {
+    let dir = policy_dir(|text| {
+        text.replace(
+            "@obligations(\"alert block_node burst_to_cloud migrate rotate_key\")",
+            "@obligations(\"alert block_node burst_to_cloud migrate rotate_key page\")",
+        )
+        .replace(
+            "@alert_obligation(\"alert\")",
+            "@alert_obligation(\"page\")",
+        )
+    });
+    let thermal = dir.path().join("thermal/thermal.cedar");
+    let text = std::fs::read_to_string(&thermal).unwrap().replace(
+        "@message(\"node {resource} has telemetry that could not be read or is stale: {resource.unreadable}\")\n@obligation(\"alert\")",
+        "@message(\"node {resource} has telemetry that could not be read or is stale: {resource.unreadable}\")\n@obligation(\"page\")",
+    );
+    assert!(text.contains("@obligation(\"page\")"));
+    std::fs::write(&thermal, text).unwrap();
+    let node = FakeNode::new();
+    node.tool_fails("ipmitool", "Could not open device at /dev/ipmi0");
+    let engine = probity::Engine::builder(dir.path()).build().unwrap();
+    assert_eq!(engine.conventions().alert_obligation(), Some("page"));
+    engine
+        .upsert_entities(&crate::support::cluster_entities(false))
+        .unwrap();
+    let mut agent = agent(node.config("", ""), engine);
+    let r = agent.cycle();
+    let page = r.obligations.iter().find(|o| o.kind == "page").unwrap();
+    assert_eq!(page.outcome, "no alert sink configured: recorded only");
+    // `alert` is an ordinary kind here: the agent does not alert on it.
+    for o in r.obligations.iter().filter(|o| o.kind == "alert") {
+        assert_eq!(o.outcome, "alert: not carried out by the node agent");
+    }
+}
+
+/// A role's firewall baseline is read from the attributes the schema names
+/// (`@baseline_ports`, `@baseline_restrictions`), not from names of the agent's.
+#[test]
+fn a_baseline_the_schema_renames_is_followed() {
+    use probity_agent::baseline::role_baseline;
+    let rdma = with_rdma_ports("udp");
+    let dir = policy_dir(|text| {
+        // The RDMA set instead of udpPorts, in an order `rdma` does not edit.
+        let text = text.replace(
+            "@baseline_ports(\"NodeRole.tcpPorts:tcp NodeRole.udpPorts:udp Settings.inboundPortBaseline:tcp Settings.inboundUdpPortBaseline:udp\")",
+            "@baseline_ports(\"NodeRole.rdmaPorts:udp NodeRole.tcpPorts:tcp Settings.inboundUdpPortBaseline:udp Settings.inboundPortBaseline:tcp\")",
+        );
+        assert!(text.contains("NodeRole.rdmaPorts:udp NodeRole.tcpPorts:tcp"));
+        rdma(text)
+            .replace(
+                "  restricted: Set<String>,",
+                "  reachableFrom: Set<String>,",
+            )
+            .replace(
+                "@baseline_restrictions(\"NodeRole.restricted\")",
+                "@baseline_restrictions(\"NodeRole.reachableFrom\")",
+            )
+    });
+    let toml = dir.path().join("probity.toml");
+    let text = std::fs::read_to_string(&toml)
+        .unwrap()
+        .replace("udp = [8472]\n", "udp = [8472]\nrdma = [4791]\n");
+    std::fs::write(&toml, text).unwrap();
+    let engine = probity::Engine::builder(dir.path()).build().unwrap();
+    let b = role_baseline(&engine, Some("gpu-worker")).unwrap();
+    let t = probity_firewall::baseline::render(&b).unwrap();
+    let t = t.text();
+    // The RDMA set is the role's UDP baseline now; udpPorts is not.
+    assert!(t.contains("udp dport 4791 accept"), "{t}");
+    assert!(!t.contains("udp dport 8472 accept"), "{t}");
+    // The renamed restriction still limits the kubelet's port.
+    assert!(
+        t.contains("ip saddr 10.0.0.0/8 tcp dport 10250 accept"),
+        "{t}"
+    );
+    assert!(!t.contains("\ttcp dport 10250 accept"), "restricted: {t}");
+}

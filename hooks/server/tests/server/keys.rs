@@ -243,7 +243,7 @@ pub(crate) fn create(s: &AppState, key: &str, subject: Option<&str>) {
     let keyring = Keyring::new(
         Arc::new(StateKeyStore::new(state)),
         Arc::new(SoftwareKek::open(&dir.join("kek")).unwrap()),
-        Arc::new(probity::keys::EngineClock::new(engine.clock().clone())),
+        engine.clock().clone(),
         KeyringOptions::default(),
     );
     let scope = subject.map_or(KeyScope::Dataset, |s| KeyScope::Subject(s.to_owned()));
