@@ -102,27 +102,10 @@ fn severity(s: probity::Severity) -> Severity {
 }
 
 impl DecisionAlerts {
-    /// As [`start_with`](Self::start_with), alerting on the default schema's alert kind:
-    /// a server should pass its engine's conventions instead, so that a schema renaming
-    /// the kind is followed.
-    pub fn start(
-        config: &AlertsConfig,
-        store: Arc<StateStore>,
-        state_dir: &Path,
-    ) -> Result<Option<Self>, String> {
-        let defaults = Arc::new(Conventions::default());
-        Self::start_with(
-            config,
-            store,
-            state_dir,
-            Box::new(move || Arc::clone(&defaults)),
-        )
-    }
-
     /// The sinks `config` names, fed from `store`'s decision log from the cursor in
     /// `state_dir`, alerting on the kind `conventions` names (e.g.
     /// `Box::new(move || engine.conventions())`). `None` when `config` names no sink.
-    pub fn start_with(
+    pub fn start(
         config: &AlertsConfig,
         store: Arc<StateStore>,
         state_dir: &Path,

@@ -621,8 +621,16 @@ fn start_alerts(state: &AppState) -> Result<(), ServeError> {
             "no local decision log to take alerts from".into(),
         ));
     };
-    let alerts = crate::alerts::DecisionAlerts::start(&config.alerts, Arc::clone(store), dir)
-        .map_err(ServeError::Alerts)?;
+    // The engine's conventions, asked per batch: a reload that renames the alert kind
+    // is followed.
+    let engine = state.engine().clone();
+    let alerts = crate::alerts::DecisionAlerts::start(
+        &config.alerts,
+        Arc::clone(store),
+        dir,
+        Box::new(move || engine.conventions()),
+    )
+    .map_err(ServeError::Alerts)?;
     tracing::info!(
         alertmanager = ?config.alerts.alertmanager_url,
         webhook = ?config.alerts.webhook_url,
