@@ -143,10 +143,14 @@ pub fn build_engine_with_state(
         .map_err(|e| AgentError::Policies(Box::new(e)))?;
     let mut attached = None;
     if attach_state && let Some(dir) = &config.state_dir {
-        let store = Arc::new(StateStore::open(dir).map_err(|source| AgentError::State {
-            path: dir.clone(),
-            source,
-        })?);
+        let store = Arc::new(
+            StateStore::open_with_clock(dir, engine.clock().clone()).map_err(|source| {
+                AgentError::State {
+                    path: dir.clone(),
+                    source,
+                }
+            })?,
+        );
         attached = Some(Arc::clone(&store));
         engine
             .attach_state(store)

@@ -633,7 +633,8 @@ fn eval(
     });
     let engine = load_with_clock(policies, clock)?;
     if let Some(dir) = state_dir {
-        let state = probity::state::StateStore::open(dir)
+        // The store records at the asked time too (`--now`).
+        let state = probity::state::StateStore::open_with_clock(dir, engine.clock().clone())
             .with_context(|| format!("cannot open the state directory {}", dir.display()))?;
         engine.attach_state(std::sync::Arc::new(state))?;
         // The keyring's keys, as their metadata stands: an encrypt decision judges them.

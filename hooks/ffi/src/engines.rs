@@ -54,12 +54,13 @@ pub(crate) fn open(
     };
     let engine = built.map_err(|e| load_failure(&e))?;
     if let Some(dir) = state_dir {
-        let store = StateStore::open(Path::new(dir)).map_err(|e| {
-            Failure::new(
-                ProbityStatus::State,
-                format!("cannot open the state directory {dir}: {}", chain(&e)),
-            )
-        })?;
+        let store =
+            StateStore::open_with_clock(Path::new(dir), engine.clock().clone()).map_err(|e| {
+                Failure::new(
+                    ProbityStatus::State,
+                    format!("cannot open the state directory {dir}: {}", chain(&e)),
+                )
+            })?;
         engine
             .attach_state(Arc::new(store))
             .map_err(|e| Failure::chain(ProbityStatus::State, &e))?;

@@ -173,7 +173,8 @@ fn load_engine(
         {
             StateBackendKind::Redb => {
                 let local = Arc::new(
-                    probity::state::StateStore::open(dir).map_err(|e| bad(e.to_string()))?,
+                    probity::state::StateStore::open_with_clock(dir, engine.clock().clone())
+                        .map_err(|e| bad(e.to_string()))?,
                 );
                 (Arc::clone(&local) as _, local)
             }

@@ -157,7 +157,7 @@ impl SharedState for StateStore {
         };
         let facts: AdmittedFacts =
             serde_json::from_slice(&raw).map_err(|_| self.corrupt("admitted", &key))?;
-        Ok((!facts.expired(now_unix_ms(), max_age_seconds)).then_some(facts))
+        Ok((!facts.expired(self.now_unix_ms(), max_age_seconds)).then_some(facts))
     }
     fn forget_admitted(&self, namespace: &str, name: &str) -> Result<(), StateError> {
         let key = AdmittedFacts::key(namespace, name);

@@ -16,8 +16,8 @@ impl StateStore {
         kind: &str,
         detail: &str,
     ) -> Result<u64, StateError> {
-        let time = now_unix();
-        let now_ms = now_unix_ms();
+        let time = self.now_unix();
+        let now_ms = self.now_unix_ms();
         let record = encode_event(time, object_id, node, kind, detail);
         self.write("appending an event", |txn| {
             let mut table = txn.open_table(EVENTS)?;
@@ -50,7 +50,7 @@ impl StateStore {
                 operation: "encoding decision records",
                 source: Box::new(e),
             })?;
-        let now_ms = now_unix_ms();
+        let now_ms = self.now_unix_ms();
         let first = self.write("appending decision records", |txn| {
             let mut table = txn.open_table(DECISIONS)?;
             let mut meta = txn.open_table(META)?;
@@ -278,7 +278,7 @@ impl StateStore {
     /// `force`: every log with records not yet checkpointed); the checkpoints made. Writes
     /// nothing when none is due.
     pub fn checkpoint(&self, force: bool) -> Result<Vec<Checkpoint>, StateError> {
-        let now_ms = now_unix_ms();
+        let now_ms = self.now_unix_ms();
         let policy = self.checkpoint_policy();
         let read = |txn: &redb::ReadTransaction| -> Result<Vec<Option<ChainState>>, redb::Error> {
             let table = txn.open_table(CHAIN)?;

@@ -2,8 +2,9 @@
 //! directory, which recovers by itself from I/O errors (a full disk).
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::sync::{Mutex, PoisonError, RwLock};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use redb::{Database, ReadableDatabase as _, ReadableTable as _, TableDefinition};
 use serde::Serialize;
@@ -11,6 +12,7 @@ use serde::Serialize;
 use super::*;
 use crate::audit::CheckpointPolicy;
 use crate::block::BlockRecord;
+use crate::clock::{Clock, SystemClock};
 use crate::trust::{self, Material};
 
 mod backend;
@@ -67,6 +69,8 @@ pub struct StateStore {
     checkpoints: RwLock<CheckpointPolicy>,
     /// Why the last checkpoint could not be signed (cleared by the next that is).
     checkpoint_failure: Mutex<Option<String>>,
+    /// The time of records, failures and admitted facts.
+    clock: Arc<dyn Clock>,
 }
 
 /// How often a failing store tries again: reopening its database, or (when it is open)
@@ -115,20 +119,6 @@ fn due(last: Option<std::time::Instant>) -> bool {
 /// Whether `e` came from the disk (and leaves redb wanting a reopen).
 fn is_io(e: &redb::Error) -> bool {
     matches!(e, redb::Error::Io(_) | redb::Error::PreviousIo)
-}
-
-pub(in crate::state) fn now_unix() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0)
-}
-
-fn now_unix_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-        .unwrap_or(0)
 }
 
 /// Where a log's chain stands, kept in [`CHAIN`] and updated in the transaction that
@@ -187,6 +177,13 @@ impl StateStore {
     /// the database ([`StateStore::is_new`]) tells a caller that the registry remembers
     /// no version: see [`crate::integrity::restore_rollback_memory`].
     pub fn open(dir: &Path) -> Result<Self, StateError> {
+        Self::open_with_clock(dir, Arc::new(SystemClock))
+    }
+
+    /// [`StateStore::open`], with `clock` for the times the store writes (the logs'
+    /// records, failures, admitted facts' ages): an engine's store takes the engine's
+    /// clock, so a replay or a test sees one time.
+    pub fn open_with_clock(dir: &Path, clock: Arc<dyn Clock>) -> Result<Self, StateError> {
         trust::create_private_dir(dir)?;
         let path = dir.join(STATE_FILE);
         let created = match trust::create_private_file(&path) {
@@ -210,6 +207,7 @@ impl StateStore {
             created,
             checkpoints: RwLock::new(CheckpointPolicy::default()),
             checkpoint_failure: Mutex::new(None),
+            clock,
         };
         // Create the tables so that read transactions find them.
         store.write("creating tables", |txn| {
@@ -227,6 +225,16 @@ impl StateStore {
             Ok(())
         })?;
         Ok(store)
+    }
+
+    /// The store's time in Unix seconds (its clock's, never before the epoch).
+    pub(super) fn now_unix(&self) -> u64 {
+        u64::try_from(self.clock.now_unix()).unwrap_or(0)
+    }
+
+    /// The store's time in Unix milliseconds.
+    pub(super) fn now_unix_ms(&self) -> u64 {
+        self.clock.now_unix_ms()
     }
 
     /// The database file.
@@ -321,7 +329,7 @@ impl StateStore {
                     path: self.path.clone(),
                     operation,
                     detail,
-                    since_unix_ms: now_unix_ms(),
+                    since_unix_ms: self.now_unix_ms(),
                 });
             }
         }
@@ -381,7 +389,7 @@ impl StateStore {
             probe
         };
         if probe {
-            let now = now_unix_ms();
+            let now = self.now_unix_ms();
             // Its failure is kept in the health this returns.
             let _ = self.write("probing whether the disk takes writes", |txn| {
                 txn.open_table(META)?.insert("health.probe_ms", now)?;

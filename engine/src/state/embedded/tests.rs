@@ -9,7 +9,7 @@ fn admitted_facts_are_bounded_in_count_and_expire() {
         max: 10,
         seconds: 60,
     };
-    let now = now_unix_ms();
+    let now = crate::clock::Clock::now_unix_ms(&crate::clock::SystemClock);
     let facts = |i: u64, at: u64| AdmittedFacts {
         namespace: "ns".into(),
         name: format!("pod-{i}"),
@@ -325,4 +325,16 @@ fn blocklist_and_events_persist() {
     assert_eq!(s.events(1).unwrap().len(), 1);
     assert!(s.unblock_node("node-1").unwrap());
     assert!(s.blocked("node-1").unwrap().is_none());
+}
+
+#[test]
+fn bug_the_store_stamped_its_records_with_the_machines_time_not_its_clocks() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(crate::clock::ManualClock::at(1_000_000));
+    let s = StateStore::open_with_clock(dir.path(), clock.clone()).unwrap();
+    s.record_event("o", None, "rollback", "d").unwrap();
+    clock.advance(5);
+    s.record_event("o", None, "rollback", "e").unwrap();
+    let times: Vec<u64> = s.events(0).unwrap().iter().map(|e| e.time_unix).collect();
+    assert_eq!(times, [1_000_000, 1_000_005]);
 }
