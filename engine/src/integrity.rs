@@ -685,18 +685,14 @@ pub trait Registry {
         digest: &[u8; 32],
         signed_manifest: &[u8],
     ) -> Result<(), StateError>;
-    /// Checks, without changing anything, that `version` with `digest` may be accepted.
+    /// Checks, without changing anything, that `version` with `digest` may be accepted
+    /// (the shared state's own check: etcd answers it from its watched registry).
     fn check_version(
         &self,
         object_id: &str,
         version: u64,
         digest: &[u8; 32],
-    ) -> Result<(), StateError> {
-        match self.registry_entry(object_id)? {
-            Some(entry) => crate::state::check_against(object_id, version, digest, &entry),
-            None => Ok(()),
-        }
-    }
+    ) -> Result<(), StateError>;
     /// Appends an event to this machine's event log; its sequence number.
     fn record_event(
         &self,

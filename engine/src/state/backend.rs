@@ -258,6 +258,14 @@ impl<T: SharedState + LocalLog + ?Sized> crate::integrity::Registry for T {
     fn registry_entry(&self, object_id: &str) -> Result<Option<RegistryEntry>, StateError> {
         SharedState::registry_entry(self, object_id)
     }
+    fn check_version(
+        &self,
+        object_id: &str,
+        version: u64,
+        digest: &[u8; 32],
+    ) -> Result<(), StateError> {
+        SharedState::check_version(self, object_id, version, digest)
+    }
     fn accept(
         &self,
         object_id: &str,
@@ -285,6 +293,14 @@ impl<T: SharedState + LocalLog + ?Sized> crate::integrity::Registry for T {
 impl crate::integrity::Registry for AttachedState {
     fn registry_entry(&self, object_id: &str) -> Result<Option<RegistryEntry>, StateError> {
         self.shared.registry_entry(object_id)
+    }
+    fn check_version(
+        &self,
+        object_id: &str,
+        version: u64,
+        digest: &[u8; 32],
+    ) -> Result<(), StateError> {
+        self.shared.check_version(object_id, version, digest)
     }
     fn accept(
         &self,

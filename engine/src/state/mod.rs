@@ -34,7 +34,7 @@ mod embedded;
 mod error;
 
 pub use backend::{AttachedState, LocalLog, SharedState};
-pub(crate) use embedded::check_against;
+use embedded::check_against;
 pub(crate) use embedded::decode_event;
 #[cfg(test)]
 pub(crate) use embedded::encode_event;

@@ -4,7 +4,7 @@ use crate::block::BlockRecord;
 
 use super::*;
 
-pub(crate) fn check_against(
+pub(in crate::state) fn check_against(
     object_id: &str,
     version: u64,
     digest: &[u8; 32],

@@ -21,7 +21,7 @@ mod logs;
 #[cfg(test)]
 mod tests;
 
-pub(crate) use codec::check_against;
+pub(in crate::state) use codec::check_against;
 use codec::*;
 pub(crate) use codec::{decode_event, encode_event};
 
