@@ -6,7 +6,7 @@
 //! cargo run --release -p probity --example placement_bench [ROUNDS]
 //! ```
 //!
-//! * `single`: 1,000 `decide_dry_run` calls, one per node, on one thread (the anchor);
+//! * `single`: 1,000 dry-run `decide_with` calls, one per node, on one thread (the anchor);
 //! * `cold`: `decide_each` over the 1,000 nodes without a cache, on every core: the
 //!   target is at most 1.1 x single / cores;
 //! * `warm`: `decide_each` with a `DecisionCache` while a writer upserts 100 node-fact
@@ -28,7 +28,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use probity::{DecisionCache, Engine, EntityUid, Request};
+use probity::{DecideOptions, DecisionCache, Engine, EntityUid, Request};
 use serde_json::json;
 
 const CANDIDATES: usize = 1_000;
@@ -73,7 +73,8 @@ fn main() {
     for _ in 0..if warm_only { 0 } else { rounds } {
         let t = Instant::now();
         for n in &nodes {
-            std::hint::black_box(engine.decide_dry_run(&request.clone().with_resource(n.clone())));
+            let one = [request.clone().with_resource(n.clone())];
+            std::hint::black_box(engine.decide_with(&one, DecideOptions::new().dry_run()).settle());
         }
         single.push(t.elapsed().as_secs_f64() * 1e3);
         let t = Instant::now();

@@ -292,7 +292,11 @@ impl Pending {
 pub struct Settled {
     decisions: Vec<Decision>,
     pending: Option<Pending>,
+    over_budget: bool,
 }
+
+/// Why decisions refused by a caller's budget were not given.
+const OVER_BUDGET: &str = "over the caller's budget of recorded decisions";
 
 impl Settled {
     /// Nothing to record.
@@ -300,7 +304,25 @@ impl Settled {
         Self {
             decisions,
             pending: None,
+            over_budget: false,
         }
+    }
+
+    /// Refused by the caller's budget: nothing was recorded, and settling gives no
+    /// decision that needed a record.
+    pub(crate) fn over_budget(decisions: Vec<Decision>) -> Self {
+        Self {
+            decisions: finish(decisions, Err(OVER_BUDGET.to_owned())),
+            pending: None,
+            over_budget: true,
+        }
+    }
+
+    /// True if the budget of [`crate::DecideOptions::within`] refused these
+    /// decisions: none was recorded, and each that needed a record settles as a
+    /// deny saying so. A server answers "too many requests".
+    pub fn is_over_budget(&self) -> bool {
+        self.over_budget
     }
 
     /// True if a commit must be waited for (worth moving off an async thread).
@@ -351,6 +373,7 @@ impl Settled {
             }) => Err(Settled {
                 decisions: self.decisions,
                 pending,
+                over_budget: self.over_budget,
             }),
         }
     }
@@ -448,6 +471,7 @@ pub(crate) fn submit(
     Settled {
         decisions,
         pending: Some(log.submit(records)),
+        over_budget: false,
     }
 }
 
@@ -499,6 +523,7 @@ mod tests {
         let settled = Settled {
             decisions: vec![allow_with_alert, plain_allow.clone()],
             pending: Some(Pending::stopped()),
+            over_budget: false,
         };
         assert!(settled.is_pending());
         let out = settled.settle();
@@ -563,6 +588,7 @@ mod tests {
                 completion: Some(completion),
                 unsent: None,
             }),
+            over_budget: false,
         };
         let Ok(awaiting) = settled.awaitable() else {
             panic!("a queued job can be awaited");
@@ -600,6 +626,7 @@ mod tests {
                 completion: Some(completion),
                 unsent: None,
             }),
+            over_budget: false,
         };
         let Ok(awaiting) = settled.awaitable() else {
             panic!("a queued job can be awaited");
@@ -632,6 +659,7 @@ mod tests {
                     },
                 )),
             }),
+            over_budget: false,
         };
         let Err(settled) = settled.awaitable() else {
             panic!("an unsent job needs a blocking wait");

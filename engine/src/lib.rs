@@ -92,7 +92,7 @@ pub use conventions::{
 pub use decision::{Decision, DecisionError, Effect, Obligation, Reason, Severity};
 pub use decision_log::{Awaiting, Settled};
 pub use diagnostic::SourceDiagnostic;
-pub use engine::{Engine, EngineBuilder, EntitiesByReference, PolicyStatus};
+pub use engine::{DecideOptions, Engine, EngineBuilder, EntitiesByReference, PolicyStatus};
 pub use error::{EntityError, LoadError, RequestError, WatchError};
 pub use facts::{EntityOwner, OWNED_ANNOTATION};
 pub use fanout::{DEFAULT_DECISION_CACHE_ENTRIES, DecisionCache};

@@ -304,8 +304,14 @@ mod tests {
     }
 
     fn compare(engine: &Engine, request: &Request) {
-        let sliced = engine.decide_dry_run(request);
-        let whole = with_whole_store(|| engine.decide_dry_run(request));
+        let dry_run = |r: &Request| {
+            engine
+                .decide_with(std::slice::from_ref(r), crate::DecideOptions::new().dry_run())
+                .settle()
+                .remove(0)
+        };
+        let sliced = dry_run(request);
+        let whole = with_whole_store(|| dry_run(request));
         assert_eq!(
             essence(&sliced),
             essence(&whole),

@@ -19,31 +19,90 @@ use crate::plugin::PluginEntities;
 use crate::request::{EntityUid, Request};
 use crate::store::{self, Stored};
 
+/// How [`Engine::decide_with`] decides: by default each decision that needs a
+/// record is recorded, with no budget.
+#[derive(Default)]
+pub struct DecideOptions<'a> {
+    dry_run: bool,
+    budget: Option<&'a mut dyn FnMut(usize) -> bool>,
+}
+
+impl std::fmt::Debug for DecideOptions<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DecideOptions")
+            .field("dry_run", &self.dry_run)
+            .field("budget", &self.budget.is_some())
+            .finish()
+    }
+}
+
+impl<'a> DecideOptions<'a> {
+    /// Record what needs recording, with no budget.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Record nothing: for dry runs and what-if tools, whose answers are not acted on.
+    pub fn dry_run(mut self) -> Self {
+        self.dry_run = true;
+        self
+    }
+
+    /// Record only within a budget: when decisions must be recorded (they deny or
+    /// carry obligations, and a state store is attached), `admit` is told how many
+    /// and may refuse. Refused, nothing is recorded and [`Settled::is_over_budget`] says
+    /// so, so that a server answers "too many requests" rather than a deny it could
+    /// not record. `admit` is not asked when nothing would be recorded.
+    pub fn within(mut self, admit: &'a mut dyn FnMut(usize) -> bool) -> Self {
+        self.budget = Some(admit);
+        self
+    }
+}
+
 impl Engine {
     /// Decides one request. Never panics and never fails: problems become a deny
     /// whose `errors` say what went wrong.
     ///
     /// With a state store attached ([`Engine::attach_state`]), a decision that denies
     /// or carries obligations is recorded in its decision log before this returns; if
-    /// it cannot be, the answer is a deny saying so.
+    /// it cannot be, the answer is a deny saying so. [`Engine::decide_with`] decides
+    /// many requests at once, without recording, without waiting, or within a budget.
     pub fn decide(&self, request: &Request) -> Decision {
-        self.decide_deferred(request)
+        self.decide_with(std::slice::from_ref(request), DecideOptions::new())
             .settle()
             .pop()
             .unwrap_or_else(|| Decision::error("no decision"))
     }
 
-    /// Decides many requests against one policy set and store. Their records (see
-    /// [`Engine::decide`]) share one durable commit.
-    pub fn decide_batch(&self, requests: &[Request]) -> Vec<Decision> {
-        self.decide_batch_deferred(requests).settle()
-    }
-
-    /// Decides without recording anything: for dry runs and what-if tools, whose
-    /// answers are not acted on.
-    pub fn decide_dry_run(&self, request: &Request) -> Decision {
+    /// Decides `requests` against one policy set and store, as `options` say. The
+    /// decisions' records (see [`Engine::decide`]) share one durable commit, which
+    /// the caller waits for with [`Settled::settle`] (or awaits, from async code,
+    /// with [`Settled::awaitable`]) before acknowledging any of them.
+    ///
+    /// The request itself says who asks: [`Request::as_fact_reporter`] and
+    /// [`Request::on_behalf_of`].
+    pub fn decide_with(&self, requests: &[Request], options: DecideOptions<'_>) -> Settled {
         let snapshot = self.shared.current.load();
-        self.decide_in(&snapshot, request)
+        let decisions: Vec<Decision> = requests
+            .iter()
+            .map(|r| self.decide_in(&snapshot, r))
+            .collect();
+        if options.dry_run {
+            return Settled::done(decisions);
+        }
+        if let Some(admit) = options.budget
+            && self.shared.decision_log.get().is_some()
+        {
+            let recorded = decisions
+                .iter()
+                .filter(|d| decision_log::needs_record(d))
+                .count();
+            if recorded > 0 && !admit(recorded) {
+                return Settled::over_budget(decisions);
+            }
+        }
+        let asked: Vec<&Request> = requests.iter().collect();
+        self.record(&snapshot, &asked, decisions)
     }
 
     /// The live snapshot, held.
@@ -69,60 +128,6 @@ impl Engine {
         !clocked && snapshot.bundle.plugins.for_action(action).is_empty()
     }
 
-    /// [`Engine::decide`] without waiting for the record: the caller must
-    /// [`Settled::settle`] before acknowledging the decision. For async servers, which
-    /// wait for the commit off their event loop.
-    pub fn decide_deferred(&self, request: &Request) -> Settled {
-        let snapshot = self.shared.current.load();
-        let decision = self.decide_in(&snapshot, request);
-        self.record(&snapshot, &[request], vec![decision])
-    }
-
-    /// [`Engine::decide_deferred`] under a budget for recorded decisions: when the
-    /// decision must be recorded (it denies or carries obligations, and a state store
-    /// is attached) and `admit` says no, nothing is recorded and `None` is returned,
-    /// so the caller answers "too many requests" rather than a deny it could not
-    /// record. `admit` is asked only for decisions that would be recorded.
-    pub fn decide_deferred_within(
-        &self,
-        request: &Request,
-        admit: impl FnOnce() -> bool,
-    ) -> Option<Settled> {
-        let snapshot = self.shared.current.load();
-        let decision = self.decide_in(&snapshot, request);
-        if self.shared.decision_log.get().is_some()
-            && decision_log::needs_record(&decision)
-            && !admit()
-        {
-            return None;
-        }
-        Some(self.record(&snapshot, &[request], vec![decision]))
-    }
-
-    /// [`Engine::decide_batch_deferred`] under a budget: `admit` is told how many of the
-    /// batch's decisions would be recorded, and when it says no, nothing is recorded
-    /// and `None` is returned.
-    pub fn decide_batch_deferred_within(
-        &self,
-        requests: &[Request],
-        admit: impl FnOnce(usize) -> bool,
-    ) -> Option<Settled> {
-        let snapshot = self.shared.current.load();
-        let decisions: Vec<Decision> = requests
-            .iter()
-            .map(|r| self.decide_in(&snapshot, r))
-            .collect();
-        let recorded = decisions
-            .iter()
-            .filter(|d| decision_log::needs_record(d))
-            .count();
-        if self.shared.decision_log.get().is_some() && recorded > 0 && !admit(recorded) {
-            return None;
-        }
-        let asked: Vec<&Request> = requests.iter().collect();
-        Some(self.record(&snapshot, &asked, decisions))
-    }
-
     /// Whether deciding `request` runs WebAssembly plugins (whose deadlines can reach
     /// seconds), so that an async server decides it off its event loop.
     pub fn runs_plugins(&self, request: &Request) -> bool {
@@ -134,17 +139,6 @@ impl Engine {
             .plugins
             .for_action(request.action.id())
             .is_empty()
-    }
-
-    /// [`Engine::decide_batch`] without waiting for the records.
-    pub fn decide_batch_deferred(&self, requests: &[Request]) -> Settled {
-        let snapshot = self.shared.current.load();
-        let decisions = requests
-            .iter()
-            .map(|r| self.decide_in(&snapshot, r))
-            .collect();
-        let asked: Vec<&Request> = requests.iter().collect();
-        self.record(&snapshot, &asked, decisions)
     }
 
     pub(super) fn record(

@@ -33,6 +33,7 @@ mod snapshot;
 mod world;
 
 use entities::ByReferenceAnswer;
+pub use decide::DecideOptions;
 pub use entities::EntitiesByReference;
 pub use reload::PolicyStatus;
 use reload::load_bundle;

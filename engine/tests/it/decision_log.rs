@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use probity::state::StateStore;
-use probity::{Effect, Engine, Request};
+use probity::{DecideOptions, Effect, Engine, Request};
 use serde_json::json;
 
 use crate::root;
@@ -49,8 +49,39 @@ fn denies_and_obligations_are_recorded_durably_and_allows_and_dry_runs_are_not()
         assert_eq!(records[0].decision, denied);
 
         // A dry run of the same deny leaves no record.
-        let dry = engine.decide_dry_run(&schedule("train-1", "gpu-a1"));
-        assert_eq!(dry.decision, Effect::Deny);
+        let dry = engine
+            .decide_with(
+                &[schedule("train-1", "gpu-a1")],
+                DecideOptions::new().dry_run(),
+            )
+            .settle();
+        assert_eq!(dry[0].decision, Effect::Deny);
+        assert_eq!(store.decisions(0, 100).unwrap().len(), 1);
+
+        // A budget that refuses: nothing recorded, the deny not given, and the
+        // budget told how many records the batch needed.
+        let mut asked_for = Vec::new();
+        let mut refuse = |n: usize| {
+            asked_for.push(n);
+            false
+        };
+        let refused = engine.decide_with(
+            &[
+                schedule("train-1", "gpu-a1"),
+                schedule("train-1", "gpu-a1"),
+            ],
+            DecideOptions::new().within(&mut refuse),
+        );
+        assert!(refused.is_over_budget());
+        let refused = refused.settle();
+        assert!(refused[0].unrecorded, "{refused:?}");
+        assert!(
+            refused[0].errors[0]
+                .message
+                .contains("over the caller's budget of recorded decisions"),
+            "{refused:?}"
+        );
+        assert_eq!(asked_for, [2]);
         assert_eq!(store.decisions(0, 100).unwrap().len(), 1);
 
         // An allow that carries an obligation (94% on-prem occupancy: burst to cloud)
@@ -60,10 +91,22 @@ fn denies_and_obligations_are_recorded_durably_and_allows_and_dry_runs_are_not()
                 "attrs": {"gpusTotal": 64, "gpusAllocated": 60}, "parents": []}]))
             .unwrap();
         engine.unblock_node("gpu-a1").unwrap();
-        let batch = engine.decide_batch(&[
-            schedule("train-1", "gpu-blocked"),
-            schedule("train-1", "gpu-a1"),
-        ]);
+        // A budget that admits is asked once, for both records of the batch.
+        let mut asked_for = Vec::new();
+        let mut admit = |n: usize| {
+            asked_for.push(n);
+            true
+        };
+        let batch = engine
+            .decide_with(
+                &[
+                    schedule("train-1", "gpu-blocked"),
+                    schedule("train-1", "gpu-a1"),
+                ],
+                DecideOptions::new().within(&mut admit),
+            )
+            .settle();
+        assert_eq!(asked_for, [2]);
         assert_eq!(batch[0].decision, Effect::Deny);
         assert_eq!(batch[1].decision, Effect::Allow);
         assert_eq!(batch[1].obligations[0].kind, "burst_to_cloud");

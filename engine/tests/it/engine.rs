@@ -1,6 +1,6 @@
 //! Loading, deciding and the entity store, through the public API only.
 
-use probity::{Effect, Engine, EntityError, LoadError, Request, RequestError};
+use probity::{DecideOptions, Effect, Engine, EntityError, LoadError, Request, RequestError};
 use serde_json::json;
 
 use crate::{cluster, policy_copy};
@@ -340,10 +340,15 @@ fn bug_a_blocklist_contradiction_was_reported_at_entities_0() {
 #[test]
 fn batch_decides_each_request() {
     let engine = loaded();
-    let ds = engine.decide_batch(&[
-        schedule("train-1", "gpu-a1"),
-        schedule("train-1", "gpu-blocked"),
-    ]);
+    let ds = engine
+        .decide_with(
+            &[
+                schedule("train-1", "gpu-a1"),
+                schedule("train-1", "gpu-blocked"),
+            ],
+            DecideOptions::new(),
+        )
+        .settle();
     assert_eq!(
         ds.iter().map(|d| d.decision).collect::<Vec<_>>(),
         [Effect::Allow, Effect::Deny]

@@ -27,7 +27,7 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant, SystemTime};
 
 use probity::state::{NodeFacts, StateStore};
-use probity::{Decision, Engine, EntityUid, Request};
+use probity::{DecideOptions, Decision, Engine, EntityUid, Request};
 use probity_collect::dcgm::DcgmReport;
 use probity_collect::ipmi::DcmiPower;
 use probity_collect::nvidia_smi::GpuQuery;
@@ -908,7 +908,7 @@ impl Agent {
                 ));
             }
         }
-        let decisions = self.engine.decide_batch(&requests);
+        let decisions = self.engine.decide_with(&requests, DecideOptions::new()).settle();
         (asked, decisions)
     }
 
@@ -1254,7 +1254,7 @@ impl Agent {
                     .as_fact_reporter(),
             );
         }
-        let decisions = self.engine.decide_batch(&requests);
+        let decisions = self.engine.decide_with(&requests, DecideOptions::new()).settle();
         for ((subject, facts), decision) in asked.into_iter().zip(decisions) {
             for f in findings_of(Scope::Elevation, "elevate", &subject, &decision, &facts, at) {
                 if let Some(f) = self.findings.raise(f) {

@@ -12,7 +12,7 @@ use engine::integrity::{
     self, IntegrityError, PublicKey, Verifier, VerifyFailure, VerifyOptions, VerifyReport, hex,
 };
 use engine::state::{AttachedState, StateStore};
-use engine::{Decision, Engine, ReloadWatcher, Request};
+use engine::{DecideOptions, Decision, Engine, ReloadWatcher, Request};
 use serde_json::{Value, json};
 
 use crate::error::{Failure, chain};
@@ -142,7 +142,11 @@ fn decide_one(engine: &Engine, request: Request, flags: u32) -> Decision {
         request
     };
     if flags & PROBITY_DECIDE_DRY_RUN != 0 {
-        engine.decide_dry_run(&request)
+        engine
+            .decide_with(std::slice::from_ref(&request), DecideOptions::new().dry_run())
+            .settle()
+            .pop()
+            .unwrap_or_else(|| Decision::error("no decision"))
     } else {
         engine.decide(&request)
     }
@@ -168,14 +172,12 @@ pub(crate) fn decide_batch(
     } else {
         requests
     };
-    let decisions = if flags & PROBITY_DECIDE_DRY_RUN != 0 {
-        requests
-            .iter()
-            .map(|r| entry.engine.decide_dry_run(r))
-            .collect()
+    let options = if flags & PROBITY_DECIDE_DRY_RUN != 0 {
+        DecideOptions::new().dry_run()
     } else {
-        entry.engine.decide_batch(&requests)
+        DecideOptions::new()
     };
+    let decisions = entry.engine.decide_with(&requests, options).settle();
     to_json(&json!({ "decisions": decisions }))
 }
 

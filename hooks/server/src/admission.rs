@@ -18,7 +18,7 @@ use axum::extract::rejection::BytesRejection;
 use axum::http::Extensions;
 use axum::response::{IntoResponse, Response};
 use base64::Engine as _;
-use probity::{Decision, EntityUid, Request};
+use probity::{DecideOptions, Decision, EntityUid, Request};
 use serde_json::{Map, Value, json};
 
 use crate::AppState;
@@ -805,7 +805,12 @@ fn validate_workload(
     let decide = |r: &Request| {
         // A dry run leaves no trace: no metrics, no records.
         if dry_run {
-            Ok(state.engine().decide_dry_run(r))
+            Ok(state
+                .engine()
+                .decide_with(std::slice::from_ref(r), DecideOptions::new().dry_run())
+                .settle()
+                .pop()
+                .unwrap_or_else(|| Decision::error("no decision")))
         } else {
             state.decide(caller, r)
         }

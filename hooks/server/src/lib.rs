@@ -87,7 +87,7 @@ use axum::http::{StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use probity::{Decision, Engine, Request};
+use probity::{DecideOptions, Decision, Engine, Request};
 
 /// Answers the authorization cache keeps: a question is one caller, one operation and at
 /// most one node, so a few thousand cover every agent of a large cluster.
@@ -521,17 +521,25 @@ impl AppState {
         Ok(d)
     }
 
+    /// Decides `requests` within `caller`'s budget of recorded decisions, without
+    /// waiting for their records.
+    fn decide_within(&self, caller: &Caller, requests: &[Request]) -> probity::Settled {
+        let budget = &self.inner.budget;
+        let mut admit = |n: usize| budget.admit_n(&caller.0, n);
+        self.engine()
+            .decide_with(requests, DecideOptions::new().within(&mut admit))
+    }
+
     /// Decides and times the decision into the metrics, within `caller`'s budget of
     /// recorded decisions. Waits for the decision's record in place: for callers
     /// already off the async workers (admission reviews with a state store run on the
     /// blocking pool).
     pub(crate) fn decide(&self, caller: &Caller, request: &Request) -> Result<Decision, ApiError> {
         let start = Instant::now();
-        let budget = &self.inner.budget;
-        let settled = self
-            .engine()
-            .decide_deferred_within(request, || budget.admit(&caller.0))
-            .ok_or_else(|| Self::too_many(caller))?;
+        let settled = self.decide_within(caller, std::slice::from_ref(request));
+        if settled.is_over_budget() {
+            return Err(Self::too_many(caller));
+        }
         let d = settled
             .settle()
             .pop()
@@ -555,10 +563,8 @@ impl AppState {
             let s = self.clone();
             let c = caller.clone();
             tokio::task::spawn_blocking(move || {
-                let budget = &s.inner.budget;
-                s.engine()
-                    .decide_deferred_within(&request, || budget.admit(&c.0))
-                    .map(probity::Settled::settle)
+                let settled = s.decide_within(&c, std::slice::from_ref(&request));
+                (!settled.is_over_budget()).then(|| settled.settle())
             })
             .await
             .map_err(|e| {
@@ -567,11 +573,10 @@ impl AppState {
             })?
             .ok_or_else(|| Self::too_many(caller))?
         } else {
-            let budget = &self.inner.budget;
-            let settled = self
-                .engine()
-                .decide_deferred_within(&request, || budget.admit(&caller.0))
-                .ok_or_else(|| Self::too_many(caller))?;
+            let settled = self.decide_within(caller, std::slice::from_ref(&request));
+            if settled.is_over_budget() {
+                return Err(Self::too_many(caller));
+            }
             // The commit is awaited here, on the async workers: no thread is parked per
             // recorded decision. Only records still waiting for room in the log's full
             // queue need a blocking wait (backpressure), on the blocking pool.
@@ -596,12 +601,11 @@ impl AppState {
         requests: &[Request],
     ) -> Result<Vec<Decision>, ApiError> {
         let start = Instant::now();
-        let budget = &self.inner.budget;
-        let decisions = self
-            .engine()
-            .decide_batch_deferred_within(requests, |n| budget.admit_n(&caller.0, n))
-            .ok_or_else(|| Self::too_many(caller))?
-            .settle();
+        let settled = self.decide_within(caller, requests);
+        if settled.is_over_budget() {
+            return Err(Self::too_many(caller));
+        }
+        let decisions = settled.settle();
         let per = start.elapsed() / u32::try_from(requests.len().max(1)).unwrap_or(u32::MAX);
         for d in &decisions {
             self.metrics().record_decision(d, per);

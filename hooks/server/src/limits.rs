@@ -51,11 +51,6 @@ impl RecordBudget {
         }
     }
 
-    /// Takes one token for `caller`; false when it has none left.
-    pub fn admit(&self, caller: &str) -> bool {
-        self.admit_n(caller, 1)
-    }
-
     /// Takes `n` tokens for `caller` at once; false (and none taken) when it has fewer.
     pub fn admit_n(&self, caller: &str, n: usize) -> bool {
         let n = n as f64;
@@ -311,11 +306,11 @@ mod tests {
     #[test]
     fn a_caller_over_its_budget_is_refused_and_others_are_not() {
         let b = RecordBudget::new(1, 3);
-        assert!((0..3).all(|_| b.admit("flood")));
-        assert!(!b.admit("flood"));
-        assert!(b.admit("quiet"));
+        assert!((0..3).all(|_| b.admit_n("flood", 1)));
+        assert!(!b.admit_n("flood", 1));
+        assert!(b.admit_n("quiet", 1));
         assert_eq!(b.refused(), 1);
-        assert!(RecordBudget::new(0, 0).admit("anyone"));
+        assert!(RecordBudget::new(0, 0).admit_n("anyone", 1));
     }
 
     #[test]
