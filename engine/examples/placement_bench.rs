@@ -74,7 +74,11 @@ fn main() {
         let t = Instant::now();
         for n in &nodes {
             let one = [request.clone().with_resource(n.clone())];
-            std::hint::black_box(engine.decide_with(&one, DecideOptions::new().dry_run()).settle());
+            std::hint::black_box(
+                engine
+                    .decide_with(&one, DecideOptions::new().dry_run())
+                    .settle(),
+            );
         }
         single.push(t.elapsed().as_secs_f64() * 1e3);
         let t = Instant::now();

@@ -53,22 +53,21 @@ mod reader;
 mod signed;
 mod software;
 
+pub(crate) use anchor::SIGNATURE_LEN;
 pub use anchor::{
-    Anchor, AnchorDescription, AnchorError, AnchorKind, KeyId, PUBLIC_KEY_LEN, PublicKey,
-    SIGNATURE_LEN, Signature, Verifier, hex,
+    Anchor, AnchorDescription, AnchorError, AnchorKind, KeyId, PublicKey, Signature, Verifier, hex,
 };
 pub use hash::{HashError, HashOptions, HashedObject, Progress, hash_file, open_object};
 pub use manifest::{
-    Algorithm, DEFAULT_CHUNK_SIZE, Hash, MANIFEST_FORMAT, MANIFEST_MAGIC, MAX_CHUNK_SIZE,
-    MAX_OBJECT_ID_LEN, MIN_CHUNK_SIZE, Manifest, ManifestError, chunk_count, merkle_root, sha256,
+    Algorithm, DEFAULT_CHUNK_SIZE, Hash, Manifest, ManifestError, chunk_count, sha256,
 };
-pub use pkcs11::{DATA_APPLICATION, Pin, Pkcs11Anchor, Pkcs11Config, TokenDigest, token_digests};
+pub(crate) use pkcs11::TokenDigest;
+pub(crate) use pkcs11::token_digests;
+pub use pkcs11::{Pin, Pkcs11Anchor, Pkcs11Config};
 pub use reader::VerifiedReader;
 #[doc(hidden)]
 pub use signed::fuzzing;
-pub use signed::{
-    SIGNED_FORMAT, SIGNED_MAGIC, SignatureProblem, SignedManifest, SignedManifestError,
-};
+pub use signed::{SignatureProblem, SignedManifest, SignedManifestError};
 pub use software::SoftwareAnchor;
 
 /// Why sealing or verification failed. Each tamper case has its own variant.
@@ -314,7 +313,7 @@ impl IntegrityError {
 }
 
 /// Checks a signed manifest's signature and its version against the registry (no hashing).
-pub fn check_manifest(
+pub(crate) fn check_manifest(
     signed: &SignedManifest,
     verifier: &Verifier,
     registry: &dyn Registry,
@@ -582,7 +581,7 @@ pub fn restore_rollback_memory(
 /// Accepts, for each object id in `digests`, its highest version with its digest (no
 /// signed manifest is kept for them: the token holds only digests). Returns the number of
 /// object ids. A registry that already holds a higher version keeps it.
-pub fn rebuild_registry(
+pub(crate) fn rebuild_registry(
     registry: &dyn Registry,
     digests: &[TokenDigest],
 ) -> Result<usize, IntegrityError> {

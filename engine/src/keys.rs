@@ -57,13 +57,23 @@ use crate::facts::EntityOwner;
 use crate::request::{EntityUid, Request};
 use crate::state::{SharedState, StateError};
 
-pub use probity_keys::*;
+use probity_keys::{
+    ErasureRecord, KekError, KeyMetaStore, KeyRecord, KeyringStatus, MetaStoreError, Pkcs11Kek,
+    Rotation, Timestamp, VersionState, Versioned,
+};
+
+pub use probity_keys::stream;
+pub use probity_keys::{
+    DecryptOptions, DecryptingReader, EncryptOptions, KekProvider, KeyError, KeyId, KeyScope,
+    Keyring, KeyringOptions, Pin, SOFTWARE_KEK_NOTICE, SoftwareKek, decrypt_file, encrypt_file,
+    rewrap_file,
+};
 
 /// The obligation a policy carries to ask for a key's rotation.
-pub const ROTATE_OBLIGATION: &str = "rotate_key";
+pub(crate) const ROTATE_OBLIGATION: &str = "rotate_key";
 
 /// The entity type the keyring's keys are published as.
-pub const KEY_ENTITY_TYPE: &str = "Key";
+pub(crate) const KEY_ENTITY_TYPE: &str = "Key";
 
 /// Why wiring the keyring to the engine failed.
 #[derive(Debug, Error)]
@@ -192,7 +202,7 @@ pub fn record_erasure(engine: &Engine, erasure: &ErasureRecord) {
 
 /// The `Key` entities that stand for the keyring's keys: one per key, with the primary
 /// version's creation time and state (an erased key is `destroyed`).
-pub fn key_entities(status: &KeyringStatus) -> Value {
+pub(crate) fn key_entities(status: &KeyringStatus) -> Value {
     Value::Array(
         status
             .keys
@@ -270,7 +280,7 @@ pub struct EncryptGrant {
 }
 
 /// The `encrypt` request `principal` asks for `key`.
-pub fn encrypt_request(principal: &EntityUid, key: &KeyId) -> Result<Request, KeysError> {
+pub(crate) fn encrypt_request(principal: &EntityUid, key: &KeyId) -> Result<Request, KeysError> {
     let problem = |e: crate::RequestError| KeysError::Request {
         key: key.as_str().to_owned(),
         problem: e.to_string(),

@@ -70,7 +70,7 @@ mod slice;
 mod source;
 pub mod state;
 mod store;
-pub mod trust;
+mod trust;
 mod watch;
 
 pub use clock::{Clock, ManualClock, SystemClock};
@@ -85,26 +85,15 @@ pub(crate) fn available_cores() -> std::num::NonZeroUsize {
         .get_or_init(|| std::thread::available_parallelism().unwrap_or(std::num::NonZeroUsize::MIN))
 }
 pub use block::{BlockEvent, BlockRecord};
-pub use conventions::{
-    CONVENTIONS_ANNOTATION, Conventions, DEFAULT_OBLIGATION_KINDS, DEFAULT_PORT_SETS, PortProtocol,
-    PortSet, Restrictions, VerifiedRead,
-};
+pub use conventions::{Conventions, PortProtocol, PortSet, Restrictions, VerifiedRead};
 pub use decision::{Decision, DecisionError, Effect, Obligation, Reason, Severity};
 pub use decision_log::{Awaiting, Settled};
 pub use diagnostic::SourceDiagnostic;
 pub use engine::{DecideOptions, Engine, EngineBuilder, EntitiesByReference, PolicyStatus};
 pub use error::{EntityError, LoadError, RequestError, WatchError};
-pub use facts::{EntityOwner, OWNED_ANNOTATION};
+pub use facts::EntityOwner;
 pub use fanout::{DEFAULT_DECISION_CACHE_ENTRIES, DecisionCache};
-pub use plugin::{
-    DEFAULT_PLUGIN_MEMORY_MIB, DEFAULT_PLUGIN_TIMEOUT_MS, MAX_PLUGIN_BYTES, PLUGIN_MANIFEST,
-    PluginInfo, compile_uncached as __compile_plugin_uncached,
-};
+pub use plugin::{PluginInfo, compile_uncached as __compile_plugin_uncached};
 pub use request::{EntityUid, MAX_REQUEST_BYTES, Request};
 pub use settings::{SettingInfo, Settings, SettingsSchema};
-pub use slice::MAX_SLICE_ENTITIES;
-pub use source::MAX_SOURCE_BYTES;
-pub use watch::{
-    DEFAULT_DEBOUNCE, DEFAULT_OPEN_WAIT, DEFAULT_SETTLE_ROUNDS, RELOAD_EVENT_BACKLOG, ReloadEvent,
-    ReloadOutcome, ReloadWatcher, Settle, Sleeper, ThreadSleeper,
-};
+pub use watch::{ReloadEvent, ReloadOutcome, ReloadWatcher, Settle, Sleeper};

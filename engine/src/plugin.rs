@@ -25,10 +25,8 @@ use cedar_policy::Schema;
 use sha2::{Digest, Sha256};
 
 pub(crate) use crate::source::ManifestSource;
-pub use crate::source::PLUGIN_MANIFEST;
 use entities::Batch;
 pub(crate) use entities::PluginEntities;
-pub use manifest::{DEFAULT_PLUGIN_MEMORY_MIB, DEFAULT_PLUGIN_TIMEOUT_MS};
 
 use crate::conventions::Conventions;
 use crate::decision::{Decision, DecisionError, Effect, Obligation, Reason, Severity};

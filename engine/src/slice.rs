@@ -306,7 +306,10 @@ mod tests {
     fn compare(engine: &Engine, request: &Request) {
         let dry_run = |r: &Request| {
             engine
-                .decide_with(std::slice::from_ref(r), crate::DecideOptions::new().dry_run())
+                .decide_with(
+                    std::slice::from_ref(r),
+                    crate::DecideOptions::new().dry_run(),
+                )
                 .settle()
                 .remove(0)
         };

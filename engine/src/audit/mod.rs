@@ -52,7 +52,7 @@ use crate::integrity::{Anchor, Hash, KeyId, PublicKey, Signature, Verifier, hex,
 use crate::state::{StateError, StateStore};
 
 /// The `prev` of a log's first record: 32 zero bytes.
-pub const GENESIS: Hash = [0; 32];
+pub(crate) const GENESIS: Hash = [0; 32];
 
 /// The tag byte of a chained record (older, unchained records start otherwise).
 const CHAINED: u8 = 1;

@@ -32,8 +32,8 @@ mod replication;
 mod snapshot;
 mod world;
 
-use entities::ByReferenceAnswer;
 pub use decide::DecideOptions;
+use entities::ByReferenceAnswer;
 pub use entities::EntitiesByReference;
 pub use reload::PolicyStatus;
 use reload::load_bundle;

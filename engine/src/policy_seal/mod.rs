@@ -69,19 +69,19 @@ pub(crate) use gate::{check, compare_live, late_problem, registry_problem};
 mod tests;
 
 /// File name of the seal in the policy directory.
-pub const SEAL_FILE: &str = "policy.seal";
+pub(crate) const SEAL_FILE: &str = "policy.seal";
 /// First line of a seal, format 1.
-pub const SEAL_HEADER: &str = "probity-policy-seal 1";
+pub(crate) const SEAL_HEADER: &str = "probity-policy-seal 1";
 /// Largest seal read.
-pub const MAX_SEAL_BYTES: usize = 1024 * 1024;
+pub(crate) const MAX_SEAL_BYTES: usize = 1024 * 1024;
 /// Most files one seal lists.
-pub const MAX_SEALED_FILES: usize = 10_000;
+pub(crate) const MAX_SEALED_FILES: usize = 10_000;
 /// Longest seal name.
-pub const MAX_SEAL_NAME_LEN: usize = 128;
+pub(crate) const MAX_SEAL_NAME_LEN: usize = 128;
 /// Longest path in a seal, in bytes.
-pub const MAX_SEALED_PATH_LEN: usize = 4096;
+pub(crate) const MAX_SEALED_PATH_LEN: usize = 4096;
 /// Prefix of the registry object id under which a sealed set's version is remembered.
-pub const REGISTRY_PREFIX: &str = "policy-set:";
+pub(crate) const REGISTRY_PREFIX: &str = "policy-set:";
 
 /// One file of a sealed set.
 #[derive(Debug, Clone, PartialEq, Eq)]

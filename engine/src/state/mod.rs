@@ -69,7 +69,7 @@ pub struct LogUsage {
 /// The source a node's `unreadable` attribute names once the facts its agent published
 /// to a shared store expired ([`StateChange::FactsGone`]): the engine keeps the node and
 /// marks its telemetry stale, so the policies fail closed on it.
-pub const STALE_FACTS_SOURCE: &str = "agent";
+pub(crate) const STALE_FACTS_SOURCE: &str = "agent";
 
 /// File name of the database inside the state directory.
 pub const STATE_FILE: &str = "state.redb";

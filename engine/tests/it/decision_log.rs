@@ -66,10 +66,7 @@ fn denies_and_obligations_are_recorded_durably_and_allows_and_dry_runs_are_not()
             false
         };
         let refused = engine.decide_with(
-            &[
-                schedule("train-1", "gpu-a1"),
-                schedule("train-1", "gpu-a1"),
-            ],
+            &[schedule("train-1", "gpu-a1"), schedule("train-1", "gpu-a1")],
             DecideOptions::new().within(&mut refuse),
         );
         assert!(refused.is_over_budget());

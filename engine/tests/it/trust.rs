@@ -7,7 +7,7 @@ use std::process::Command;
 
 use probity::integrity::{self, Anchor as _, AnchorError, SoftwareAnchor};
 use probity::state::{StateError, StateStore};
-use probity::trust::TrustError;
+use probity_base::trust::TrustError;
 
 const UMASK_CHILD_ENV: &str = "PROBITY_TEST_UMASK_DIR";
 
@@ -279,6 +279,6 @@ fn bug_a_state_directory_others_can_write_or_repoint_was_trusted() {
         "{e}"
     );
     // The same link owned by this user is followed.
-    std::os::unix::fs::lchown(&link, Some(probity::trust::running_user()), None).unwrap();
+    std::os::unix::fs::lchown(&link, Some(probity_base::trust::running_user()), None).unwrap();
     StateStore::open(&link.join("state")).unwrap();
 }

@@ -908,7 +908,10 @@ impl Agent {
                 ));
             }
         }
-        let decisions = self.engine.decide_with(&requests, DecideOptions::new()).settle();
+        let decisions = self
+            .engine
+            .decide_with(&requests, DecideOptions::new())
+            .settle();
         (asked, decisions)
     }
 
@@ -1254,7 +1257,10 @@ impl Agent {
                     .as_fact_reporter(),
             );
         }
-        let decisions = self.engine.decide_with(&requests, DecideOptions::new()).settle();
+        let decisions = self
+            .engine
+            .decide_with(&requests, DecideOptions::new())
+            .settle();
         for ((subject, facts), decision) in asked.into_iter().zip(decisions) {
             for f in findings_of(Scope::Elevation, "elevate", &subject, &decision, &facts, at) {
                 if let Some(f) = self.findings.raise(f) {

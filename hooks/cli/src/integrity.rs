@@ -157,7 +157,7 @@ fn hsm_config(
         Some(path) if args.allow_readable_pin_file => {
             let (pin, readable) = Pin::from_file_lenient(path)?;
             match readable {
-                Some(probity::trust::TrustError::Readable {
+                Some(probity_base::trust::TrustError::Readable {
                     path, mode, who, ..
                 }) => err_line!(
                     "warning: PIN file {}: mode {mode:04o} lets {who} read it (chmod 600 it); used because of --allow-readable-pin-file",
@@ -756,7 +756,7 @@ fn policy_seal(
             }
         }
     };
-    probity::trust::create_private_dir(&state_args.state_dir).with_context(|| {
+    probity_base::trust::create_private_dir(&state_args.state_dir).with_context(|| {
         format!(
             "cannot use the state directory {}",
             state_args.state_dir.display()

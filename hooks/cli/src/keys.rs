@@ -200,7 +200,7 @@ fn open(args: &KeyringArgs) -> Result<Opened> {
 fn read_pin(hsm: &HsmArgs) -> Result<Pin> {
     match &hsm.hsm_pin_file {
         Some(path) => {
-            use probity::trust::{Material, TrustError, check_file_lenient};
+            use probity_base::trust::{Material, TrustError, check_file_lenient};
             match check_file_lenient(path, Material::Secret) {
                 Ok((_, None)) => {}
                 Ok((_, Some(TrustError::Readable { mode, who, .. })))

@@ -281,7 +281,7 @@ fn read_trusted(what: &'static str, path: &Path) -> Result<Vec<u8>, EtcdError> {
     let meta = std::fs::metadata(path).map_err(read_err)?;
     let mode = meta.permissions().mode() & 0o7777;
     // The same judgement as every other trust file's (write access beyond the owner).
-    if probity::trust::granted_to_others(mode, 0o2).is_some() {
+    if probity_base::trust::granted_to_others(mode, 0o2).is_some() {
         return Err(EtcdError::InsecureFile {
             what,
             path: path.to_owned(),

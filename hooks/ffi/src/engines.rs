@@ -143,7 +143,10 @@ fn decide_one(engine: &Engine, request: Request, flags: u32) -> Decision {
     };
     if flags & PROBITY_DECIDE_DRY_RUN != 0 {
         engine
-            .decide_with(std::slice::from_ref(&request), DecideOptions::new().dry_run())
+            .decide_with(
+                std::slice::from_ref(&request),
+                DecideOptions::new().dry_run(),
+            )
             .settle()
             .pop()
             .unwrap_or_else(|| Decision::error("no decision"))
@@ -280,7 +283,7 @@ pub(crate) fn verifier(entry: &EngineEntry, path: Option<&str>) -> Result<Verifi
             .mode()
     };
     // The same judgement as every other trust file's (write access beyond the owner).
-    if let Some(who) = engine::trust::granted_to_others(mode, 0o2) {
+    if let Some(who) = probity_base::trust::granted_to_others(mode, 0o2) {
         return Err(Failure::invalid(format!(
             "the public key {} is writable by {who} (mode {:04o}): refusing it as a pinned key",
             path.display(),

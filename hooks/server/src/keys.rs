@@ -60,7 +60,7 @@ pub(crate) fn open(engine: &Engine, config: &Config) -> Result<Option<KeyService
                 .ok_or("[keys] hsm_module needs hsm_token")?;
             let pin = match &k.hsm_pin_file {
                 Some(path) => {
-                    probity::trust::check_file(path, probity::trust::Material::Secret)
+                    probity_base::trust::check_file(path, probity_base::trust::Material::Secret)
                         .map_err(|e| e.to_string())?;
                     Pin::from_file(path).map_err(|e| e.to_string())?
                 }

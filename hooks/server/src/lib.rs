@@ -245,7 +245,7 @@ impl AppState {
     }
 
     /// The pinned public key at `path`, judged as the CLI and sealed mode judge it
-    /// (owner, mode, and every directory on its path: see `probity::trust`): a key
+    /// (owner, mode, and every directory on its path: see `probity_base::trust`): a key
     /// others may write is refused with 503, and readiness says why. Logs a change of
     /// verdict.
     pub(crate) fn pinned_key(
