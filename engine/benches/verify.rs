@@ -46,8 +46,15 @@ fn bench(c: &mut Criterion) {
     }
     let anchor = SoftwareAnchor::generate(&dir.path().join("anchor.key")).unwrap();
     let store = StateStore::open(&dir.path().join("state")).unwrap();
-    let signed =
-        integrity::seal(&path, "bench", 1, &anchor, &store, &HashOptions::default()).unwrap();
+    let signed = integrity::SignedManifest::seal(
+        &path,
+        "bench",
+        1,
+        &anchor,
+        &store,
+        &HashOptions::default(),
+    )
+    .unwrap();
     let verifier = Verifier::new(anchor.public_key().clone());
 
     let mut g = c.benchmark_group("verify");
@@ -73,7 +80,7 @@ fn bench(c: &mut Criterion) {
             threads: NonZeroUsize::MIN,
             ..HashOptions::default()
         };
-        b.iter(|| black_box(integrity::hash_file(&path, &options).unwrap()));
+        b.iter(|| black_box(integrity::HashedObject::hash_file(&path, &options).unwrap()));
     });
     for threads in [1usize, 2] {
         g.bench_function(format!("verify_object ({threads} thread)"), |b| {
@@ -86,7 +93,9 @@ fn bench(c: &mut Criterion) {
                     ..VerifyOptions::default()
                 };
                 black_box(
-                    integrity::verify_object(&path, &signed, &verifier, &store, &options).unwrap(),
+                    verifier
+                        .verify_object(&path, &signed, &store, &options)
+                        .unwrap(),
                 )
             });
         });

@@ -24,9 +24,15 @@ use std::time::{Duration, Instant};
 
 use probity::integrity::{
     self, Anchor, DEFAULT_CHUNK_SIZE, HashOptions, Pin, Pkcs11Anchor, Pkcs11Config, SignedManifest,
-    SoftwareAnchor, VerifiedReader, Verifier, VerifyOptions, sha256,
+    SoftwareAnchor, VerifiedReader, Verifier, VerifyOptions,
 };
 use probity::state::StateStore;
+
+/// SHA-256 of `data`, as the manifests hash chunks.
+fn sha256(data: &[u8]) -> [u8; 32] {
+    use sha2::Digest as _;
+    sha2::Sha256::digest(data).into()
+}
 use sha2::{Digest, Sha256};
 
 fn median(mut v: Vec<Duration>) -> Duration {
@@ -72,9 +78,15 @@ fn main() {
             let anchor = SoftwareAnchor::load_or_generate(&state.join("anchor.key")).unwrap();
             let store = StateStore::open(&state.join("sealer")).unwrap();
             let t = Instant::now();
-            let signed =
-                integrity::seal(&file, "bench", 1, &anchor, &store, &HashOptions::default())
-                    .unwrap();
+            let signed = integrity::SignedManifest::seal(
+                &file,
+                "bench",
+                1,
+                &anchor,
+                &store,
+                &HashOptions::default(),
+            )
+            .unwrap();
             std::fs::write(signed_path(&file), signed.encode()).unwrap();
             println!(
                 "sealed in {:.3} s by {}",
@@ -96,7 +108,9 @@ fn main() {
             let times = (0..runs(5))
                 .map(|_| {
                     let t = Instant::now();
-                    integrity::verify_object(&file, &signed, &verifier, &store, &options).unwrap();
+                    verifier
+                        .verify_object(&file, &signed, &store, &options)
+                        .unwrap();
                     t.elapsed()
                 })
                 .collect();

@@ -7,7 +7,7 @@
 //! (an HSM over PKCS#11, or a software key that is clearly not an HSM), and records the version
 //! in the [`StateStore`] registry. Verifying checks the signature against a pinned key
 //! ([`Verifier`], no HSM round trip), refuses rollbacks, then re-hashes in parallel
-//! ([`verify_object`]) or chunk by chunk as bytes are read ([`VerifiedReader`]).
+//! ([`Verifier::verify_object`]) or chunk by chunk as bytes are read ([`VerifiedReader`]).
 //!
 //! Code map:
 //! * `manifest` — the manifest, its Merkle construction and canonical encoding;
@@ -23,15 +23,15 @@
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let store = StateStore::open("/var/lib/probity".as_ref())?;
 //! let anchor = SoftwareAnchor::load_or_generate("/var/lib/probity/anchor.key".as_ref())?;
-//! let signed = integrity::seal(
+//! let signed = integrity::SignedManifest::seal(
 //!     "/models/llama.safetensors".as_ref(), "models/llama", 1, &anchor, &store,
 //!     &HashOptions::default(),
 //! )?;
 //! std::fs::write("/models/llama.manifest", signed.encode())?;
 //!
 //! let verifier = Verifier::new(anchor.public_key().clone());
-//! let report = integrity::verify_object(
-//!     "/models/llama.safetensors".as_ref(), &signed, &verifier, &store,
+//! let report = verifier.verify_object(
+//!     "/models/llama.safetensors".as_ref(), &signed, &store,
 //!     &VerifyOptions::default(),
 //! )?;
 //! println!("{} v{} verified", report.object_id, report.version);
@@ -54,13 +54,13 @@ mod signed;
 mod software;
 
 pub(crate) use anchor::SIGNATURE_LEN;
+pub(crate) use anchor::hex;
 pub use anchor::{
-    Anchor, AnchorDescription, AnchorError, AnchorKind, KeyId, PublicKey, Signature, Verifier, hex,
+    Anchor, AnchorDescription, AnchorError, AnchorKind, KeyId, PublicKey, Signature, Verifier,
 };
-pub use hash::{HashError, HashOptions, HashedObject, Progress, hash_file, open_object};
-pub use manifest::{
-    Algorithm, DEFAULT_CHUNK_SIZE, Hash, Manifest, ManifestError, chunk_count, sha256,
-};
+pub use hash::{HashError, HashOptions, HashedObject, Progress};
+pub(crate) use manifest::sha256;
+pub use manifest::{Algorithm, DEFAULT_CHUNK_SIZE, Hash, Manifest, ManifestError};
 pub(crate) use pkcs11::TokenDigest;
 pub(crate) use pkcs11::token_digests;
 pub use pkcs11::{Pin, Pkcs11Anchor, Pkcs11Config};
@@ -341,70 +341,72 @@ pub(crate) fn check_manifest(
         .map_err(|e| IntegrityError::from_state(m.object_id(), e))
 }
 
-/// Seals the object at `path` as `object_id` version `version`: hashes it in parallel, signs
-/// the manifest digest with `anchor`, stores the digest in the anchor (a `CKO_DATA` object on
-/// an HSM), and records the version in the registry. Refuses a version lower than the one
-/// already accepted, before hashing.
-pub fn seal(
-    path: &Path,
-    object_id: &str,
-    version: u64,
-    anchor: &dyn Anchor,
-    registry: &dyn Registry,
-    options: &HashOptions<'_>,
-) -> Result<SignedManifest, IntegrityError> {
-    let state_err = |e| IntegrityError::from_state(object_id, e);
-    let invalid = |source| IntegrityError::Manifest {
-        object_id: object_id.to_owned(),
-        source,
-    };
-    manifest::check_object_id(object_id.as_bytes()).map_err(invalid)?;
-    manifest::check_chunk_size(options.chunk_size).map_err(invalid)?;
-    if version == u64::MAX {
-        return Err(IntegrityError::LastVersion {
+impl SignedManifest {
+    /// Seals the object at `path` as `object_id` version `version`: hashes it in parallel, signs
+    /// the manifest digest with `anchor`, stores the digest in the anchor (a `CKO_DATA` object on
+    /// an HSM), and records the version in the registry. Refuses a version lower than the one
+    /// already accepted, before hashing.
+    pub fn seal(
+        path: &Path,
+        object_id: &str,
+        version: u64,
+        anchor: &dyn Anchor,
+        registry: &dyn Registry,
+        options: &HashOptions<'_>,
+    ) -> Result<SignedManifest, IntegrityError> {
+        let state_err = |e| IntegrityError::from_state(object_id, e);
+        let invalid = |source| IntegrityError::Manifest {
+            object_id: object_id.to_owned(),
+            source,
+        };
+        manifest::check_object_id(object_id.as_bytes()).map_err(invalid)?;
+        manifest::check_chunk_size(options.chunk_size).map_err(invalid)?;
+        if version == u64::MAX {
+            return Err(IntegrityError::LastVersion {
+                object_id: object_id.to_owned(),
+                version,
+            });
+        }
+        if let Some(entry) = registry.registry_entry(object_id).map_err(state_err)?
+            && version < entry.version
+        {
+            return Err(IntegrityError::Rollback {
+                object_id: object_id.to_owned(),
+                offered: version,
+                accepted: entry.version,
+            });
+        }
+        let hashed = HashedObject::hash_file(path, options)?;
+        let manifest = Manifest::new(
+            object_id,
+            version,
+            hashed.size,
+            options.chunk_size,
+            hashed.leaves,
+        )
+        .map_err(|source| IntegrityError::Manifest {
+            object_id: object_id.to_owned(),
+            source,
+        })?;
+        let digest = manifest.digest();
+        let anchor_err = |source| IntegrityError::Anchor {
             object_id: object_id.to_owned(),
             version,
-        });
+            source,
+        };
+        let signature = anchor.sign(&digest).map_err(anchor_err)?;
+        registry
+            .check_version(object_id, version, &digest)
+            .map_err(state_err)?;
+        anchor
+            .store_digest(object_id, version, &digest)
+            .map_err(anchor_err)?;
+        let signed = SignedManifest::new(manifest, signature, anchor.public_key().key_id());
+        registry
+            .accept(object_id, version, &digest, &signed.encode())
+            .map_err(state_err)?;
+        Ok(signed)
     }
-    if let Some(entry) = registry.registry_entry(object_id).map_err(state_err)?
-        && version < entry.version
-    {
-        return Err(IntegrityError::Rollback {
-            object_id: object_id.to_owned(),
-            offered: version,
-            accepted: entry.version,
-        });
-    }
-    let hashed = hash_file(path, options)?;
-    let manifest = Manifest::new(
-        object_id,
-        version,
-        hashed.size,
-        options.chunk_size,
-        hashed.leaves,
-    )
-    .map_err(|source| IntegrityError::Manifest {
-        object_id: object_id.to_owned(),
-        source,
-    })?;
-    let digest = manifest.digest();
-    let anchor_err = |source| IntegrityError::Anchor {
-        object_id: object_id.to_owned(),
-        version,
-        source,
-    };
-    let signature = anchor.sign(&digest).map_err(anchor_err)?;
-    registry
-        .check_version(object_id, version, &digest)
-        .map_err(state_err)?;
-    anchor
-        .store_digest(object_id, version, &digest)
-        .map_err(anchor_err)?;
-    let signed = SignedManifest::new(manifest, signature, anchor.public_key().key_id());
-    registry
-        .accept(object_id, version, &digest, &signed.encode())
-        .map_err(state_err)?;
-    Ok(signed)
 }
 
 /// Why an object failed verification against an encoded signed manifest: the manifest
@@ -419,112 +421,127 @@ pub enum VerifyFailure {
     Object(IntegrityError),
 }
 
-/// Verifies the object at `path` against `manifest`, the bytes of a signed manifest file,
-/// as [`verify_object`] does. The outer `Err` means the check could not run (the
-/// environment failed: [`IntegrityError::is_environment`]); the inner one that the object
-/// failed verification, which is a verdict on it: a malformed manifest counts as a failure,
-/// so verification fails closed.
-pub fn verify_encoded(
-    path: &Path,
-    manifest: &[u8],
-    verifier: &Verifier,
-    registry: &dyn Registry,
-    options: &VerifyOptions<'_>,
-) -> Result<Result<VerifyReport, VerifyFailure>, IntegrityError> {
-    let signed = match SignedManifest::decode(manifest) {
-        Ok(signed) => signed,
-        Err(e) => return Ok(Err(VerifyFailure::Manifest(e))),
-    };
-    match verify_object(path, &signed, verifier, registry, options) {
-        Ok(report) => Ok(Ok(report)),
-        Err(e) if e.is_environment() => Err(e),
-        Err(e) => Ok(Err(VerifyFailure::Object(e))),
+impl Verifier {
+    /// Verifies the object at `path` against `manifest`, the bytes of a signed manifest file,
+    /// as [`Verifier::verify_object`] does. The outer `Err` means the check could not run (the
+    /// environment failed: [`IntegrityError::is_environment`]); the inner one that the object
+    /// failed verification, which is a verdict on it: a malformed manifest counts as a failure,
+    /// so verification fails closed.
+    pub fn verify_encoded(
+        &self,
+        path: &Path,
+        manifest: &[u8],
+        registry: &dyn Registry,
+        options: &VerifyOptions<'_>,
+    ) -> Result<Result<VerifyReport, VerifyFailure>, IntegrityError> {
+        let verifier = self;
+        let signed = match SignedManifest::decode(manifest) {
+            Ok(signed) => signed,
+            Err(e) => return Ok(Err(VerifyFailure::Manifest(e))),
+        };
+        match verifier.verify_object(path, &signed, registry, options) {
+            Ok(report) => Ok(Ok(report)),
+            Err(e) if e.is_environment() => Err(e),
+            Err(e) => Ok(Err(VerifyFailure::Object(e))),
+        }
     }
 }
 
-/// [`verify_encoded`] on an object the caller has already opened (and judged: the
-/// server opens only regular files under its data roots), so that nothing can be
-/// swapped in between the check and the read. `path` names it in errors.
-pub fn verify_encoded_file(
-    file: std::fs::File,
-    path: &Path,
-    manifest: &[u8],
-    verifier: &Verifier,
-    registry: &dyn Registry,
-    options: &VerifyOptions<'_>,
-) -> Result<Result<VerifyReport, VerifyFailure>, IntegrityError> {
-    let signed = match SignedManifest::decode(manifest) {
-        Ok(signed) => signed,
-        Err(e) => return Ok(Err(VerifyFailure::Manifest(e))),
-    };
-    let opened = hash::sized(file, path)?;
-    let result = verify_inner(path, Some(opened), &signed, verifier, registry, options);
-    if let Err(err) = &result {
-        let _ = record_failure(registry, signed.manifest().object_id(), options.node, err);
-    }
-    match result {
-        Ok(report) => Ok(Ok(report)),
-        Err(e) if e.is_environment() => Err(e),
-        Err(e) => Ok(Err(VerifyFailure::Object(e))),
+impl Verifier {
+    /// [`Verifier::verify_encoded`] on an object the caller has already opened (and judged: the
+    /// server opens only regular files under its data roots), so that nothing can be
+    /// swapped in between the check and the read. `path` names it in errors.
+    pub fn verify_encoded_file(
+        &self,
+        file: std::fs::File,
+        path: &Path,
+        manifest: &[u8],
+        registry: &dyn Registry,
+        options: &VerifyOptions<'_>,
+    ) -> Result<Result<VerifyReport, VerifyFailure>, IntegrityError> {
+        let verifier = self;
+        let signed = match SignedManifest::decode(manifest) {
+            Ok(signed) => signed,
+            Err(e) => return Ok(Err(VerifyFailure::Manifest(e))),
+        };
+        let opened = hash::sized(file, path)?;
+        let result = verify_inner(path, Some(opened), &signed, verifier, registry, options);
+        if let Err(err) = &result {
+            let _ = record_failure(registry, signed.manifest().object_id(), options.node, err);
+        }
+        match result {
+            Ok(report) => Ok(Ok(report)),
+            Err(e) if e.is_environment() => Err(e),
+            Err(e) => Ok(Err(VerifyFailure::Object(e))),
+        }
     }
 }
 
-/// The version after the registry's latest for `object_id` (1 if none was accepted), as
-/// `probity seal` picks by default; `None` when the latest is the last version a `u64`
-/// holds.
-pub fn next_version(
-    registry: &dyn Registry,
-    object_id: &str,
-) -> Result<Option<u64>, IntegrityError> {
-    let entry = registry
-        .registry_entry(object_id)
-        .map_err(|e| IntegrityError::from_state(object_id, e))?;
-    Ok(match entry {
-        None => Some(1),
-        Some(e) => e.version.checked_add(1).filter(|v| *v < u64::MAX),
-    })
+impl SignedManifest {
+    /// The version after the registry's latest for `object_id` (1 if none was accepted), as
+    /// `probity seal` picks by default; `None` when the latest is the last version a `u64`
+    /// holds.
+    pub fn next_version(
+        registry: &dyn Registry,
+        object_id: &str,
+    ) -> Result<Option<u64>, IntegrityError> {
+        let entry = registry
+            .registry_entry(object_id)
+            .map_err(|e| IntegrityError::from_state(object_id, e))?;
+        Ok(match entry {
+            None => Some(1),
+            Some(e) => e.version.checked_add(1).filter(|v| *v < u64::MAX),
+        })
+    }
 }
 
-/// Reads the pinned public key at `path` (the hex form of an uncompressed P-256 point,
-/// as [`pin_public_key`] writes it), refusing a file that group or others may write, that
-/// another user than this one or root owns, or that sits in a directory others could
-/// change (symlinks are followed and the final target judged: see [`crate::trust`]).
-/// Every verifier of this host should get its key here.
-pub fn load_pinned_key(path: &Path) -> Result<PublicKey, AnchorError> {
-    let target =
-        crate::trust::check_file(path, crate::trust::Material::Public).map_err(|e| match e {
-            crate::trust::TrustError::Io { source, .. } => AnchorError::PinnedKeyFile {
+impl PublicKey {
+    /// Reads the pinned public key at `path` (the hex form of an uncompressed P-256 point,
+    /// as [`PublicKey::pin`] writes it), refusing a file that group or others may write, that
+    /// another user than this one or root owns, or that sits in a directory others could
+    /// change (symlinks are followed and the final target judged: see [`crate::trust`]).
+    /// Every verifier of this host should get its key here.
+    pub fn load_pinned(path: &Path) -> Result<PublicKey, AnchorError> {
+        let target = crate::trust::check_file(path, crate::trust::Material::Public).map_err(
+            |e| match e {
+                crate::trust::TrustError::Io { source, .. } => AnchorError::PinnedKeyFile {
+                    path: path.to_owned(),
+                    source,
+                },
+                other => other.into(),
+            },
+        )?;
+        let meta = std::fs::metadata(&target).map_err(|source| AnchorError::PinnedKeyFile {
+            path: path.to_owned(),
+            source,
+        })?;
+        // 130 hex digits and a newline; anything much larger is not a key.
+        if meta.len() > 4096 {
+            return Err(AnchorError::PinnedKeyInvalid {
+                path: path.to_owned(),
+            });
+        }
+        let text =
+            std::fs::read_to_string(&target).map_err(|source| AnchorError::PinnedKeyFile {
                 path: path.to_owned(),
                 source,
-            },
-            other => other.into(),
-        })?;
-    let meta = std::fs::metadata(&target).map_err(|source| AnchorError::PinnedKeyFile {
-        path: path.to_owned(),
-        source,
-    })?;
-    // 130 hex digits and a newline; anything much larger is not a key.
-    if meta.len() > 4096 {
-        return Err(AnchorError::PinnedKeyInvalid {
+            })?;
+        PublicKey::from_hex(&text).map_err(|_| AnchorError::PinnedKeyInvalid {
             path: path.to_owned(),
-        });
+        })
     }
-    let text = std::fs::read_to_string(&target).map_err(|source| AnchorError::PinnedKeyFile {
-        path: path.to_owned(),
-        source,
-    })?;
-    PublicKey::from_hex(&text).map_err(|_| AnchorError::PinnedKeyInvalid {
-        path: path.to_owned(),
-    })
 }
 
-/// Writes `key` to `path` as [`load_pinned_key`] reads it, atomically and with mode 0644
-/// whatever the umask.
-pub fn pin_public_key(path: &Path, key: &PublicKey) -> Result<(), AnchorError> {
-    let mut text = key.to_hex();
-    text.push('\n');
-    crate::trust::write_file_atomic(path, text.as_bytes(), crate::trust::PUBLIC_FILE_MODE)?;
-    Ok(())
+impl PublicKey {
+    /// Writes `key` to `path` as [`PublicKey::load_pinned`] reads it, atomically and with mode 0644
+    /// whatever the umask.
+    pub fn pin(&self, path: &Path) -> Result<(), AnchorError> {
+        let key = self;
+        let mut text = key.to_hex();
+        text.push('\n');
+        crate::trust::write_file_atomic(path, text.as_bytes(), crate::trust::PUBLIC_FILE_MODE)?;
+        Ok(())
+    }
 }
 
 /// Where a registry's rollback memory came from when it was opened.
@@ -553,29 +570,31 @@ impl RollbackMemory {
     }
 }
 
-/// Restores a registry's rollback memory after it was lost. Call it right after opening
-/// the registry and before accepting anything, with `is_new` saying whether the open
-/// created it ([`crate::state::StateStore::is_new`]):
-///
-/// * an existing registry is left alone ([`RollbackMemory::Kept`]);
-/// * a new one, with an HSM configured (`hsm`), gets the highest version of each object
-///   id the token keeps as a `CKO_DATA` object, with its digest, so an older version is
-///   refused as before ([`RollbackMemory::Rebuilt`]);
-/// * a new one without an HSM cannot be rebuilt: [`RollbackMemory::RestartedFromZero`].
-pub fn restore_rollback_memory(
-    registry: &dyn Registry,
-    is_new: bool,
-    hsm: Option<&Pkcs11Config>,
-) -> Result<RollbackMemory, IntegrityError> {
-    if !is_new {
-        return Ok(RollbackMemory::Kept);
+impl RollbackMemory {
+    /// Restores a registry's rollback memory after it was lost. Call it right after opening
+    /// the registry and before accepting anything, with `is_new` saying whether the open
+    /// created it ([`crate::state::StateStore::is_new`]):
+    ///
+    /// * an existing registry is left alone ([`RollbackMemory::Kept`]);
+    /// * a new one, with an HSM configured (`hsm`), gets the highest version of each object
+    ///   id the token keeps as a `CKO_DATA` object, with its digest, so an older version is
+    ///   refused as before ([`RollbackMemory::Rebuilt`]);
+    /// * a new one without an HSM cannot be rebuilt: [`RollbackMemory::RestartedFromZero`].
+    pub fn restore(
+        registry: &dyn Registry,
+        is_new: bool,
+        hsm: Option<&Pkcs11Config>,
+    ) -> Result<RollbackMemory, IntegrityError> {
+        if !is_new {
+            return Ok(RollbackMemory::Kept);
+        }
+        let Some(config) = hsm else {
+            return Ok(RollbackMemory::RestartedFromZero);
+        };
+        let digests =
+            token_digests(config).map_err(|source| IntegrityError::TokenDigests { source })?;
+        rebuild_registry(registry, &digests).map(|objects| RollbackMemory::Rebuilt { objects })
     }
-    let Some(config) = hsm else {
-        return Ok(RollbackMemory::RestartedFromZero);
-    };
-    let digests =
-        token_digests(config).map_err(|source| IntegrityError::TokenDigests { source })?;
-    rebuild_registry(registry, &digests).map(|objects| RollbackMemory::Rebuilt { objects })
 }
 
 /// Accepts, for each object id in `digests`, its highest version with its digest (no
@@ -602,11 +621,13 @@ pub(crate) fn rebuild_registry(
     Ok(highest.len())
 }
 
-/// Where a signed manifest lives by convention: beside the object, as `OBJECT.manifest`.
-pub fn default_manifest_path(object: &Path) -> PathBuf {
-    let mut name = object.as_os_str().to_owned();
-    name.push(".manifest");
-    PathBuf::from(name)
+impl Manifest {
+    /// Where a signed manifest lives by convention: beside the object, as `OBJECT.manifest`.
+    pub fn default_path(object: &Path) -> PathBuf {
+        let mut name = object.as_os_str().to_owned();
+        name.push(".manifest");
+        PathBuf::from(name)
+    }
 }
 
 /// How to verify an object.
@@ -648,23 +669,26 @@ pub struct VerifyReport {
     pub newly_accepted: bool,
 }
 
-/// Verifies the object at `path` against `signed`: the signature under the pinned key, the
-/// version against the registry (refusing rollbacks), then the size and every chunk, hashed in
-/// parallel. On success the version is recorded as accepted. Every failure is appended to the
-/// registry's event log before returning; a content mismatch also blocks `options.node`.
-pub fn verify_object(
-    path: &Path,
-    signed: &SignedManifest,
-    verifier: &Verifier,
-    registry: &dyn Registry,
-    options: &VerifyOptions<'_>,
-) -> Result<VerifyReport, IntegrityError> {
-    let result = verify_inner(path, None, signed, verifier, registry, options);
-    if let Err(err) = &result {
-        // Recording is best effort here: the verification error is what the caller must see.
-        let _ = record_failure(registry, signed.manifest().object_id(), options.node, err);
+impl Verifier {
+    /// Verifies the object at `path` against `signed`: the signature under the pinned key, the
+    /// version against the registry (refusing rollbacks), then the size and every chunk, hashed in
+    /// parallel. On success the version is recorded as accepted. Every failure is appended to the
+    /// registry's event log before returning; a content mismatch also blocks `options.node`.
+    pub fn verify_object(
+        &self,
+        path: &Path,
+        signed: &SignedManifest,
+        registry: &dyn Registry,
+        options: &VerifyOptions<'_>,
+    ) -> Result<VerifyReport, IntegrityError> {
+        let verifier = self;
+        let result = verify_inner(path, None, signed, verifier, registry, options);
+        if let Err(err) = &result {
+            // Recording is best effort here: the verification error is what the caller must see.
+            let _ = record_failure(registry, signed.manifest().object_id(), options.node, err);
+        }
+        result
     }
-    result
 }
 
 /// What sealing and verifying need of the state, and nothing more: the registry of
@@ -706,10 +730,10 @@ pub trait Registry {
 
 /// Records an integrity failure: appends it to the event log (durably) and, when `node` is
 /// given and the object's bytes differ from the manifest, blocks that node. This is what
-/// [`verify_object`] does on failure. It blocks without consulting the policies: for
+/// [`Verifier::verify_object`] does on failure. It blocks without consulting the policies: for
 /// a reader under the policies use [`crate::Engine::guard_reader`], and for a whole
 /// object [`crate::Engine::decide_read`] (the CLI and the server do the latter).
-pub fn record_failure(
+pub(crate) fn record_failure(
     registry: &dyn Registry,
     object_id: &str,
     node: Option<&str>,

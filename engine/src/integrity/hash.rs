@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use sha2::{Digest as _, Sha256};
 use thiserror::Error;
 
-use super::manifest::{DEFAULT_CHUNK_SIZE, Hash, chunk_count};
+use super::manifest::{DEFAULT_CHUNK_SIZE, Hash, Manifest};
 
 /// Bytes read and hashed at a time within a chunk (1 MiB, half a typical L2 cache).
 pub const READ_PIECE: u32 = 1024 * 1024;
@@ -110,26 +110,28 @@ pub(crate) fn open_sized(path: &Path) -> Result<(File, u64), HashError> {
         path: path.to_owned(),
         source,
     };
-    let file = open_object(path).map_err(open_err)?;
+    let file = HashedObject::open(path).map_err(open_err)?;
     sized(file, path)
 }
 
-/// Opens `path` for reading without blocking, and refuses anything that is not a
-/// regular file or a block device.
-pub fn open_object(path: &Path) -> std::io::Result<File> {
-    use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(rustix::fs::OFlags::NONBLOCK.bits() as i32)
-        .open(path)?;
-    let kind = file.metadata()?.file_type();
-    if kind.is_file() || kind.is_block_device() {
-        Ok(file)
-    } else {
-        Err(std::io::Error::new(
-            std::io::ErrorKind::InvalidInput,
-            "not a regular file or a block device",
-        ))
+impl HashedObject {
+    /// Opens `path` for reading without blocking, and refuses anything that is not a
+    /// regular file or a block device.
+    pub fn open(path: &Path) -> std::io::Result<File> {
+        use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(rustix::fs::OFlags::NONBLOCK.bits() as i32)
+            .open(path)?;
+        let kind = file.metadata()?.file_type();
+        if kind.is_file() || kind.is_block_device() {
+            Ok(file)
+        } else {
+            Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "not a regular file or a block device",
+            ))
+        }
     }
 }
 
@@ -144,11 +146,13 @@ pub(crate) fn sized(mut file: File, path: &Path) -> Result<(File, u64), HashErro
     Ok((file, size))
 }
 
-/// Hashes the whole file or block device at `path` in parallel.
-pub fn hash_file(path: &Path, options: &HashOptions<'_>) -> Result<HashedObject, HashError> {
-    let (file, size) = open_sized(path)?;
-    let leaves = hash_chunks(&file, path, size, options)?;
-    Ok(HashedObject { size, leaves })
+impl HashedObject {
+    /// Hashes the whole file or block device at `path` in parallel.
+    pub fn hash_file(path: &Path, options: &HashOptions<'_>) -> Result<HashedObject, HashError> {
+        let (file, size) = open_sized(path)?;
+        let leaves = hash_chunks(&file, path, size, options)?;
+        Ok(HashedObject { size, leaves })
+    }
 }
 
 /// Hashes `size` bytes of `file` in chunks; `path` is only used in errors.
@@ -159,7 +163,7 @@ pub(crate) fn hash_chunks(
     options: &HashOptions<'_>,
 ) -> Result<Vec<Hash>, HashError> {
     let chunk_size = options.chunk_size.max(1);
-    let count = chunk_count(size, chunk_size);
+    let count = Manifest::chunks_for(size, chunk_size);
     let n = usize::try_from(count).map_err(|_| HashError::TooLarge {
         path: path.to_owned(),
         size,
@@ -261,7 +265,7 @@ mod tests {
                 threads: NonZeroUsize::new(threads).unwrap(),
                 progress: None,
             };
-            let h = hash_file(f.path(), &opts).unwrap();
+            let h = HashedObject::hash_file(f.path(), &opts).unwrap();
             assert_eq!(h.size, 10_000);
             let expected: Vec<Hash> = data
                 .chunks(1024)
@@ -274,7 +278,7 @@ mod tests {
     #[test]
     fn empty_file_has_no_leaves() {
         let f = tempfile::NamedTempFile::new().unwrap();
-        let h = hash_file(f.path(), &HashOptions::default()).unwrap();
+        let h = HashedObject::hash_file(f.path(), &HashOptions::default()).unwrap();
         assert_eq!(h.size, 0);
         assert!(h.leaves.is_empty());
     }
@@ -292,7 +296,7 @@ mod tests {
             threads: NonZeroUsize::new(2).unwrap(),
             progress: Some(&hook),
         };
-        hash_file(f.path(), &opts).unwrap();
+        HashedObject::hash_file(f.path(), &opts).unwrap();
         assert_eq!(last.load(Ordering::Relaxed), 5000);
     }
 }
@@ -328,7 +332,7 @@ mod open_tests {
             err.contains("not a regular file or a block device"),
             "{err}"
         );
-        assert!(open_object(Path::new("/dev/null")).is_err());
+        assert!(HashedObject::open(Path::new("/dev/null")).is_err());
         let plain = dir.path().join("plain");
         std::fs::write(&plain, b"x").unwrap();
         assert_eq!(open_sized(&plain).unwrap().1, 1);

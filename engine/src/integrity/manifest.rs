@@ -172,7 +172,7 @@ impl Manifest {
     ) -> Result<Self, ManifestError> {
         check_object_id(object_id.as_bytes())?;
         check_chunk_size(chunk_size)?;
-        let expected = chunk_count(size, chunk_size);
+        let expected = Manifest::chunks_for(size, chunk_size);
         let found = leaves.len() as u64;
         if found != expected {
             return Err(ManifestError::LeafCountMismatch {
@@ -290,7 +290,7 @@ impl Manifest {
         check_chunk_size(chunk_size)?;
         let root: Hash = r.array("root")?;
         let count = r.u64("leaf count")?;
-        let expected = chunk_count(size, chunk_size);
+        let expected = Manifest::chunks_for(size, chunk_size);
         if count != expected {
             return Err(ManifestError::LeafCountMismatch {
                 found: count,
@@ -331,10 +331,12 @@ impl Manifest {
     }
 }
 
-/// Number of chunks of an object of `size` bytes: `ceil(size / chunk_size)`.
-pub fn chunk_count(size: u64, chunk_size: u32) -> u64 {
-    let cs = u64::from(chunk_size.max(1));
-    size.div_ceil(cs)
+impl Manifest {
+    /// Number of chunks of an object of `size` bytes: `ceil(size / chunk_size)`.
+    pub fn chunks_for(size: u64, chunk_size: u32) -> u64 {
+        let cs = u64::from(chunk_size.max(1));
+        size.div_ceil(cs)
+    }
 }
 
 /// SHA-256 of `data`.
@@ -545,7 +547,7 @@ mod tests {
         let size_at = 4 + 2 + 1 + 2 + 1 + 8;
         enc[size_at..size_at + 8].copy_from_slice(&u64::MAX.to_be_bytes());
         let count_at = enc.len() - 8;
-        enc[count_at..].copy_from_slice(&chunk_count(u64::MAX, 1024).to_be_bytes());
+        enc[count_at..].copy_from_slice(&Manifest::chunks_for(u64::MAX, 1024).to_be_bytes());
         assert!(matches!(
             Manifest::decode(&enc),
             Err(ManifestError::LeafSectionLength { .. })

@@ -23,10 +23,15 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use probity::integrity::{
     self, Anchor, AnchorError, HashOptions, IntegrityError, Manifest, Pin, Pkcs11Anchor,
-    Pkcs11Config, SignedManifest, SoftwareAnchor, VerifiedReader, Verifier, VerifyOptions, hex,
-    sha256,
+    Pkcs11Config, SignedManifest, SoftwareAnchor, VerifiedReader, Verifier, VerifyOptions,
 };
 use probity::state::StateStore;
+
+/// SHA-256 of `data`, as the manifests hash chunks.
+fn sha256(data: &[u8]) -> [u8; 32] {
+    use sha2::Digest as _;
+    sha2::Sha256::digest(data).into()
+}
 
 const MODULE: &str = "/usr/lib/softhsm/libsofthsm2.so";
 const CS: u32 = 4096;
@@ -171,7 +176,9 @@ fn tamper_suite(anchor: &dyn Anchor, other: &dyn Anchor, dir: &Path) {
     let path = dir.join("object.bin");
     fs::write(&path, &original).unwrap();
     let sealer = StateStore::open(&dir.join("sealer")).unwrap();
-    let signed = integrity::seal(&path, "suite/object", 1, anchor, &sealer, &opts()).unwrap();
+    let signed =
+        integrity::SignedManifest::seal(&path, "suite/object", 1, anchor, &sealer, &opts())
+            .unwrap();
     let signed = SignedManifest::decode(&signed.encode()).unwrap();
     assert_eq!(signed.manifest().chunk_count(), 11);
 
@@ -185,7 +192,7 @@ fn tamper_suite(anchor: &dyn Anchor, other: &dyn Anchor, dir: &Path) {
             node,
             ..VerifyOptions::default()
         };
-        integrity::verify_object(&path, &signed, &verifier, store, &options)
+        verifier.verify_object(&path, &signed, store, &options)
     };
     let restore = || fs::write(&path, &original).unwrap();
 
@@ -334,7 +341,7 @@ fn tamper_suite(anchor: &dyn Anchor, other: &dyn Anchor, dir: &Path) {
     restore();
 
     // A manifest signed by another key.
-    let foreign = integrity::seal(
+    let foreign = integrity::SignedManifest::seal(
         &path,
         "suite/object",
         1,
@@ -344,14 +351,9 @@ fn tamper_suite(anchor: &dyn Anchor, other: &dyn Anchor, dir: &Path) {
     )
     .unwrap();
     let store = fresh_node();
-    let err = integrity::verify_object(
-        &path,
-        &foreign,
-        &verifier,
-        &store,
-        &VerifyOptions::default(),
-    )
-    .unwrap_err();
+    let err = verifier
+        .verify_object(&path, &foreign, &store, &VerifyOptions::default())
+        .unwrap_err();
     assert!(matches!(err, IntegrityError::WrongKey { .. }), "{err:?}");
     assert_eq!(store.events(0).unwrap()[0].kind, "wrong-key");
     let r = VerifiedReader::new(fs::File::open(&path).unwrap(), &foreign, &verifier, &store);
@@ -359,12 +361,15 @@ fn tamper_suite(anchor: &dyn Anchor, other: &dyn Anchor, dir: &Path) {
 
     // A validly signed manifest of another object, substituted: refused when the caller says
     // which object it expects.
-    let substitute = integrity::seal(&path, "suite/impostor", 1, anchor, &sealer, &opts()).unwrap();
+    let substitute =
+        integrity::SignedManifest::seal(&path, "suite/impostor", 1, anchor, &sealer, &opts())
+            .unwrap();
     let options = VerifyOptions {
         expected_object_id: Some("suite/object"),
         ..VerifyOptions::default()
     };
-    let err = integrity::verify_object(&path, &substitute, &verifier, &fresh_node(), &options)
+    let err = verifier
+        .verify_object(&path, &substitute, &fresh_node(), &options)
         .unwrap_err();
     assert!(
         matches!(err, IntegrityError::ObjectMismatch { .. }),
@@ -397,14 +402,9 @@ fn tamper_suite(anchor: &dyn Anchor, other: &dyn Anchor, dir: &Path) {
         },
     ] {
         let forged = SignedManifest::new(edited, signed.signature().clone(), signed.key_id());
-        let err = integrity::verify_object(
-            &path,
-            &forged,
-            &verifier,
-            &fresh_node(),
-            &VerifyOptions::default(),
-        )
-        .unwrap_err();
+        let err = verifier
+            .verify_object(&path, &forged, &fresh_node(), &VerifyOptions::default())
+            .unwrap_err();
         assert!(
             matches!(err, IntegrityError::BadSignature { .. }),
             "{err:?}"
@@ -417,10 +417,12 @@ fn tamper_suite(anchor: &dyn Anchor, other: &dyn Anchor, dir: &Path) {
     assert!(SignedManifest::decode(&bytes).is_err());
 
     // Rollback: v2 sealed and accepted, then v1 offered again.
-    let v2 = integrity::seal(&path, "suite/object", 2, anchor, &sealer, &opts()).unwrap();
+    let v2 = integrity::SignedManifest::seal(&path, "suite/object", 2, anchor, &sealer, &opts())
+        .unwrap();
     let store = fresh_node();
-    let report =
-        integrity::verify_object(&path, &v2, &verifier, &store, &VerifyOptions::default()).unwrap();
+    let report = verifier
+        .verify_object(&path, &v2, &store, &VerifyOptions::default())
+        .unwrap();
     assert_eq!(report.version, 2);
     match verify(&store, None).unwrap_err() {
         IntegrityError::Rollback {
@@ -431,16 +433,18 @@ fn tamper_suite(anchor: &dyn Anchor, other: &dyn Anchor, dir: &Path) {
     assert_eq!(store.events(0).unwrap()[0].kind, "rollback");
     let r = VerifiedReader::new(fs::File::open(&path).unwrap(), &signed, &verifier, &store);
     assert!(matches!(r, Err(IntegrityError::Rollback { .. })));
-    let err = integrity::seal(&path, "suite/object", 1, anchor, &sealer, &opts()).unwrap_err();
+    let err = integrity::SignedManifest::seal(&path, "suite/object", 1, anchor, &sealer, &opts())
+        .unwrap_err();
     assert!(matches!(err, IntegrityError::Rollback { .. }), "{err:?}");
     // Re-verifying the accepted version is fine and not "new".
-    let again =
-        integrity::verify_object(&path, &v2, &verifier, &store, &VerifyOptions::default()).unwrap();
+    let again = verifier
+        .verify_object(&path, &v2, &store, &VerifyOptions::default())
+        .unwrap();
     assert!(!again.newly_accepted);
 
     // Same version, different content: a version conflict.
     let other_path = write_object(dir, "other.bin", 3000);
-    let conflicting = integrity::seal(
+    let conflicting = integrity::SignedManifest::seal(
         &other_path,
         "suite/object",
         2,
@@ -450,14 +454,9 @@ fn tamper_suite(anchor: &dyn Anchor, other: &dyn Anchor, dir: &Path) {
     );
     // (An HSM anchor refuses already: the token holds the other digest for suite/object@2.)
     if let Ok(conflicting) = conflicting {
-        let err = integrity::verify_object(
-            &other_path,
-            &conflicting,
-            &verifier,
-            &store,
-            &VerifyOptions::default(),
-        )
-        .unwrap_err();
+        let err = verifier
+            .verify_object(&other_path, &conflicting, &store, &VerifyOptions::default())
+            .unwrap_err();
         assert!(
             matches!(err, IntegrityError::VersionConflict { .. }),
             "{err:?}"
@@ -501,22 +500,30 @@ fn zero_byte_object() {
     let (anchor, _) = software_anchors(dir.path());
     let path = write_object(dir.path(), "empty", 0);
     let store = StateStore::open(&dir.path().join("state")).unwrap();
-    let signed =
-        integrity::seal(&path, "empty", 1, &anchor, &store, &HashOptions::default()).unwrap();
+    let signed = integrity::SignedManifest::seal(
+        &path,
+        "empty",
+        1,
+        &anchor,
+        &store,
+        &HashOptions::default(),
+    )
+    .unwrap();
     assert_eq!(signed.manifest().chunk_count(), 0);
     assert_eq!(signed.manifest().root(), &sha256(b""));
     let verifier = Verifier::new(anchor.public_key().clone());
     let node = StateStore::open(&dir.path().join("node")).unwrap();
-    let report =
-        integrity::verify_object(&path, &signed, &verifier, &node, &VerifyOptions::default())
-            .unwrap();
+    let report = verifier
+        .verify_object(&path, &signed, &node, &VerifyOptions::default())
+        .unwrap();
     assert_eq!((report.size, report.chunks), (0, 0));
     let mut r =
         VerifiedReader::new(fs::File::open(&path).unwrap(), &signed, &verifier, &node).unwrap();
     let mut out = Vec::new();
     assert_eq!(r.read_to_end(&mut out).unwrap(), 0);
     fs::write(&path, b"!").unwrap();
-    let err = integrity::verify_object(&path, &signed, &verifier, &node, &VerifyOptions::default())
+    let err = verifier
+        .verify_object(&path, &signed, &node, &VerifyOptions::default())
         .unwrap_err();
     assert!(matches!(err, IntegrityError::Extended { offset: 0, .. }));
 }
@@ -533,7 +540,7 @@ fn thread_counts_and_sizes_agree() {
                 threads: threads.try_into().unwrap(),
                 progress: None,
             };
-            let h = integrity::hash_file(&path, &o).unwrap();
+            let h = integrity::HashedObject::hash_file(&path, &o).unwrap();
             assert_eq!(h.size, size);
             assert_eq!(h.leaves.len() as u64, size.div_ceil(1024));
             match &first {
@@ -561,7 +568,7 @@ fn progress_hook_reports_every_byte() {
         ..HashOptions::default()
     };
     let store = StateStore::open(&dir.path().join("s")).unwrap();
-    integrity::seal(&path, "obj", 1, &anchor, &store, &o).unwrap();
+    integrity::SignedManifest::seal(&path, "obj", 1, &anchor, &store, &o).unwrap();
     assert_eq!(max.load(Ordering::Relaxed), 50_000);
     // A bad chunk size or object id is refused before any hashing.
     for (id, chunk_size) in [("obj", 512), ("obj", 0), ("", 1024), ("a\u{7}b", 1024)] {
@@ -570,7 +577,7 @@ fn progress_hook_reports_every_byte() {
             progress: Some(&hook),
             ..HashOptions::default()
         };
-        let err = integrity::seal(&path, id, 2, &anchor, &store, &o).unwrap_err();
+        let err = integrity::SignedManifest::seal(&path, id, 2, &anchor, &store, &o).unwrap_err();
         assert!(matches!(err, IntegrityError::Manifest { .. }), "{err:?}");
     }
     assert_eq!(calls.load(Ordering::Relaxed), 49);
@@ -580,12 +587,12 @@ fn progress_hook_reports_every_byte() {
 fn one_chunk_leaf_is_sha256sum_of_the_file() {
     let dir = tempfile::tempdir().unwrap();
     let path = write_object(dir.path(), "small.bin", 3000);
-    let h = integrity::hash_file(&path, &HashOptions::default()).unwrap();
+    let h = integrity::HashedObject::hash_file(&path, &HashOptions::default()).unwrap();
     let out = Command::new("sha256sum").arg(&path).output().unwrap();
     let line = String::from_utf8(out.stdout).unwrap();
     let expected = line.split_whitespace().next().unwrap();
     assert_eq!(h.leaves.len(), 1);
-    assert_eq!(hex(&h.leaves[0]), expected);
+    assert_eq!(hex::encode(h.leaves[0]), expected);
 }
 
 #[test]
@@ -601,7 +608,10 @@ fn over_4_gib_sparse_object() {
     let mut leaves = vec![full; 64];
     leaves.push(sha256(&vec![0u8; last_len]));
     let manifest = Manifest::new("sparse", 1, size, cs, leaves).unwrap();
-    assert_eq!(manifest.chunk_count(), integrity::chunk_count(size, cs));
+    assert_eq!(
+        manifest.chunk_count(),
+        integrity::Manifest::chunks_for(size, cs)
+    );
     assert_eq!(manifest.chunk_offset(64), 4 << 30);
     let (anchor, _) = software_anchors(dir.path());
     let signed = SignedManifest::new(
@@ -639,14 +649,14 @@ fn over_4_gib_sparse_object() {
 
     // Size changes are caught before any hashing.
     f.set_len(size + 7).unwrap();
-    let err =
-        integrity::verify_object(&path, &signed, &verifier, &store, &VerifyOptions::default())
-            .unwrap_err();
+    let err = verifier
+        .verify_object(&path, &signed, &store, &VerifyOptions::default())
+        .unwrap_err();
     assert!(matches!(err, IntegrityError::Extended { offset, .. } if offset == size));
     f.set_len((4 << 30) + 1).unwrap();
-    let err =
-        integrity::verify_object(&path, &signed, &verifier, &store, &VerifyOptions::default())
-            .unwrap_err();
+    let err = verifier
+        .verify_object(&path, &signed, &store, &VerifyOptions::default())
+        .unwrap_err();
     assert!(matches!(
         err,
         IntegrityError::Truncated { index: 64, offset, .. } if offset == (4 << 30) + 1
@@ -663,7 +673,7 @@ fn corrupt_signed_manifest_bytes_never_panic() {
         chunk_size: 1024,
         ..HashOptions::default()
     };
-    let signed = integrity::seal(&path, "obj", 9, &anchor, &store, &o).unwrap();
+    let signed = integrity::SignedManifest::seal(&path, "obj", 9, &anchor, &store, &o).unwrap();
     let verifier = Verifier::new(anchor.public_key().clone());
     let bytes = signed.encode();
     for n in 0..bytes.len() {
@@ -709,11 +719,11 @@ fn known_answer_fixtures_from_independent_implementations() {
         ("testdata/known-answer", 42, 6644, 1024)
     );
     assert_eq!(
-        hex(m.root()),
+        hex::encode(m.root()),
         "66e36ad713a4f25a4d942965b694bdd2de6ed9f070336ef20413b2868540b172"
     );
     assert_eq!(
-        hex(&m.digest()),
+        hex::encode(m.digest()),
         "51c94f839d9ee836953d727991a9f0bf6f71bda88ffb84489fe56b7a46cb4fad"
     );
     assert_eq!(m.encode(), encoded);
@@ -722,7 +732,7 @@ fn known_answer_fixtures_from_independent_implementations() {
         chunk_size: 1024,
         ..HashOptions::default()
     };
-    let h = integrity::hash_file(&dir.join("object-7chunks.bin"), &o).unwrap();
+    let h = integrity::HashedObject::hash_file(&dir.join("object-7chunks.bin"), &o).unwrap();
     let rebuilt = Manifest::new("testdata/known-answer", 42, h.size, 1024, h.leaves).unwrap();
     assert_eq!(rebuilt.encode(), encoded);
 
@@ -737,14 +747,14 @@ fn known_answer_fixtures_from_independent_implementations() {
     signed.check_signature(&verifier).unwrap();
     let tmp = tempfile::tempdir().unwrap();
     let store = StateStore::open(tmp.path()).unwrap();
-    let report = integrity::verify_object(
-        &dir.join("object-7chunks.bin"),
-        &signed,
-        &verifier,
-        &store,
-        &VerifyOptions::default(),
-    )
-    .unwrap();
+    let report = verifier
+        .verify_object(
+            &dir.join("object-7chunks.bin"),
+            &signed,
+            &store,
+            &VerifyOptions::default(),
+        )
+        .unwrap();
     assert_eq!(report.chunks, 7);
     assert!(probity::integrity::PublicKey::from_hex("04zz").is_err());
 }
@@ -836,7 +846,9 @@ fn softhsm_interop_with_pkcs11_tool() {
         let anchor = Pkcs11Anchor::generate(&hsm.config(KEY)).unwrap();
         let path = write_object(dir, "model.bin", 20_000);
         let store = StateStore::open(&dir.join("state")).unwrap();
-        let signed = integrity::seal(&path, "models/demo", 3, &anchor, &store, &opts()).unwrap();
+        let signed =
+            integrity::SignedManifest::seal(&path, "models/demo", 3, &anchor, &store, &opts())
+                .unwrap();
         let pkcs11_tool = |args: &[&str]| {
             let out = Command::new("pkcs11-tool")
                 .args(["--module", MODULE, "--token-label", &hsm.token])
@@ -1043,9 +1055,12 @@ fn bug_a_lost_registry_is_rebuilt_from_the_token_and_refuses_the_rollback() {
             let store = StateStore::open(&state_dir).unwrap();
             let v1_path = write_object(dir, "v1.bin", 10_000);
             let v2_path = write_object(dir, "v2.bin", 12_000);
-            let v1 = integrity::seal(&v1_path, "ckpt", 1, &anchor, &store, &opts()).unwrap();
-            let v2 = integrity::seal(&v2_path, "ckpt", 2, &anchor, &store, &opts()).unwrap();
-            integrity::seal(&v1_path, "other", 5, &anchor, &store, &opts()).unwrap();
+            let v1 = integrity::SignedManifest::seal(&v1_path, "ckpt", 1, &anchor, &store, &opts())
+                .unwrap();
+            let v2 = integrity::SignedManifest::seal(&v2_path, "ckpt", 2, &anchor, &store, &opts())
+                .unwrap();
+            integrity::SignedManifest::seal(&v1_path, "other", 5, &anchor, &store, &opts())
+                .unwrap();
             drop(store);
             fs::remove_dir_all(&state_dir).unwrap();
 
@@ -1054,7 +1069,7 @@ fn bug_a_lost_registry_is_rebuilt_from_the_token_and_refuses_the_rollback() {
             let token: Vec<_> = anchor.stored_digests().unwrap();
             assert_eq!(token.len(), 3, "{token:?}");
             let memory =
-                integrity::restore_rollback_memory(&store, store.is_new(), Some(&hsm.config(KEY)))
+                integrity::RollbackMemory::restore(&store, store.is_new(), Some(&hsm.config(KEY)))
                     .unwrap();
             assert_eq!(memory, integrity::RollbackMemory::Rebuilt { objects: 2 });
             assert!(!memory.restarted_from_zero());
@@ -1062,14 +1077,9 @@ fn bug_a_lost_registry_is_rebuilt_from_the_token_and_refuses_the_rollback() {
             assert_eq!((entry.version, entry.digest), (2, *v2.digest()));
             assert_eq!(store.registry_entry("other").unwrap().unwrap().version, 5);
 
-            let err = integrity::verify_object(
-                &v1_path,
-                &v1,
-                &verifier,
-                &store,
-                &VerifyOptions::default(),
-            )
-            .unwrap_err();
+            let err = verifier
+                .verify_object(&v1_path, &v1, &store, &VerifyOptions::default())
+                .unwrap_err();
             assert!(
                 matches!(
                     err,
@@ -1081,12 +1091,13 @@ fn bug_a_lost_registry_is_rebuilt_from_the_token_and_refuses_the_rollback() {
                 ),
                 "{err:?}"
             );
-            integrity::verify_object(&v2_path, &v2, &verifier, &store, &VerifyOptions::default())
+            verifier
+                .verify_object(&v2_path, &v2, &store, &VerifyOptions::default())
                 .unwrap();
 
             // An existing registry is left alone.
             assert_eq!(
-                integrity::restore_rollback_memory(&store, false, Some(&hsm.config(KEY))).unwrap(),
+                integrity::RollbackMemory::restore(&store, false, Some(&hsm.config(KEY))).unwrap(),
                 integrity::RollbackMemory::Kept
             );
         },
@@ -1104,22 +1115,25 @@ fn a_lost_registry_without_an_hsm_says_rollback_protection_restarts_from_zero() 
     let store = StateStore::open(&state_dir).unwrap();
     assert!(store.is_new());
     let v1_path = write_object(tmp.path(), "v1.bin", 3000);
-    let v1 = integrity::seal(&v1_path, "ckpt", 1, &anchor, &store, &opts()).unwrap();
+    let v1 =
+        integrity::SignedManifest::seal(&v1_path, "ckpt", 1, &anchor, &store, &opts()).unwrap();
     let v2_path = write_object(tmp.path(), "v2.bin", 4000);
-    integrity::seal(&v2_path, "ckpt", 2, &anchor, &store, &opts()).unwrap();
+    integrity::SignedManifest::seal(&v2_path, "ckpt", 2, &anchor, &store, &opts()).unwrap();
     drop(store);
     let store = StateStore::open(&state_dir).unwrap();
     assert!(!store.is_new());
     assert_eq!(
-        integrity::restore_rollback_memory(&store, store.is_new(), None).unwrap(),
+        integrity::RollbackMemory::restore(&store, store.is_new(), None).unwrap(),
         integrity::RollbackMemory::Kept
     );
     drop(store);
     fs::remove_dir_all(&state_dir).unwrap();
     let store = StateStore::open(&state_dir).unwrap();
-    let memory = integrity::restore_rollback_memory(&store, store.is_new(), None).unwrap();
+    let memory = integrity::RollbackMemory::restore(&store, store.is_new(), None).unwrap();
     assert!(memory.restarted_from_zero());
-    integrity::verify_object(&v1_path, &v1, &verifier, &store, &VerifyOptions::default()).unwrap();
+    verifier
+        .verify_object(&v1_path, &v1, &store, &VerifyOptions::default())
+        .unwrap();
 }
 
 /// `seal --version 18446744073709551615` panicked in debug builds and burnt the id in
@@ -1130,10 +1144,17 @@ fn bug_the_last_version_is_refused_and_the_next_version_never_overflows() {
     let anchor = SoftwareAnchor::generate(&tmp.path().join("anchor.key")).unwrap();
     let store = StateStore::open(&tmp.path().join("state")).unwrap();
     let path = write_object(tmp.path(), "o.bin", 2000);
-    let err = integrity::seal(&path, "o", u64::MAX, &anchor, &store, &opts()).unwrap_err();
+    let err = integrity::SignedManifest::seal(&path, "o", u64::MAX, &anchor, &store, &opts())
+        .unwrap_err();
     assert!(matches!(err, IntegrityError::LastVersion { .. }), "{err:?}");
     assert!(err.to_string().contains("last version"), "{err}");
-    assert_eq!(integrity::next_version(&store, "o").unwrap(), Some(1));
-    integrity::seal(&path, "o", u64::MAX - 1, &anchor, &store, &opts()).unwrap();
-    assert_eq!(integrity::next_version(&store, "o").unwrap(), None);
+    assert_eq!(
+        integrity::SignedManifest::next_version(&store, "o").unwrap(),
+        Some(1)
+    );
+    integrity::SignedManifest::seal(&path, "o", u64::MAX - 1, &anchor, &store, &opts()).unwrap();
+    assert_eq!(
+        integrity::SignedManifest::next_version(&store, "o").unwrap(),
+        None
+    );
 }

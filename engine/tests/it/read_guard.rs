@@ -32,7 +32,8 @@ fn corrupt_read_blocks_the_node(anchor: &dyn Anchor, dir: &std::path::Path) {
     };
     let state = Arc::new(StateStore::open(&dir.join("state")).unwrap());
     let signed =
-        integrity::seal(&path, "llm/epoch-7", 7, anchor, state.as_ref(), &options).unwrap();
+        integrity::SignedManifest::seal(&path, "llm/epoch-7", 7, anchor, state.as_ref(), &options)
+            .unwrap();
     let verifier = Verifier::new(anchor.public_key().clone());
 
     let engine = Engine::from_embedded_defaults().unwrap();
@@ -44,7 +45,7 @@ fn corrupt_read_blocks_the_node(anchor: &dyn Anchor, dir: &std::path::Path) {
             expected_object_id: Some("llm/epoch-7"),
             ..VerifyOptions::default()
         };
-        integrity::verify_object(&path, &signed, &verifier, state.as_ref(), &opts)
+        verifier.verify_object(&path, &signed, state.as_ref(), &opts)
     };
 
     // Intact: the read is allowed and nothing is blocked.
@@ -159,7 +160,8 @@ fn a_guarded_reader_that_meets_a_flipped_byte_blocks_the_node_through_the_polici
     };
     let state = Arc::new(StateStore::open(&tmp.path().join("state")).unwrap());
     let signed =
-        integrity::seal(&path, "llm/epoch-8", 1, &anchor, state.as_ref(), &options).unwrap();
+        integrity::SignedManifest::seal(&path, "llm/epoch-8", 1, &anchor, state.as_ref(), &options)
+            .unwrap();
     let verifier = Verifier::new(anchor.public_key().clone());
     let engine = Engine::from_embedded_defaults().unwrap();
     engine.attach_state(state.clone()).unwrap();

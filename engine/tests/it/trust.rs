@@ -58,7 +58,10 @@ fn bug_under_umask_000_trust_material_is_created_private() {
             let store = StateStore::open(&state_dir).unwrap();
             assert!(store.is_new());
             let anchor = SoftwareAnchor::generate(&state_dir.join("anchor.key")).unwrap();
-            integrity::pin_public_key(&state_dir.join("trusted.pub"), anchor.public_key()).unwrap();
+            anchor
+                .public_key()
+                .pin(&state_dir.join("trusted.pub"))
+                .unwrap();
         },
     );
     let Some((_tmp, work)) = outcome else { return };
@@ -71,14 +74,14 @@ fn bug_under_umask_000_trust_material_is_created_private() {
     // And what was created is trusted again on the next open.
     let store = StateStore::open(&state_dir).unwrap();
     assert!(!store.is_new());
-    integrity::load_pinned_key(&state_dir.join("trusted.pub")).unwrap();
+    integrity::PublicKey::load_pinned(&state_dir.join("trusted.pub")).unwrap();
     SoftwareAnchor::load(&state_dir.join("anchor.key")).unwrap();
 }
 
 fn pinned_key(dir: &Path) -> PathBuf {
     let anchor = SoftwareAnchor::generate(&dir.join("anchor.key")).unwrap();
     let path = dir.join("trusted.pub");
-    integrity::pin_public_key(&path, anchor.public_key()).unwrap();
+    anchor.public_key().pin(&path).unwrap();
     path
 }
 
@@ -87,10 +90,10 @@ fn pinned_key(dir: &Path) -> PathBuf {
 fn bug_a_pinned_key_others_can_write_or_own_is_refused() {
     let tmp = tempfile::tempdir().unwrap();
     let key = pinned_key(tmp.path());
-    integrity::load_pinned_key(&key).unwrap();
+    integrity::PublicKey::load_pinned(&key).unwrap();
 
     set_mode(&key, 0o666);
-    let e = integrity::load_pinned_key(&key).unwrap_err();
+    let e = integrity::PublicKey::load_pinned(&key).unwrap_err();
     assert!(
         matches!(
             &e,
@@ -106,7 +109,7 @@ fn bug_a_pinned_key_others_can_write_or_own_is_refused() {
     set_mode(&key, 0o644);
 
     std::os::unix::fs::chown(&key, Some(65534), None).unwrap();
-    let e = integrity::load_pinned_key(&key).unwrap_err();
+    let e = integrity::PublicKey::load_pinned(&key).unwrap_err();
     assert!(
         matches!(
             &e,
@@ -115,12 +118,12 @@ fn bug_a_pinned_key_others_can_write_or_own_is_refused() {
         "{e:?}"
     );
     std::os::unix::fs::chown(&key, Some(0), None).unwrap();
-    integrity::load_pinned_key(&key).unwrap();
+    integrity::PublicKey::load_pinned(&key).unwrap();
 
     // Not a key at all.
     std::fs::write(&key, "not hex\n").unwrap();
     assert!(matches!(
-        integrity::load_pinned_key(&key),
+        integrity::PublicKey::load_pinned(&key),
         Err(AnchorError::PinnedKeyInvalid { .. })
     ));
 }
@@ -137,11 +140,11 @@ fn a_pinned_key_behind_symlinks_is_judged_by_its_target_and_directories() {
     assert!(key.ends_with("trusted.pub"));
     symlink(data.file_name().unwrap(), mount.join("..data")).unwrap();
     symlink("..data/trusted.pub", mount.join("trusted.pub")).unwrap();
-    integrity::load_pinned_key(&mount.join("trusted.pub")).unwrap();
+    integrity::PublicKey::load_pinned(&mount.join("trusted.pub")).unwrap();
 
     // The target made writable by others is refused through the link.
     set_mode(&key, 0o646);
-    let e = integrity::load_pinned_key(&mount.join("trusted.pub")).unwrap_err();
+    let e = integrity::PublicKey::load_pinned(&mount.join("trusted.pub")).unwrap_err();
     assert!(
         matches!(
             &e,
@@ -157,7 +160,7 @@ fn a_pinned_key_behind_symlinks_is_judged_by_its_target_and_directories() {
     let planted = pinned_key(&open);
     set_mode(&open, 0o777);
     symlink(&planted, tmp.path().join("via-link.pub")).unwrap();
-    let e = integrity::load_pinned_key(&tmp.path().join("via-link.pub")).unwrap_err();
+    let e = integrity::PublicKey::load_pinned(&tmp.path().join("via-link.pub")).unwrap_err();
     assert!(
         matches!(
             &e,

@@ -10,7 +10,7 @@ use clap::builder::BoolishValueParser;
 use clap::{Args, Subcommand};
 use probity::integrity::{
     self, Anchor, HashOptions, Pin, Pkcs11Anchor, Pkcs11Config, RollbackMemory, SoftwareAnchor,
-    Verifier, VerifyOptions, hex,
+    Verifier, VerifyOptions,
 };
 use probity::policy_seal::{self, PolicySeal};
 use probity::state::StateStore;
@@ -125,7 +125,7 @@ fn open_registry(args: &StateArgs, hsm: &HsmArgs) -> Result<Arc<StateStore>> {
         None
     };
     let memory =
-        integrity::restore_rollback_memory(state.as_ref(), state.is_new(), config.as_ref())
+        integrity::RollbackMemory::restore(state.as_ref(), state.is_new(), config.as_ref())
             .context("cannot restore the registry's rollback memory")?;
     match memory {
         RollbackMemory::Kept => {}
@@ -194,7 +194,9 @@ fn trusted_key_path(state: &StateArgs) -> PathBuf {
 fn pin_on_first_use(state: &StateArgs, anchor: &dyn Anchor) -> Result<()> {
     let pinned = trusted_key_path(state);
     if !pinned.exists() {
-        integrity::pin_public_key(&pinned, anchor.public_key())
+        anchor
+            .public_key()
+            .pin(&pinned)
             .with_context(|| format!("cannot write {}", pinned.display()))?;
     }
     Ok(())
@@ -218,7 +220,7 @@ fn progress_bar(path: &Path) -> Option<indicatif::ProgressBar> {
 fn manifest_path(file: &Path, manifest: Option<&Path>) -> PathBuf {
     manifest
         .map(Path::to_path_buf)
-        .unwrap_or_else(|| integrity::default_manifest_path(file))
+        .unwrap_or_else(|| integrity::Manifest::default_path(file))
 }
 
 /// What `probity seal` seals.
@@ -244,7 +246,7 @@ pub fn seal(args: &SealArgs<'_>, state_args: &StateArgs, anchor_args: &AnchorArg
     let description = anchor.describe();
     let version = match args.version {
         Some(v) => v,
-        None => match integrity::next_version(state.as_ref(), id)? {
+        None => match integrity::SignedManifest::next_version(state.as_ref(), id)? {
             Some(v) => v,
             None => bail!(
                 "{id:?} has reached the last version the registry can hold; seal it under a new id"
@@ -265,7 +267,14 @@ pub fn seal(args: &SealArgs<'_>, state_args: &StateArgs, anchor_args: &AnchorArg
         progress: Some(&tick),
         ..HashOptions::default()
     };
-    let signed = integrity::seal(file, id, version, anchor.as_ref(), state.as_ref(), &options)?;
+    let signed = integrity::SignedManifest::seal(
+        file,
+        id,
+        version,
+        anchor.as_ref(),
+        state.as_ref(),
+        &options,
+    )?;
     if let Some(b) = &bar {
         b.finish_and_clear();
     }
@@ -280,13 +289,13 @@ pub fn seal(args: &SealArgs<'_>, state_args: &StateArgs, anchor_args: &AnchorArg
         "size": m.size(),
         "chunk_size": m.chunk_size(),
         "chunks": m.chunk_count(),
-        "root": hex(m.root()),
-        "digest": hex(signed.digest()),
+        "root": hex::encode(m.root()),
+        "digest": hex::encode(signed.digest()),
         "manifest": out_path.display().to_string(),
         "anchor": description.summary,
         "hsm": description.is_hsm(),
         "hsm_key_protected": description.key_protected,
-        "key_id": hex(&signed.key_id().0),
+        "key_id": hex::encode(signed.key_id().0),
     }))?)?;
     if !description.is_hsm() {
         err_line!("warning: signed with the {}", description.summary);
@@ -315,7 +324,7 @@ pub fn verify(
         .public_key
         .map(Path::to_path_buf)
         .unwrap_or_else(|| trusted_key_path(state_args));
-    let verifier = Verifier::new(integrity::load_pinned_key(&key_path)?);
+    let verifier = Verifier::new(integrity::PublicKey::load_pinned(&key_path)?);
     let state = open_registry(state_args, hsm)?;
     let manifest_file = manifest_path(args.file, args.manifest);
     let bytes = crate::read_limited(&manifest_file, MAX_MANIFEST_BYTES)?;
@@ -338,7 +347,8 @@ pub fn verify(
         expected_object_id: Some(args.id),
     };
     // The environment failing is an error to report; the object failing is a verdict.
-    let outcome = integrity::verify_encoded(args.file, &bytes, &verifier, state.as_ref(), &options)
+    let outcome = verifier
+        .verify_encoded(args.file, &bytes, state.as_ref(), &options)
         .context("could not verify")?;
     if let Some(b) = &bar {
         b.finish_and_clear();
@@ -349,7 +359,7 @@ pub fn verify(
                 out::line(
                     serde_json::json!({"verified": true, "object_id": report.object_id,
                         "version": report.version, "chunks": report.chunks,
-                        "root": hex(&report.root)}),
+                        "root": hex::encode(report.root)}),
                 )?;
                 Ok(exit::ALLOW)
             }
@@ -659,7 +669,9 @@ async fn reader_gone(stdout: Option<&tokio::net::unix::pipe::Sender>) {
 /// record.
 fn audit_verify(public_key: Option<&Path>, state_args: &StateArgs) -> Result<u8> {
     use probity::audit::{self, AuditError};
-    let key = public_key.map(integrity::load_pinned_key).transpose()?;
+    let key = public_key
+        .map(integrity::PublicKey::load_pinned)
+        .transpose()?;
     let state = open_state(state_args)?;
     let report = match audit::verify(&state, key.as_ref()) {
         Ok(report) => report,
@@ -770,12 +782,12 @@ fn policy_seal(
         "name": seal.name(),
         "version": seal.version(),
         "files": seal.files().iter().map(|f| f.path.as_str()).collect::<Vec<_>>(),
-        "digest": hex(&seal.digest()),
+        "digest": hex::encode(seal.digest()),
         "seal": seal_file.display().to_string(),
         "anchor": description.summary,
         "hsm": description.is_hsm(),
         "hsm_key_protected": description.key_protected,
-        "key_id": hex(&seal.key_id().0),
+        "key_id": hex::encode(seal.key_id().0),
     }))?)?;
     if !description.is_hsm() {
         err_line!("warning: signed with the {}", description.summary);
@@ -785,5 +797,7 @@ fn policy_seal(
 
 /// The verifier of `probity check --sealed`.
 pub fn sealed_verifier(public_key: &Path) -> Result<Verifier> {
-    Ok(Verifier::new(integrity::load_pinned_key(public_key)?))
+    Ok(Verifier::new(integrity::PublicKey::load_pinned(
+        public_key,
+    )?))
 }

@@ -230,8 +230,10 @@ fn bench_reader(abi: &Abi, rounds: usize, chunk: u32) {
         chunk_size: chunk,
         ..HashOptions::default()
     };
-    let signed = integrity::seal(&path, "bench/object", 1, &anchor, &store, &options).unwrap();
-    std::fs::write(integrity::default_manifest_path(&path), signed.encode()).unwrap();
+    let signed =
+        integrity::SignedManifest::seal(&path, "bench/object", 1, &anchor, &store, &options)
+            .unwrap();
+    std::fs::write(integrity::Manifest::default_path(&path), signed.encode()).unwrap();
     let key = tmp.path().join("trusted.pub");
     std::fs::write(&key, anchor.public_key().to_hex()).unwrap();
     let verifier = Verifier::new(anchor.public_key().clone());
@@ -241,7 +243,7 @@ fn bench_reader(abi: &Abi, rounds: usize, chunk: u32) {
     let abi_state = tmp.path().join("abi-state");
     {
         let s = StateStore::open(&abi_state).unwrap();
-        integrity::seal(&path, "bench/object", 1, &anchor, &s, &options).unwrap();
+        integrity::SignedManifest::seal(&path, "bench/object", 1, &anchor, &s, &options).unwrap();
     }
     let mut h = Handle { id: 0 };
     let abi_state_c = CString::new(abi_state.to_str().unwrap()).unwrap();

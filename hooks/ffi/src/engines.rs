@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use engine::integrity::{
-    self, IntegrityError, PublicKey, Verifier, VerifyFailure, VerifyOptions, VerifyReport, hex,
+    self, IntegrityError, PublicKey, Verifier, VerifyFailure, VerifyOptions, VerifyReport,
 };
 use engine::state::{AttachedState, StateStore};
 use engine::{DecideOptions, Decision, Engine, ReloadWatcher, Request};
@@ -311,7 +311,7 @@ pub(crate) fn verifier(entry: &EngineEntry, path: Option<&str>) -> Result<Verifi
 pub(crate) fn manifest_bytes(object: &str, path: Option<&str>) -> Result<Vec<u8>, Failure> {
     let path = match path {
         Some(p) => PathBuf::from(p),
-        None => integrity::default_manifest_path(Path::new(object)),
+        None => integrity::Manifest::default_path(Path::new(object)),
     };
     let file = std::fs::File::open(&path).map_err(|e| {
         Failure::new(
@@ -368,7 +368,7 @@ pub(crate) fn verify(entry: &EngineEntry, args: &VerifyArgs<'_>) -> Result<Verif
     let verifier = verifier(entry, args.public_key)?;
     let manifest = manifest_bytes(args.path, args.manifest)?;
     let path = Path::new(args.path);
-    let file = integrity::open_object(path).map_err(|e| {
+    let file = integrity::HashedObject::open(path).map_err(|e| {
         Failure::new(
             ProbityStatus::Io,
             format!("cannot open {}: {e}", path.display()),
@@ -381,9 +381,9 @@ pub(crate) fn verify(entry: &EngineEntry, args: &VerifyArgs<'_>) -> Result<Verif
         ..VerifyOptions::default()
     };
     // The environment failing is an error; the object failing is a verdict.
-    let outcome =
-        integrity::verify_encoded_file(file, path, &manifest, &verifier, &store, &options)
-            .map_err(|e| Failure::chain(environment_status(&e), &e))?;
+    let outcome = verifier
+        .verify_encoded_file(file, path, &manifest, &store, &options)
+        .map_err(|e| Failure::chain(environment_status(&e), &e))?;
     let decision = args.node.map(|node| {
         let verification = match &outcome {
             Ok(report) => Ok(report),
@@ -440,9 +440,9 @@ pub(crate) fn report_json(r: &VerifyReport) -> Value {
         "version": r.version,
         "size": r.size,
         "chunks": r.chunks,
-        "root": hex(&r.root),
-        "digest": hex(&r.digest),
-        "key_id": hex(&r.key_id.0),
+        "root": hex::encode(r.root),
+        "digest": hex::encode(r.digest),
+        "key_id": hex::encode(r.key_id.0),
         "newly_accepted": r.newly_accepted,
     })
 }

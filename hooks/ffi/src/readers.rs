@@ -48,7 +48,7 @@ pub(crate) fn open(entry: &EngineEntry, args: &OpenArgs<'_>) -> Result<ReaderEnt
     let verifier = engines::verifier(entry, args.public_key)?;
     let manifest = engines::manifest_bytes(args.path, args.manifest)?;
     let path = Path::new(args.path);
-    let file = integrity::open_object(path).map_err(|e| {
+    let file = integrity::HashedObject::open(path).map_err(|e| {
         Failure::new(
             ProbityStatus::Io,
             format!("cannot open {}: {e}", path.display()),

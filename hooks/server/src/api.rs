@@ -581,7 +581,7 @@ fn verify_blocking(
     let manifest_path = body
         .manifest
         .clone()
-        .unwrap_or_else(|| integrity::default_manifest_path(&body.path));
+        .unwrap_or_else(|| integrity::Manifest::default_path(&body.path));
     let (object, object_path) = open_confined(roots, &body.path)?;
     let (manifest_file, _) = open_confined(roots, &manifest_path)?;
     // Judged on every read, as the CLI and sealed mode judge it: a key others may
@@ -603,9 +603,9 @@ fn verify_blocking(
         ..VerifyOptions::default()
     };
     // The environment failing gives no verdict on the node; the object failing does.
-    let outcome =
-        integrity::verify_encoded_file(object, &object_path, &manifest, &verifier, store, &options)
-            .map_err(|e| ApiError::Unprocessable(format!("could not verify: {e}")))?;
+    let outcome = verifier
+        .verify_encoded_file(object, &object_path, &manifest, store, &options)
+        .map_err(|e| ApiError::Unprocessable(format!("could not verify: {e}")))?;
     let verification = match &outcome {
         Ok(report) => Ok(report),
         Err(e) => Err(e as &dyn std::error::Error),

@@ -252,7 +252,7 @@ impl AppState {
         &self,
         path: &std::path::Path,
     ) -> Result<probity::integrity::PublicKey, ApiError> {
-        let loaded = probity::integrity::load_pinned_key(path).map_err(|e| {
+        let loaded = probity::integrity::PublicKey::load_pinned(path).map_err(|e| {
             format!(
                 "the pinned public key is not trusted: {}",
                 server::error_chain(&e)

@@ -93,7 +93,7 @@ fn seal_verifier(config: &Config) -> Result<probity::integrity::Verifier, ServeE
             path: "trusted.pub".into(),
             detail: "no integrity.public_key and no integrity.state_dir".into(),
         })?;
-    probity::integrity::load_pinned_key(&path)
+    probity::integrity::PublicKey::load_pinned(&path)
         .map(probity::integrity::Verifier::new)
         .map_err(|e| ServeError::SealKey {
             detail: error_chain(&e),

@@ -357,7 +357,8 @@ fn audit_verify_reports_what_it_cannot_vouch_for_and_checks_signed_checkpoints()
     let anchor =
         probity::integrity::SoftwareAnchor::load_or_generate(&state.join("anchor.key")).unwrap();
     let pinned = tmp.path().join("audit.pub");
-    probity::integrity::pin_public_key(&pinned, probity::integrity::Anchor::public_key(&anchor))
+    (probity::integrity::Anchor::public_key(&anchor))
+        .pin(&pinned)
         .unwrap();
     let out = audit(
         &state,

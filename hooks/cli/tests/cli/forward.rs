@@ -281,7 +281,8 @@ fn the_server_signs_audit_checkpoints_as_audit_configures() {
     let anchor =
         probity::integrity::SoftwareAnchor::load_or_generate(&state.join("anchor.key")).unwrap();
     let pinned = tmp.path().join("audit.pub");
-    probity::integrity::pin_public_key(&pinned, probity::integrity::Anchor::public_key(&anchor))
+    (probity::integrity::Anchor::public_key(&anchor))
+        .pin(&pinned)
         .unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_probity"))
         .args(["audit", "verify", "--state-dir"])

@@ -63,16 +63,18 @@ pub fn make(dir: &Path, repo: &Path) -> Fixtures {
         chunk_size: CHUNK,
         ..HashOptions::default()
     };
-    let signed = integrity::seal(&f.object, OBJECT_ID, 1, &anchor, &store, &options).unwrap();
+    let signed =
+        integrity::SignedManifest::seal(&f.object, OBJECT_ID, 1, &anchor, &store, &options)
+            .unwrap();
     let manifest = signed.encode();
-    std::fs::write(integrity::default_manifest_path(&f.object), &manifest).unwrap();
+    std::fs::write(integrity::Manifest::default_path(&f.object), &manifest).unwrap();
     std::fs::write(&f.public_key, anchor.public_key().to_hex()).unwrap();
     // Whatever the umask: a pinned key others could write is refused.
     std::fs::set_permissions(&f.public_key, std::fs::Permissions::from_mode(0o644)).unwrap();
     let mut bad = data;
     bad[TAMPERED_AT] ^= 0x01;
     std::fs::write(&f.tampered, &bad).unwrap();
-    std::fs::write(integrity::default_manifest_path(&f.tampered), &manifest).unwrap();
+    std::fs::write(integrity::Manifest::default_path(&f.tampered), &manifest).unwrap();
     std::fs::copy(repo.join("testdata/entities/cluster.json"), &f.cluster).unwrap();
     drop(store);
     f

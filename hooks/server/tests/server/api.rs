@@ -366,7 +366,8 @@ async fn verify_passes_an_intact_checkpoint_and_blocks_the_node_on_a_flipped_byt
         ..HashOptions::default()
     };
     let signed =
-        integrity::seal(&file, "llm/epoch-9", 1, &anchor, store.as_ref(), &options).unwrap();
+        integrity::SignedManifest::seal(&file, "llm/epoch-9", 1, &anchor, store.as_ref(), &options)
+            .unwrap();
     std::fs::write(tmp.path().join("epoch-9.ckpt.manifest"), signed.encode()).unwrap();
 
     let mut config = Config::default();
@@ -450,7 +451,7 @@ async fn verify_refuses_a_pinned_key_that_others_can_write_and_readiness_says_wh
     std::fs::set_permissions(&key_path, std::fs::Permissions::from_mode(0o666)).unwrap();
     let file = tmp.path().join("epoch-9.ckpt");
     std::fs::write(&file, b"tampered weights").unwrap();
-    let signed = integrity::seal(
+    let signed = integrity::SignedManifest::seal(
         &file,
         "llm/epoch-9",
         1,

@@ -872,7 +872,7 @@ async fn soak_attacks_from_other_identities_never_fail_a_good_clients_decision()
 /// seal verifies serves, and a file changed after sealing keeps the server from starting.
 #[tokio::test]
 async fn a_sealed_server_serves_its_sealed_set_and_refuses_a_changed_one() {
-    use probity::integrity::{Anchor, SoftwareAnchor, pin_public_key};
+    use probity::integrity::{Anchor, SoftwareAnchor};
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("policies");
     let status = std::process::Command::new("cp")
@@ -884,7 +884,7 @@ async fn a_sealed_server_serves_its_sealed_set_and_refuses_a_changed_one() {
     assert!(status.success());
     let anchor = SoftwareAnchor::generate(&tmp.path().join("anchor.key")).unwrap();
     let key = tmp.path().join("trusted.pub");
-    pin_public_key(&key, anchor.public_key()).unwrap();
+    anchor.public_key().pin(&key).unwrap();
     probity::policy_seal::seal_policy_dir(&dir, "prod", 1, &anchor).unwrap();
     let sealed_config = || {
         let mut config = no_socket();
