@@ -17,8 +17,7 @@ use std::num::NonZeroUsize;
 
 use criterion::{Criterion, Throughput, criterion_main};
 use probity::integrity::{
-    self, Anchor, DEFAULT_CHUNK_SIZE, HashOptions, SoftwareAnchor, VerifiedReader, Verifier,
-    VerifyOptions,
+    self, Anchor, HashOptions, SoftwareAnchor, VerifiedReader, Verifier, VerifyOptions,
 };
 use probity::state::StateStore;
 use sha2::{Digest, Sha256};
@@ -64,7 +63,7 @@ fn bench(c: &mut Criterion) {
         b.iter(|| {
             let mut f = File::open(&path).unwrap();
             let mut h = Sha256::new();
-            let mut buf = vec![0u8; DEFAULT_CHUNK_SIZE as usize];
+            let mut buf = vec![0u8; integrity::Manifest::DEFAULT_CHUNK_SIZE as usize];
             loop {
                 let n = f.read(&mut buf).unwrap();
                 if n == 0 {
@@ -103,7 +102,7 @@ fn bench(c: &mut Criterion) {
     g.bench_function("plain read + hash per 4 MiB chunk (1 MiB reads)", |b| {
         b.iter(|| {
             let mut f = File::open(&path).unwrap();
-            let mut chunk = vec![0u8; DEFAULT_CHUNK_SIZE as usize];
+            let mut chunk = vec![0u8; integrity::Manifest::DEFAULT_CHUNK_SIZE as usize];
             let mut out = vec![0u8; READ_BUF];
             let mut leaves = Vec::new();
             loop {

@@ -23,8 +23,8 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use probity::integrity::{
-    self, Anchor, DEFAULT_CHUNK_SIZE, HashOptions, Pin, Pkcs11Anchor, Pkcs11Config, SignedManifest,
-    SoftwareAnchor, VerifiedReader, Verifier, VerifyOptions,
+    self, Anchor, HashOptions, Pin, Pkcs11Anchor, Pkcs11Config, SignedManifest, SoftwareAnchor,
+    VerifiedReader, Verifier, VerifyOptions,
 };
 use probity::state::StateStore;
 
@@ -142,7 +142,7 @@ fn main() {
                 .map(|_| {
                     let t = Instant::now();
                     let mut f = File::open(&file).unwrap();
-                    let mut chunk = vec![0u8; DEFAULT_CHUNK_SIZE as usize];
+                    let mut chunk = vec![0u8; integrity::Manifest::DEFAULT_CHUNK_SIZE as usize];
                     let mut out = vec![0u8; 1 << 20];
                     size = 0;
                     loop {

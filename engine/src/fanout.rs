@@ -40,7 +40,7 @@ use crate::slice::Dependency;
 use crate::store::{StoreVersion, Stored};
 
 /// How many decisions a [`DecisionCache`] holds by default.
-pub const DEFAULT_DECISION_CACHE_ENTRIES: usize = 65_536;
+pub(crate) const DEFAULT_DECISION_CACHE_ENTRIES: usize = 65_536;
 
 /// Fewest resources a thread of [`Engine::decide_each`] takes: below this, spreading
 /// the work costs more than it saves.
@@ -241,6 +241,9 @@ impl std::fmt::Debug for DecisionCache {
 }
 
 impl DecisionCache {
+    /// The default bound on remembered decisions.
+    pub const DEFAULT_ENTRIES: usize = DEFAULT_DECISION_CACHE_ENTRIES;
+
     /// A cache of at most about `entries` decisions (a full part of it is emptied).
     pub fn with_capacity(entries: usize) -> Self {
         Self {

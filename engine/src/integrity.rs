@@ -60,7 +60,7 @@ pub use anchor::{
 };
 pub use hash::{HashError, HashOptions, HashedObject, Progress};
 pub(crate) use manifest::sha256;
-pub use manifest::{Algorithm, DEFAULT_CHUNK_SIZE, Hash, Manifest, ManifestError};
+pub use manifest::{Algorithm, Hash, Manifest, ManifestError};
 pub(crate) use pkcs11::TokenDigest;
 pub(crate) use pkcs11::token_digests;
 pub use pkcs11::{Pin, Pkcs11Anchor, Pkcs11Config};

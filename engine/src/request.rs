@@ -9,7 +9,7 @@ use serde_json::{Map, Value};
 use crate::error::RequestError;
 
 /// Largest request, in bytes, that [`Request::from_json_slice`] reads.
-pub const MAX_REQUEST_BYTES: usize = 1024 * 1024;
+pub(crate) const MAX_REQUEST_BYTES: usize = 1024 * 1024;
 
 /// A reference to an entity: `Type::"id"`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -169,6 +169,9 @@ pub struct Request {
 }
 
 impl Request {
+    /// The largest request body [`Request::from_json_slice`] reads (1 MiB).
+    pub const MAX_BYTES: usize = MAX_REQUEST_BYTES;
+
     /// A request with an empty context.
     pub fn new(principal: EntityUid, action: EntityUid, resource: EntityUid) -> Self {
         Self {

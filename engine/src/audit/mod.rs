@@ -62,9 +62,9 @@ const LINK_HEADER: usize = 1 + 8 + 32 + 32;
 const PAGE: usize = 4096;
 
 /// Records between checkpoints by default.
-pub const DEFAULT_CHECKPOINT_RECORDS: u64 = 1024;
+pub(crate) const DEFAULT_CHECKPOINT_RECORDS: u64 = 1024;
 /// Longest time records wait for a checkpoint by default.
-pub const DEFAULT_CHECKPOINT_INTERVAL: Duration = Duration::from_secs(60);
+pub(crate) const DEFAULT_CHECKPOINT_INTERVAL: Duration = Duration::from_secs(60);
 
 /// Which log.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
@@ -319,6 +319,11 @@ impl std::fmt::Debug for CheckpointPolicy {
 }
 
 impl CheckpointPolicy {
+    /// Records between checkpoints unless told otherwise.
+    pub const DEFAULT_RECORDS: u64 = DEFAULT_CHECKPOINT_RECORDS;
+    /// Time between checkpoints unless told otherwise.
+    pub const DEFAULT_INTERVAL: Duration = DEFAULT_CHECKPOINT_INTERVAL;
+
     /// Whether `unchecked` records, the oldest checkpoint `waited_ms` ago, are due.
     pub(crate) fn due(&self, unchecked: u64, waited_ms: u64) -> bool {
         let every_ms = u64::try_from(self.every.as_millis()).unwrap_or(u64::MAX);

@@ -46,7 +46,7 @@ pub const MANIFEST_MAGIC: [u8; 4] = *b"PRBM";
 /// The only manifest format version this build reads and writes.
 pub const MANIFEST_FORMAT: u16 = 1;
 /// Default chunk size: 4 MiB.
-pub const DEFAULT_CHUNK_SIZE: u32 = 4 * 1024 * 1024;
+pub(crate) const DEFAULT_CHUNK_SIZE: u32 = 4 * 1024 * 1024;
 /// Smallest chunk size accepted: 1 KiB.
 pub const MIN_CHUNK_SIZE: u32 = 1024;
 /// Largest chunk size accepted: 1 GiB.
@@ -159,6 +159,9 @@ pub struct Manifest {
 }
 
 impl Manifest {
+    /// The chunk size sealing uses unless told otherwise (4 MiB).
+    pub const DEFAULT_CHUNK_SIZE: u32 = DEFAULT_CHUNK_SIZE;
+
     /// Builds a manifest from chunk leaves, computing the root.
     ///
     /// Fails if the id is invalid, the chunk size out of range or the leaf count does not match

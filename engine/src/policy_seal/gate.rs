@@ -44,7 +44,7 @@ pub(crate) fn check(
     live: Option<&LoadedSeal>,
     registry: Option<&dyn crate::state::SharedState>,
 ) -> Result<Checked, LoadError> {
-    let path = seal_path(dir);
+    let path = PolicySeal::path(dir);
     let file = path.display().to_string();
     let empty: Arc<str> = Arc::from("");
     let bytes = match crate::source::read_limited_bytes(&path, MAX_SEAL_BYTES as u64) {
@@ -228,7 +228,7 @@ pub(crate) fn registry_problem(e: &crate::state::StateError) -> String {
 /// Locates a problem found after the check (a component that changed while it was
 /// compiled, a registry refusal at commit) in the seal.
 pub(crate) fn late_problem(dir: &Path, seal: &LoadedSeal, message: String) -> LoadError {
-    let path = seal_path(dir);
+    let path = PolicySeal::path(dir);
     let text: Arc<str> = Arc::from(String::from_utf8_lossy(&seal.encoded).into_owned());
     let span = seal.seal.spans().version;
     seal_error(

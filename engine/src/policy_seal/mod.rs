@@ -257,9 +257,11 @@ pub struct SealInfo {
     pub key_id: String,
 }
 
-/// The seal path of a policy directory.
-pub fn seal_path(dir: &Path) -> PathBuf {
-    dir.join(SEAL_FILE)
+impl PolicySeal {
+    /// The seal path of a policy directory.
+    pub fn path(dir: &Path) -> PathBuf {
+        dir.join(SEAL_FILE)
+    }
 }
 
 /// The path of `file` relative to `dir`, `/`-separated, if it lies under `dir` (judged
@@ -284,54 +286,56 @@ pub(crate) fn relative_name(dir: &Path, file: &Path) -> Option<String> {
     }
 }
 
-/// Seals the policy set in `dir` (default layout: `probity.cedarschema`,
-/// `probity.toml`, the `.cedar` files, `plugins.toml` if present and its components) as
-/// version `version` of `name`: hashes every file, signs the seal with `anchor`, keeps
-/// its digest on the token when the anchor is an HSM (object id `policy-set:<name>`),
-/// and writes `dir/policy.seal` atomically (mode 0644). Validating the set is the
-/// caller's business (`probity policy seal` builds an engine on it first).
-pub fn seal_policy_dir(
-    dir: &Path,
-    name: &str,
-    version: u64,
-    anchor: &dyn Anchor,
-) -> Result<PolicySeal, SealError> {
-    if version == u64::MAX {
-        return Err(SealError::LastVersion { version });
-    }
-    check_name(name).map_err(SealError::Invalid)?;
-    let origin = Origin::default_dir(dir);
-    let paths = crate::bundle::set_files(&origin).map_err(SealError::Files)?;
-    let mut files = Vec::with_capacity(paths.len());
-    for path in paths {
-        let Some(rel) = relative_name(dir, &path) else {
-            return Err(SealError::Outside {
-                path,
-                dir: dir.to_owned(),
+impl PolicySeal {
+    /// Seals the policy set in `dir` (default layout: `probity.cedarschema`,
+    /// `probity.toml`, the `.cedar` files, `plugins.toml` if present and its components) as
+    /// version `version` of `name`: hashes every file, signs the seal with `anchor`, keeps
+    /// its digest on the token when the anchor is an HSM (object id `policy-set:<name>`),
+    /// and writes `dir/policy.seal` atomically (mode 0644). Validating the set is the
+    /// caller's business (`probity policy seal` builds an engine on it first).
+    pub fn seal_dir(
+        dir: &Path,
+        name: &str,
+        version: u64,
+        anchor: &dyn Anchor,
+    ) -> Result<PolicySeal, SealError> {
+        if version == u64::MAX {
+            return Err(SealError::LastVersion { version });
+        }
+        check_name(name).map_err(SealError::Invalid)?;
+        let origin = Origin::default_dir(dir);
+        let paths = crate::bundle::set_files(&origin).map_err(SealError::Files)?;
+        let mut files = Vec::with_capacity(paths.len());
+        for path in paths {
+            let Some(rel) = relative_name(dir, &path) else {
+                return Err(SealError::Outside {
+                    path,
+                    dir: dir.to_owned(),
+                });
+            };
+            let bytes = crate::bundle::read_set_file(&path).map_err(SealError::Files)?;
+            files.push(SealedFile {
+                path: rel,
+                sha256: sha256(&bytes),
             });
-        };
-        let bytes = crate::bundle::read_set_file(&path).map_err(SealError::Files)?;
-        files.push(SealedFile {
-            path: rel,
-            sha256: sha256(&bytes),
-        });
+        }
+        let seal = PolicySeal::sign(name, version, files, anchor)?;
+        anchor
+            .store_digest(&seal.registry_id(), version, &seal.digest())
+            .map_err(|source| SealError::Anchor {
+                name: name.to_owned(),
+                version,
+                source,
+            })?;
+        let path = PolicySeal::path(dir);
+        crate::trust::write_file_atomic(
+            &path,
+            seal.encode().as_bytes(),
+            crate::trust::PUBLIC_FILE_MODE,
+        )
+        .map_err(|source| SealError::Write { path, source })?;
+        Ok(seal)
     }
-    let seal = PolicySeal::sign(name, version, files, anchor)?;
-    anchor
-        .store_digest(&seal.registry_id(), version, &seal.digest())
-        .map_err(|source| SealError::Anchor {
-            name: name.to_owned(),
-            version,
-            source,
-        })?;
-    let path = seal_path(dir);
-    crate::trust::write_file_atomic(
-        &path,
-        seal.encode().as_bytes(),
-        crate::trust::PUBLIC_FILE_MODE,
-    )
-    .map_err(|source| SealError::Write { path, source })?;
-    Ok(seal)
 }
 
 /// How an engine in sealed mode judges a set.

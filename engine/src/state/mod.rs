@@ -34,11 +34,12 @@ mod embedded;
 mod error;
 
 pub use backend::{AttachedState, LocalLog, SharedState};
+pub(crate) use embedded::RECOVERY_INTERVAL;
 use embedded::check_against;
 pub(crate) use embedded::decode_event;
 #[cfg(test)]
 pub(crate) use embedded::encode_event;
-pub use embedded::{RECOVERY_INTERVAL, StateStore, StorageFailure, StorageHealth};
+pub use embedded::{StateStore, StorageFailure, StorageHealth};
 pub use error::StateError;
 
 /// How much of the decision log to keep.
@@ -72,7 +73,7 @@ pub struct LogUsage {
 pub(crate) const STALE_FACTS_SOURCE: &str = "agent";
 
 /// File name of the database inside the state directory.
-pub const STATE_FILE: &str = "state.redb";
+pub(crate) const STATE_FILE: &str = "state.redb";
 
 /// The registry entry of an object: the latest accepted version.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use probity::audit::{self, AuditError, CheckpointPolicy, Log};
 use probity::integrity::{Anchor as _, PublicKey, SoftwareAnchor};
-use probity::state::{DecisionRecord, STATE_FILE, StateStore};
+use probity::state::{DecisionRecord, StateStore};
 use probity::{Decision, Effect, Engine, Request};
 use redb::{ReadableDatabase as _, ReadableTable as _, TableDefinition};
 use serde_json::json;
@@ -64,14 +64,14 @@ fn chained_store(dir: &Path) -> PublicKey {
 
 /// Opens the state file itself (the store must be closed), as an attacker would.
 fn tamper(dir: &Path, f: impl FnOnce(&redb::WriteTransaction)) {
-    let db = redb::Database::open(dir.join("state").join(STATE_FILE)).unwrap();
+    let db = redb::Database::open(dir.join("state").join(StateStore::FILE)).unwrap();
     let txn = db.begin_write().unwrap();
     f(&txn);
     txn.commit().unwrap();
 }
 
 fn stored(dir: &Path, seq: u64) -> Vec<u8> {
-    let db = redb::Database::open(dir.join("state").join(STATE_FILE)).unwrap();
+    let db = redb::Database::open(dir.join("state").join(StateStore::FILE)).unwrap();
     let txn = db.begin_read().unwrap();
     let table = txn.open_table(DECISIONS).unwrap();
     table.get(seq).unwrap().unwrap().value().to_vec()

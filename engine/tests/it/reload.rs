@@ -340,7 +340,7 @@ fn a_pause_longer_than_a_settling_round_never_drops_the_block_rule_sealed_or_not
             // The operator seals the new version, deploys the seal, then writes the
             // policy file in place, slowly.
             std::fs::write(&h.path, &h.whole).unwrap();
-            probity::policy_seal::seal_policy_dir(dir.path(), "prod", 1, &anchor).unwrap();
+            probity::policy_seal::PolicySeal::seal_dir(dir.path(), "prod", 1, &anchor).unwrap();
             builder = builder.sealed(probity::integrity::Verifier::new(
                 probity::integrity::Anchor::public_key(&anchor).clone(),
             ));

@@ -40,7 +40,7 @@ fn a_sealed_set_loads_and_an_unsealed_engine_ignores_the_seal() {
     let dir = policy_copy();
     let keys = tempfile::tempdir().unwrap();
     let a = anchor(keys.path(), "k");
-    let seal = policy_seal::seal_policy_dir(dir.path(), "prod", 1, &a).unwrap();
+    let seal = policy_seal::PolicySeal::seal_dir(dir.path(), "prod", 1, &a).unwrap();
     let listed: Vec<&str> = seal.files().iter().map(|f| f.path.as_str()).collect();
     assert!(listed.contains(&"probity.cedarschema"), "{listed:?}");
     assert!(listed.contains(&"probity.toml"), "{listed:?}");
@@ -69,7 +69,7 @@ fn bug_a_file_changed_after_sealing_is_refused_and_the_previous_set_keeps_servin
     let dir = policy_copy();
     let keys = tempfile::tempdir().unwrap();
     let a = anchor(keys.path(), "k");
-    policy_seal::seal_policy_dir(dir.path(), "prod", 1, &a).unwrap();
+    policy_seal::PolicySeal::seal_dir(dir.path(), "prod", 1, &a).unwrap();
     let engine = Engine::builder(dir.path())
         .sealed(verifier(&a))
         .build()
@@ -117,7 +117,7 @@ fn an_added_or_a_missing_policy_file_is_refused() {
     let dir = policy_copy();
     let keys = tempfile::tempdir().unwrap();
     let a = anchor(keys.path(), "k");
-    policy_seal::seal_policy_dir(dir.path(), "prod", 1, &a).unwrap();
+    policy_seal::PolicySeal::seal_dir(dir.path(), "prod", 1, &a).unwrap();
     let sealed = || Engine::builder(dir.path()).sealed(verifier(&a)).build();
 
     let extra = dir.path().join("placement/allow-all.cedar");
@@ -157,7 +157,7 @@ fn a_seal_made_with_another_key_or_altered_is_refused() {
     let keys = tempfile::tempdir().unwrap();
     let pinned = anchor(keys.path(), "pinned");
     let other = anchor(keys.path(), "other");
-    policy_seal::seal_policy_dir(dir.path(), "prod", 1, &other).unwrap();
+    policy_seal::PolicySeal::seal_dir(dir.path(), "prod", 1, &other).unwrap();
     let e = Engine::builder(dir.path())
         .sealed(verifier(&pinned))
         .build()
@@ -174,7 +174,7 @@ fn a_seal_made_with_another_key_or_altered_is_refused() {
     );
 
     // Signed by the pinned key, then edited (a version bump by hand).
-    policy_seal::seal_policy_dir(dir.path(), "prod", 1, &pinned).unwrap();
+    policy_seal::PolicySeal::seal_dir(dir.path(), "prod", 1, &pinned).unwrap();
     let path = dir.path().join("policy.seal");
     let text = std::fs::read_to_string(&path).unwrap();
     std::fs::write(&path, text.replace("version 1\n", "version 9\n")).unwrap();
@@ -226,11 +226,11 @@ fn bug_an_older_signed_set_cannot_be_replayed_even_across_restarts() {
         "{forbid}\n@id(\"old.permit-all-listens\")\npermit (principal, action == Action::\"listen\", resource);\n"
     );
     std::fs::write(&blocklist, &old_text).unwrap();
-    policy_seal::seal_policy_dir(dir.path(), "prod", 1, &a).unwrap();
+    policy_seal::PolicySeal::seal_dir(dir.path(), "prod", 1, &a).unwrap();
     let old_seal = std::fs::read(dir.path().join("policy.seal")).unwrap();
     // Version 2: with it.
     std::fs::write(&blocklist, &forbid).unwrap();
-    policy_seal::seal_policy_dir(dir.path(), "prod", 2, &a).unwrap();
+    policy_seal::PolicySeal::seal_dir(dir.path(), "prod", 2, &a).unwrap();
     let new_seal = std::fs::read(dir.path().join("policy.seal")).unwrap();
 
     let engine = Engine::builder(dir.path())
@@ -292,7 +292,7 @@ fn bug_an_older_signed_set_cannot_be_replayed_even_across_restarts() {
     engine.attach_state(state.clone()).unwrap();
     // Same version, other contents: refused as well.
     std::fs::write(&blocklist, format!("// v2 again\n{forbid}")).unwrap();
-    policy_seal::seal_policy_dir(dir.path(), "prod", 2, &a).unwrap();
+    policy_seal::PolicySeal::seal_dir(dir.path(), "prod", 2, &a).unwrap();
     let e = engine.reload().unwrap_err();
     assert!(
         sealed_error(&e).contains("version 2 is live with other contents"),
@@ -300,7 +300,7 @@ fn bug_an_older_signed_set_cannot_be_replayed_even_across_restarts() {
         e.detail()
     );
     // A newer version goes live and is remembered.
-    policy_seal::seal_policy_dir(dir.path(), "prod", 3, &a).unwrap();
+    policy_seal::PolicySeal::seal_dir(dir.path(), "prod", 3, &a).unwrap();
     engine.reload().unwrap();
     assert_eq!(engine.status().seal.unwrap().version, 3);
     assert_eq!(
@@ -318,7 +318,7 @@ fn a_pinned_name_refuses_another_set_signed_with_the_same_key() {
     let dir = policy_copy();
     let keys = tempfile::tempdir().unwrap();
     let a = anchor(keys.path(), "k");
-    policy_seal::seal_policy_dir(dir.path(), "staging", 9, &a).unwrap();
+    policy_seal::PolicySeal::seal_dir(dir.path(), "staging", 9, &a).unwrap();
     let e = Engine::builder(dir.path())
         .sealed(verifier(&a))
         .sealed_name("prod")
@@ -331,12 +331,12 @@ fn a_pinned_name_refuses_another_set_signed_with_the_same_key() {
         e.detail()
     );
     // And a reload never switches names.
-    policy_seal::seal_policy_dir(dir.path(), "prod", 1, &a).unwrap();
+    policy_seal::PolicySeal::seal_dir(dir.path(), "prod", 1, &a).unwrap();
     let engine = Engine::builder(dir.path())
         .sealed(verifier(&a))
         .build()
         .unwrap();
-    policy_seal::seal_policy_dir(dir.path(), "staging", 10, &a).unwrap();
+    policy_seal::PolicySeal::seal_dir(dir.path(), "staging", 10, &a).unwrap();
     let e = engine.reload().unwrap_err();
     assert!(
         sealed_error(&e).contains("the live set is \"prod\""),
@@ -364,7 +364,7 @@ fn sealed_mode_needs_a_policy_directory_and_files_under_it() {
         outside.path().join("probity.cedarschema"),
     )
     .unwrap();
-    assert!(policy_seal::seal_policy_dir(dir.path(), "prod", 1, &a).is_err());
+    assert!(policy_seal::PolicySeal::seal_dir(dir.path(), "prod", 1, &a).is_err());
 }
 
 #[test]
@@ -380,7 +380,7 @@ fn plugins_and_their_components_are_sealed() {
         "[[plugin]]\nname = \"power-spike\"\npath = \"plugins/power-spike.wasm\"\nactions = [\"comply\"]\n",
     )
     .unwrap();
-    let seal = policy_seal::seal_policy_dir(dir.path(), "prod", 1, &a).unwrap();
+    let seal = policy_seal::PolicySeal::seal_dir(dir.path(), "prod", 1, &a).unwrap();
     assert!(
         seal.files()
             .iter()
@@ -407,7 +407,7 @@ fn the_seal_file_round_trips_through_its_public_decoder() {
     let dir = policy_copy();
     let keys = tempfile::tempdir().unwrap();
     let a = anchor(keys.path(), "k");
-    let seal = policy_seal::seal_policy_dir(dir.path(), "prod", 4, &a).unwrap();
+    let seal = policy_seal::PolicySeal::seal_dir(dir.path(), "prod", 4, &a).unwrap();
     let bytes = std::fs::read(dir.path().join("policy.seal")).unwrap();
     let back = PolicySeal::decode(&bytes).unwrap();
     assert_eq!(back, seal);
@@ -416,7 +416,7 @@ fn the_seal_file_round_trips_through_its_public_decoder() {
     assert_eq!(back.registry_id(), "policy-set:prod");
     // The last version is refused: nothing could follow it.
     assert!(matches!(
-        policy_seal::seal_policy_dir(dir.path(), "prod", u64::MAX, &a),
+        policy_seal::PolicySeal::seal_dir(dir.path(), "prod", u64::MAX, &a),
         Err(policy_seal::SealError::LastVersion { .. })
     ));
 }

@@ -746,7 +746,7 @@ fn policy_seal(
     }
     // Only a set that loads is worth sealing.
     crate::build(dir, &crate::SchemaConfig::default()).map_err(crate::report)?;
-    let seal_file = policy_seal::seal_path(dir);
+    let seal_file = policy_seal::PolicySeal::path(dir);
     let version = match version {
         Some(v) => v,
         None if !seal_file.exists() => 1,
@@ -776,7 +776,7 @@ fn policy_seal(
     })?;
     let anchor = anchor(anchor_args, state_args)?;
     let description = anchor.describe();
-    let seal = policy_seal::seal_policy_dir(dir, name, version, anchor.as_ref())?;
+    let seal = policy_seal::PolicySeal::seal_dir(dir, name, version, anchor.as_ref())?;
     pin_on_first_use(state_args, anchor.as_ref())?;
     out::line(serde_json::to_string_pretty(&serde_json::json!({
         "name": seal.name(),

@@ -148,7 +148,7 @@ enum Command {
         #[arg(long)]
         manifest: Option<PathBuf>,
         /// Chunk size in bytes.
-        #[arg(long, default_value_t = probity::integrity::DEFAULT_CHUNK_SIZE)]
+        #[arg(long, default_value_t = probity::integrity::Manifest::DEFAULT_CHUNK_SIZE)]
         chunk_size: u32,
         #[command(flatten)]
         state: integrity::StateArgs,
@@ -643,7 +643,7 @@ fn eval(
     if let Some(path) = entities {
         load_entities(&engine, path)?;
     }
-    let bytes = read_limited(request, probity::MAX_REQUEST_BYTES as u64)?;
+    let bytes = read_limited(request, probity::Request::MAX_BYTES as u64)?;
     let mut request = Request::from_json_slice(&bytes)
         .with_context(|| format!("cannot read the request in {}", request.display()))?;
     if asking.as_reporter {

@@ -234,8 +234,8 @@ pub struct AuditConfig {
 impl Default for AuditConfig {
     fn default() -> Self {
         Self {
-            checkpoint_records: probity::audit::DEFAULT_CHECKPOINT_RECORDS,
-            checkpoint_seconds: probity::audit::DEFAULT_CHECKPOINT_INTERVAL.as_secs(),
+            checkpoint_records: probity::audit::CheckpointPolicy::DEFAULT_RECORDS,
+            checkpoint_seconds: probity::audit::CheckpointPolicy::DEFAULT_INTERVAL.as_secs(),
             sign: CheckpointSigner::None,
             hsm_module: None,
             hsm_token: None,

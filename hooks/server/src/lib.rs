@@ -189,7 +189,7 @@ impl AppState {
                 log_usage: std::sync::Mutex::new(None),
                 connections: std::sync::OnceLock::new(),
                 decisions: probity::DecisionCache::with_capacity(
-                    probity::DEFAULT_DECISION_CACHE_ENTRIES,
+                    probity::DecisionCache::DEFAULT_ENTRIES,
                 ),
                 authorizations: probity::DecisionCache::with_capacity(AUTHORIZATION_CACHE_ENTRIES),
                 affinity: std::sync::Mutex::new(None),
@@ -748,7 +748,7 @@ async fn readyz(State(state): State<AppState>) -> Response {
                 f.operation,
                 f.path.display(),
                 f.detail,
-                probity::state::RECOVERY_INTERVAL
+                probity::state::StateStore::RECOVERY_INTERVAL
             )],
             "state_store": {"failing_since_unix_ms": f.since_unix_ms},
         });

@@ -659,7 +659,7 @@ fn start_forwarders(state: &AppState) -> Result<(), ServeError> {
     Ok(())
 }
 
-/// Asks the state store for its health every [`probity::state::RECOVERY_INTERVAL`],
+/// Asks the state store for its health every [`probity::state::StateStore::RECOVERY_INTERVAL`],
 /// on a thread of its own: a failing store recovers (reopen, probe write) when the disk
 /// does, with or without traffic, and each change is logged and shown in the metrics.
 /// Stops when the returned sender drops.
@@ -672,7 +672,7 @@ fn spawn_storage_watch(state: &AppState) -> Option<std::sync::mpsc::Sender<()>> 
         .spawn(move || {
             loop {
                 let _ = s.storage_health();
-                match rx.recv_timeout(probity::state::RECOVERY_INTERVAL) {
+                match rx.recv_timeout(probity::state::StateStore::RECOVERY_INTERVAL) {
                     Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
                     _ => return,
                 }

@@ -75,7 +75,7 @@ pub struct StateStore {
 
 /// How often a failing store tries again: reopening its database, or (when it is open)
 /// a probe write to learn whether the disk takes writes again.
-pub const RECOVERY_INTERVAL: Duration = Duration::from_secs(1);
+pub(crate) const RECOVERY_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Why the state store cannot write, and since when.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -168,6 +168,11 @@ impl ChainState {
 }
 
 impl StateStore {
+    /// How often a store whose disk failed retries (see [`StorageHealth`]).
+    pub const RECOVERY_INTERVAL: Duration = RECOVERY_INTERVAL;
+    /// The store's file in its directory.
+    pub const FILE: &str = super::STATE_FILE;
+
     /// Opens (creating if needed) the store in directory `dir` (file [`STATE_FILE`]).
     ///
     /// A new directory is created 0700 and a new database file 0600, whatever the umask.

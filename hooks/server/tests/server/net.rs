@@ -885,7 +885,7 @@ async fn a_sealed_server_serves_its_sealed_set_and_refuses_a_changed_one() {
     let anchor = SoftwareAnchor::generate(&tmp.path().join("anchor.key")).unwrap();
     let key = tmp.path().join("trusted.pub");
     anchor.public_key().pin(&key).unwrap();
-    probity::policy_seal::seal_policy_dir(&dir, "prod", 1, &anchor).unwrap();
+    probity::policy_seal::PolicySeal::seal_dir(&dir, "prod", 1, &anchor).unwrap();
     let sealed_config = || {
         let mut config = no_socket();
         config.server.listen = Some("127.0.0.1:0".parse().unwrap());
