@@ -345,7 +345,7 @@ impl Settled {
     /// are committed, holding no thread meanwhile. `Err` gives the `Settled` back when
     /// its records are still waiting for room in the log's full queue: only a
     /// blocking [`Settled::settle`] can hand them over (backpressure).
-    pub fn awaitable(self) -> Result<Awaiting, Settled> {
+    pub fn awaitable(self) -> Result<impl Future<Output = Vec<Decision>> + Send, Settled> {
         match self.pending {
             None => Ok(Awaiting {
                 decisions: Some(self.decisions),

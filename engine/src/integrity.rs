@@ -58,7 +58,7 @@ pub(crate) use anchor::hex;
 pub use anchor::{
     Anchor, AnchorDescription, AnchorError, AnchorKind, KeyId, PublicKey, Signature, Verifier,
 };
-pub use hash::{HashError, HashOptions, HashedObject, Progress};
+pub use hash::{HashError, HashOptions, HashedObject};
 pub(crate) use manifest::sha256;
 pub use manifest::{Algorithm, Hash, Manifest, ManifestError};
 pub(crate) use pkcs11::TokenDigest;

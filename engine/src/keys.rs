@@ -21,14 +21,15 @@
 //!
 //! ```
 //! use std::sync::Arc;
-//! use probity::keys::{self, KeyId, KeyScope, Keyring, KeyringOptions, MemoryMetaStore, SoftwareKek};
+//! use probity::keys::{KeyId, KeyScope, Keyring, KeyringOptions, PolicyKeys, SoftwareKek, StateKeyStore};
+//! use probity::state::StateStore;
 //! use probity::{Engine, EntityUid, ManualClock};
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! # let dir = tempfile::tempdir()?;
 //! let clock = Arc::new(ManualClock::at(1_767_139_200));
 //! let engine = Engine::defaults().clock(clock.clone()).build()?;
 //! let keyring = Keyring::new(
-//!     Arc::new(MemoryMetaStore::new()),
+//!     Arc::new(StateKeyStore::new(Arc::new(StateStore::open(&dir.path().join("state"))?))),
 //!     Arc::new(SoftwareKek::open(&dir.path().join("kek"))?), // not an HSM
 //!     engine.clock().clone(),
 //!     KeyringOptions::default(),
@@ -39,7 +40,7 @@
 //! // 91 days later the policy refuses the key and asks for a rotation, which is carried out.
 //! clock.advance(91 * 86_400);
 //! let who = EntityUid::new("User", "alice")?;
-//! let grant = keys::authorize_encrypt(&engine, &keyring, &who, &key, "alice")?;
+//! let grant = PolicyKeys::new(&engine, &keyring).authorize_encrypt(&who, &key, "alice")?;
 //! assert!(grant.decision.is_allowed());
 //! assert_eq!(grant.rotation.map(|r| r.primary), Some(2));
 //! # Ok(()) }
@@ -62,7 +63,7 @@ use probity_keys::{
     Rotation, Timestamp, VersionState, Versioned,
 };
 
-pub use probity_keys::stream;
+pub use probity_keys::stream::encrypt_to_vec;
 pub use probity_keys::{
     DecryptOptions, DecryptingReader, EncryptOptions, KekProvider, KeyError, KeyId, KeyScope,
     Keyring, KeyringOptions, Pin, SOFTWARE_KEK_NOTICE, SoftwareKek, decrypt_file, encrypt_file,
@@ -177,26 +178,45 @@ pub fn open_hsm_kek(
     Pkcs11Kek::open(&context, token, pin).map_err(KeysError::Kek)
 }
 
-/// Records `erasure` in the engine's event log (who, when, which keys and versions, which
-/// objects were under them), when the engine has a state backend.
-pub fn record_erasure(engine: &Engine, erasure: &ErasureRecord) {
-    let detail =
-        serde_json::to_string(erasure).unwrap_or_else(|e| format!("(unserializable: {e})"));
-    if let Some(log) = engine.log()
-        && let Err(e) = log.record_event(
-            &format!("subject:{}", erasure.subject),
-            None,
-            "subject-erased",
-            &detail,
-        )
-    {
-        let _ = std::io::Write::write_fmt(
-            &mut std::io::stderr(),
-            format_args!(
-                "probity: cannot record the erasure of {}: {e}\n",
-                erasure.subject
-            ),
-        );
+/// A keyring bound to the engine whose policies govern it: what it does is recorded in the
+/// engine's event log and published to it as `Key` entities, so that the policies decide
+/// on the keys as they are.
+#[derive(Clone, Copy)]
+pub struct PolicyKeys<'a> {
+    engine: &'a Engine,
+    keyring: &'a Keyring,
+}
+
+impl<'a> PolicyKeys<'a> {
+    /// Binds `keyring` to `engine`.
+    pub fn new(engine: &'a Engine, keyring: &'a Keyring) -> Self {
+        Self { engine, keyring }
+    }
+}
+
+impl PolicyKeys<'_> {
+    /// Records `erasure` in the engine's event log (who, when, which keys and versions, which
+    /// objects were under them), when the engine has a state backend.
+    pub fn record_erasure(&self, erasure: &ErasureRecord) {
+        let engine = self.engine;
+        let detail =
+            serde_json::to_string(erasure).unwrap_or_else(|e| format!("(unserializable: {e})"));
+        if let Some(log) = engine.log()
+            && let Err(e) = log.record_event(
+                &format!("subject:{}", erasure.subject),
+                None,
+                "subject-erased",
+                &detail,
+            )
+        {
+            let _ = std::io::Write::write_fmt(
+                &mut std::io::stderr(),
+                format_args!(
+                    "probity: cannot record the erasure of {}: {e}\n",
+                    erasure.subject
+                ),
+            );
+        }
     }
 }
 
@@ -258,14 +278,18 @@ pub fn publish_stored_keys(engine: &Engine) -> Result<usize, KeysError> {
         .map_err(KeysError::Publish)
 }
 
-/// Publishes the keyring's keys to the engine as its `Key` entities, replacing the ones
-/// published before; how many. Call it after every keyring change (this module's
-/// functions do) and periodically where other processes change the keyring too.
-pub fn publish_keys(engine: &Engine, keyring: &Keyring) -> Result<usize, KeysError> {
-    let status = keyring.status()?;
-    engine
-        .replace_owned_entities(EntityOwner::Keyring, &key_entities(&status))
-        .map_err(KeysError::Publish)
+impl PolicyKeys<'_> {
+    /// Publishes the keyring's keys to the engine as its `Key` entities, replacing the ones
+    /// published before; how many. Call it after every keyring change (this module's
+    /// functions do) and periodically where other processes change the keyring too.
+    pub fn publish(&self) -> Result<usize, KeysError> {
+        let engine = self.engine;
+        let keyring = self.keyring;
+        let status = keyring.status()?;
+        engine
+            .replace_owned_entities(EntityOwner::Keyring, &key_entities(&status))
+            .map_err(KeysError::Publish)
+    }
 }
 
 /// The outcome of [`authorize_encrypt`].
@@ -303,105 +327,109 @@ fn asks_rotation(decision: &Decision, key: &KeyId) -> bool {
         .any(|o| o.kind == ROTATE_OBLIGATION && o.target.as_deref() == Some(target.as_str()))
 }
 
-/// Asks whether `principal` may encrypt under `key` now, on the keyring's metadata and the
-/// engine's clock, and carries out a `rotate_key` obligation on `key`: the key is
-/// rotated by `actor`, the rotation recorded in the engine's event log (when it has a
-/// state backend), and the request decided again. The grant's decision is the one that
-/// stands; encrypt only if it allows.
-pub fn authorize_encrypt(
-    engine: &Engine,
-    keyring: &Keyring,
-    principal: &EntityUid,
-    key: &KeyId,
-    actor: &str,
-) -> Result<EncryptGrant, KeysError> {
-    // A key the keyring does not hold is named as such: the policies, asked about it,
-    // would list reasons that mislead ("created in the future", say).
-    keyring.key_status(key)?;
-    publish_keys(engine, keyring)?;
-    let request = encrypt_request(principal, key)?;
-    let first = engine.decide(&request);
-    if first.is_allowed() || !asks_rotation(&first, key) {
-        return Ok(EncryptGrant {
-            decision: first,
-            rotation: None,
-            refused: None,
-        });
+impl PolicyKeys<'_> {
+    /// Asks whether `principal` may encrypt under `key` now, on the keyring's metadata and the
+    /// engine's clock, and carries out a `rotate_key` obligation on `key`: the key is
+    /// rotated by `actor`, the rotation recorded in the engine's event log (when it has a
+    /// state backend), and the request decided again. The grant's decision is the one that
+    /// stands; encrypt only if it allows.
+    pub fn authorize_encrypt(
+        &self,
+        principal: &EntityUid,
+        key: &KeyId,
+        actor: &str,
+    ) -> Result<EncryptGrant, KeysError> {
+        let engine = self.engine;
+        let keyring = self.keyring;
+        // A key the keyring does not hold is named as such: the policies, asked about it,
+        // would list reasons that mislead ("created in the future", say).
+        keyring.key_status(key)?;
+        self.publish()?;
+        let request = encrypt_request(principal, key)?;
+        let first = engine.decide(&request);
+        if first.is_allowed() || !asks_rotation(&first, key) {
+            return Ok(EncryptGrant {
+                decision: first,
+                rotation: None,
+                refused: None,
+            });
+        }
+        let rotation = self.rotate(key, actor, &first)?;
+        let decision = engine.decide(&request);
+        Ok(EncryptGrant {
+            decision,
+            rotation: Some(rotation),
+            refused: Some(first),
+        })
     }
-    let rotation = rotate(engine, keyring, key, actor, &first)?;
-    let decision = engine.decide(&request);
-    Ok(EncryptGrant {
-        decision,
-        rotation: Some(rotation),
-        refused: Some(first),
-    })
 }
 
-/// Rotates `key` because `decision` asked for it: a new primary version, recorded in the
-/// event log with the policy that asked, then published.
-fn rotate(
-    engine: &Engine,
-    keyring: &Keyring,
-    key: &KeyId,
-    actor: &str,
-    decision: &Decision,
-) -> Result<Rotation, KeysError> {
-    let rotation = keyring.rotate(key, actor)?;
-    let policy = decision
-        .obligations
-        .iter()
-        .find(|o| o.kind == ROTATE_OBLIGATION)
-        .map_or("(unknown)", |o| o.policy.as_str());
-    record_event(
-        engine,
-        key,
-        "key-rotated",
-        &format!(
-            "version {} -> {} by {actor}, for policy {policy}",
-            rotation.previous, rotation.primary
-        ),
-    );
-    publish_keys(engine, keyring)?;
-    Ok(rotation)
-}
-
-/// Records a keyring event in the engine's event log, when it has one. A failure to
-/// record is reported on standard error rather than undoing a change the keyring made.
-pub fn record_event(engine: &Engine, key: &KeyId, kind: &str, detail: &str) {
-    if let Some(log) = engine.log()
-        && let Err(e) = log.record_event(&format!("key:{}", key.as_str()), None, kind, detail)
-    {
-        let _ = std::io::Write::write_fmt(
-            &mut std::io::stderr(),
-            format_args!(
-                "probity: cannot record {kind} of key {}: {e}\n",
-                key.as_str()
+impl PolicyKeys<'_> {
+    /// Rotates `key` because `decision` asked for it: a new primary version, recorded in the
+    /// event log with the policy that asked, then published.
+    fn rotate(&self, key: &KeyId, actor: &str, decision: &Decision) -> Result<Rotation, KeysError> {
+        let rotation = self.keyring.rotate(key, actor)?;
+        let policy = decision
+            .obligations
+            .iter()
+            .find(|o| o.kind == ROTATE_OBLIGATION)
+            .map_or("(unknown)", |o| o.policy.as_str());
+        self.record_event(
+            key,
+            "key-rotated",
+            &format!(
+                "version {} -> {} by {actor}, for policy {policy}",
+                rotation.previous, rotation.primary
             ),
         );
+        self.publish()?;
+        Ok(rotation)
     }
 }
 
-/// Rotates every key whose `encrypt` decision, asked by `principal`, carries a
-/// `rotate_key` obligation: the automatic rotation the policies ask for (`probity keys
-/// rotate --due`, and the server's periodic sweep). Keys that are erased are skipped.
-pub fn rotate_due(
-    engine: &Engine,
-    keyring: &Keyring,
-    principal: &EntityUid,
-    actor: &str,
-) -> Result<Vec<Rotation>, KeysError> {
-    publish_keys(engine, keyring)?;
-    let mut out = Vec::new();
-    for status in keyring.status()?.keys {
-        if status.erased.is_some() {
-            continue;
-        }
-        let decision = engine.decide(&encrypt_request(principal, &status.id)?);
-        if !decision.is_allowed() && asks_rotation(&decision, &status.id) {
-            out.push(rotate(engine, keyring, &status.id, actor, &decision)?);
+impl PolicyKeys<'_> {
+    /// Records a keyring event in the engine's event log, when it has one. A failure to
+    /// record is reported on standard error rather than undoing a change the keyring made.
+    pub fn record_event(&self, key: &KeyId, kind: &str, detail: &str) {
+        let engine = self.engine;
+        if let Some(log) = engine.log()
+            && let Err(e) = log.record_event(&format!("key:{}", key.as_str()), None, kind, detail)
+        {
+            let _ = std::io::Write::write_fmt(
+                &mut std::io::stderr(),
+                format_args!(
+                    "probity: cannot record {kind} of key {}: {e}\n",
+                    key.as_str()
+                ),
+            );
         }
     }
-    Ok(out)
+}
+
+impl PolicyKeys<'_> {
+    /// Rotates every key whose `encrypt` decision, asked by `principal`, carries a
+    /// `rotate_key` obligation: the automatic rotation the policies ask for (`probity keys
+    /// rotate --due`, and the server's periodic sweep). Keys that are erased are skipped.
+    pub fn rotate_due(
+        &self,
+        principal: &EntityUid,
+        actor: &str,
+    ) -> Result<Vec<Rotation>, KeysError> {
+        let engine = self.engine;
+        let keyring = self.keyring;
+        self.publish()?;
+        let mut out = Vec::new();
+        for status in keyring.status()?.keys {
+            if status.erased.is_some() {
+                continue;
+            }
+            let decision = engine.decide(&encrypt_request(principal, &status.id)?);
+            if !decision.is_allowed() && asks_rotation(&decision, &status.id) {
+                out.push(self.rotate(&status.id, actor, &decision)?);
+            }
+        }
+        Ok(out)
+    }
 }
 
 #[cfg(test)]
@@ -454,16 +482,22 @@ mod tests {
         let f = fixture();
         let key = KeyId::new("dataset/imagenet").unwrap();
         f.keyring.create(&key, KeyScope::Dataset, "ops").unwrap();
-        let fresh = authorize_encrypt(&f.engine, &f.keyring, &alice(), &key, "alice").unwrap();
+        let fresh = PolicyKeys::new(&f.engine, &f.keyring)
+            .authorize_encrypt(&alice(), &key, "alice")
+            .unwrap();
         assert!(fresh.decision.is_allowed(), "{:?}", fresh.decision);
         assert!(fresh.rotation.is_none());
 
         f.clock.advance(90 * DAY);
-        let at_90 = authorize_encrypt(&f.engine, &f.keyring, &alice(), &key, "alice").unwrap();
+        let at_90 = PolicyKeys::new(&f.engine, &f.keyring)
+            .authorize_encrypt(&alice(), &key, "alice")
+            .unwrap();
         assert!(at_90.decision.is_allowed(), "90 days is still allowed");
 
         f.clock.advance(DAY);
-        let grant = authorize_encrypt(&f.engine, &f.keyring, &alice(), &key, "alice").unwrap();
+        let grant = PolicyKeys::new(&f.engine, &f.keyring)
+            .authorize_encrypt(&alice(), &key, "alice")
+            .unwrap();
         let refused = grant.refused.expect("the 91-day-old key is refused first");
         assert_eq!(refused.reasons[0].policy, "security.key-too-old");
         let rotation = grant.rotation.expect("and rotated");
@@ -488,7 +522,7 @@ mod tests {
         let key = KeyId::new("k").unwrap();
         f.keyring.create(&key, KeyScope::Dataset, "ops").unwrap();
         f.clock.advance(200 * DAY);
-        publish_keys(&f.engine, &f.keyring).unwrap();
+        PolicyKeys::new(&f.engine, &f.keyring).publish().unwrap();
         // A fresh-looking Key in the request is refused for what it is.
         let forged = Request::from_json_value(&json!({
             "principal": "User::\"alice\"", "action": "encrypt", "resource": "Key::\"k\"",
@@ -512,7 +546,9 @@ mod tests {
     fn an_unknown_key_is_refused_not_rotated() {
         let f = fixture();
         let key = KeyId::new("nobody-made-me").unwrap();
-        let err = authorize_encrypt(&f.engine, &f.keyring, &alice(), &key, "alice").unwrap_err();
+        let err = PolicyKeys::new(&f.engine, &f.keyring)
+            .authorize_encrypt(&alice(), &key, "alice")
+            .unwrap_err();
         assert_eq!(err.to_string(), "keyring");
         assert!(
             matches!(&err, KeysError::Key(KeyError::UnknownKey { key: k }) if k == &key),
@@ -530,7 +566,9 @@ mod tests {
             .create(&key, KeyScope::Subject("alice".into()), "ops")
             .unwrap();
         f.keyring.erase("alice", "dpo", Vec::new()).unwrap();
-        let grant = authorize_encrypt(&f.engine, &f.keyring, &alice(), &key, "alice").unwrap();
+        let grant = PolicyKeys::new(&f.engine, &f.keyring)
+            .authorize_encrypt(&alice(), &key, "alice")
+            .unwrap();
         assert!(!grant.decision.is_allowed());
         assert_eq!(grant.decision.reasons[0].policy, "security.key-not-active");
         let facts = key_entities(&f.keyring.status().unwrap());
@@ -547,11 +585,14 @@ mod tests {
         f.keyring.create(&young, KeyScope::Dataset, "ops").unwrap();
         f.clock.advance(31 * DAY);
         let node = EntityUid::new("Node", "gpu-a1").unwrap();
-        let rotations = rotate_due(&f.engine, &f.keyring, &node, "probity").unwrap();
+        let rotations = PolicyKeys::new(&f.engine, &f.keyring)
+            .rotate_due(&node, "probity")
+            .unwrap();
         assert_eq!(rotations.len(), 1);
         assert_eq!(rotations[0].key, old);
         assert!(
-            rotate_due(&f.engine, &f.keyring, &node, "probity")
+            PolicyKeys::new(&f.engine, &f.keyring)
+                .rotate_due(&node, "probity")
                 .unwrap()
                 .is_empty()
         );

@@ -87,7 +87,7 @@ pub(crate) fn available_cores() -> std::num::NonZeroUsize {
 pub use block::{BlockEvent, BlockRecord};
 pub use conventions::{Conventions, PortProtocol, PortSet, Restrictions, VerifiedRead};
 pub use decision::{Decision, DecisionError, Effect, Obligation, Reason, Severity};
-pub use decision_log::{Awaiting, Settled};
+pub use decision_log::Settled;
 pub use diagnostic::SourceDiagnostic;
 pub use engine::{DecideOptions, Engine, EngineBuilder, EntitiesByReference, PolicyStatus};
 pub use error::{EntityError, LoadError, RequestError, WatchError};

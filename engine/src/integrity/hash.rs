@@ -21,18 +21,15 @@ use super::manifest::{DEFAULT_CHUNK_SIZE, Hash, Manifest};
 /// Bytes read and hashed at a time within a chunk (1 MiB, half a typical L2 cache).
 pub const READ_PIECE: u32 = 1024 * 1024;
 
-/// A progress hook: called with the total number of bytes hashed so far.
-pub type Progress<'a> = &'a (dyn Fn(u64) + Sync);
-
 /// How to hash an object.
 #[derive(Clone, Copy)]
 pub struct HashOptions<'a> {
-    /// Chunk size in bytes. Default: 4 MiB ([`DEFAULT_CHUNK_SIZE`]).
+    /// Chunk size in bytes. Default: 4 MiB ([`super::Manifest::DEFAULT_CHUNK_SIZE`]).
     pub chunk_size: u32,
     /// Worker threads. Default: the cores available to the process (1 if unknown).
     pub threads: NonZeroUsize,
     /// Called after each chunk with the cumulative bytes hashed. Default: none.
-    pub progress: Option<Progress<'a>>,
+    pub progress: Option<&'a (dyn Fn(u64) + Sync)>,
 }
 
 impl std::fmt::Debug for HashOptions<'_> {

@@ -188,7 +188,7 @@ fn open(args: &KeyringArgs) -> Result<Opened> {
         engine.clock().clone(),
         KeyringOptions::default(),
     );
-    keys::publish_keys(&engine, &keyring)?;
+    keys::PolicyKeys::new(&engine, &keyring).publish()?;
     Ok(Opened {
         engine,
         keyring,
@@ -276,13 +276,12 @@ pub fn keys(command: &KeysCommand) -> Result<u8> {
             };
             let id = key_id(key)?;
             let status = o.keyring.create(&id, scope, &o.actor)?;
-            keys::record_event(
-                &o.engine,
+            keys::PolicyKeys::new(&o.engine, &o.keyring).record_event(
                 &id,
                 "key-created",
                 &format!("version 1 by {}", o.actor),
             );
-            keys::publish_keys(&o.engine, &o.keyring)?;
+            keys::PolicyKeys::new(&o.engine, &o.keyring).publish()?;
             json_line(&status)?;
         }
         KeysCommand::List { .. } => {
@@ -310,7 +309,8 @@ pub fn keys(command: &KeysCommand) -> Result<u8> {
         } => {
             if *due {
                 let asker = principal(who.as_deref())?;
-                let rotations = keys::rotate_due(&o.engine, &o.keyring, &asker, &o.actor)?;
+                let rotations =
+                    keys::PolicyKeys::new(&o.engine, &o.keyring).rotate_due(&asker, &o.actor)?;
                 for r in &rotations {
                     json_line(r)?;
                 }
@@ -318,13 +318,12 @@ pub fn keys(command: &KeysCommand) -> Result<u8> {
             } else if let Some(k) = key {
                 let id = key_id(k)?;
                 let r = o.keyring.rotate(&id, &o.actor)?;
-                keys::record_event(
-                    &o.engine,
+                keys::PolicyKeys::new(&o.engine, &o.keyring).record_event(
                     &id,
                     "key-rotated",
                     &format!("version {} -> {} by {}", r.previous, r.primary, o.actor),
                 );
-                keys::publish_keys(&o.engine, &o.keyring)?;
+                keys::PolicyKeys::new(&o.engine, &o.keyring).publish()?;
                 json_line(&r)?;
             }
         }
@@ -360,8 +359,8 @@ pub fn keys(command: &KeysCommand) -> Result<u8> {
                 );
             }
             let erasure = o.keyring.erase(subject, &o.actor, objects.clone())?;
-            keys::record_erasure(&o.engine, &erasure);
-            keys::publish_keys(&o.engine, &o.keyring)?;
+            keys::PolicyKeys::new(&o.engine, &o.keyring).record_erasure(&erasure);
+            keys::PolicyKeys::new(&o.engine, &o.keyring).publish()?;
             json_line(&erasure)?;
         }
     }
@@ -394,7 +393,8 @@ pub fn encrypt(crypt: &CryptArgs, enc: &EncryptArgs, args: &KeyringArgs) -> Resu
     let o = open(args)?;
     let key = key_id(&enc.key)?;
     let asker = principal(enc.principal.as_deref())?;
-    let grant = keys::authorize_encrypt(&o.engine, &o.keyring, &asker, &key, &o.actor)?;
+    let grant =
+        keys::PolicyKeys::new(&o.engine, &o.keyring).authorize_encrypt(&asker, &key, &o.actor)?;
     if let (Some(refused), Some(r)) = (&grant.refused, &grant.rotation) {
         let why = refused
             .reasons

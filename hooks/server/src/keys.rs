@@ -86,7 +86,9 @@ pub(crate) fn open(engine: &Engine, config: &Config) -> Result<Option<KeyService
         engine.clock().clone(),
         KeyringOptions::default(),
     );
-    keys::publish_keys(engine, &keyring).map_err(|e| chain(&e))?;
+    keys::PolicyKeys::new(engine, &keyring)
+        .publish()
+        .map_err(|e| chain(&e))?;
     Ok(Some(KeyService {
         keyring,
         rotations: AtomicU64::new(0),
@@ -192,13 +194,14 @@ pub(crate) async fn rotate(
     blocking(&state, move |s, k| {
         let r = k.keyring.rotate(&key, &who.0).map_err(|e| key_error(&e))?;
         k.rotations.fetch_add(1, Ordering::Relaxed);
-        keys::record_event(
-            s.engine(),
+        keys::PolicyKeys::new(s.engine(), &k.keyring).record_event(
             &key,
             "key-rotated",
             &format!("version {} -> {} by {}", r.previous, r.primary, who.0),
         );
-        keys::publish_keys(s.engine(), &k.keyring).map_err(|e| keys_error(&e))?;
+        keys::PolicyKeys::new(s.engine(), &k.keyring)
+            .publish()
+            .map_err(|e| keys_error(&e))?;
         tracing::info!(key = key.as_str(), version = r.primary, caller = %who.0, "key rotated");
         serde_json::to_value(r).map_err(|_| ApiError::Internal)
     })
@@ -233,8 +236,10 @@ pub(crate) async fn erase(
             .keyring
             .erase(&parsed.subject, &who.0, parsed.objects)
             .map_err(|e| key_error(&e))?;
-        keys::record_erasure(s.engine(), &erasure);
-        keys::publish_keys(s.engine(), &k.keyring).map_err(|e| keys_error(&e))?;
+        keys::PolicyKeys::new(s.engine(), &k.keyring).record_erasure(&erasure);
+        keys::PolicyKeys::new(s.engine(), &k.keyring)
+            .publish()
+            .map_err(|e| keys_error(&e))?;
         tracing::warn!(subject = %erasure.subject, caller = %who.0, "data subject erased");
         serde_json::to_value(erasure).map_err(|_| ApiError::Internal)
     })
@@ -272,7 +277,8 @@ pub(crate) async fn encrypt(
     let key = KeyId::new(parsed.key).map_err(|e| ApiError::BadRequest(e.to_string()))?;
     let asker = principal(&state, &who)?;
     blocking(&state, move |s, k| {
-        let grant = keys::authorize_encrypt(s.engine(), &k.keyring, &asker, &key, &who.0)
+        let grant = keys::PolicyKeys::new(s.engine(), &k.keyring)
+            .authorize_encrypt(&asker, &key, &who.0)
             .map_err(|e| keys_error(&e))?;
         if let Some(r) = &grant.rotation {
             k.rotations.fetch_add(1, Ordering::Relaxed);
@@ -296,7 +302,7 @@ pub(crate) async fn encrypt(
                     .join("; ")
             )));
         }
-        let sealed = keys::stream::encrypt_to_vec(
+        let sealed = keys::encrypt_to_vec(
             &k.keyring,
             &key,
             &parsed.object_id,
@@ -372,7 +378,9 @@ pub(crate) fn spawn_rotation(state: &AppState) -> Option<std::sync::mpsc::Sender
         .spawn(move || {
             loop {
                 if let (Some(k), Ok(asker)) = (s.keys(), EntityUid::new("User", "probity")) {
-                    match keys::rotate_due(s.engine(), &k.keyring, &asker, "probity (automatic)") {
+                    match keys::PolicyKeys::new(s.engine(), &k.keyring)
+                        .rotate_due(&asker, "probity (automatic)")
+                    {
                         Ok(done) => {
                             for r in &done {
                                 k.rotations.fetch_add(1, Ordering::Relaxed);
