@@ -65,7 +65,7 @@ pub(crate) use pkcs11::TokenDigest;
 pub(crate) use pkcs11::token_digests;
 pub use pkcs11::{Pin, Pkcs11Anchor, Pkcs11Config};
 pub use reader::VerifiedReader;
-#[doc(hidden)]
+#[cfg(feature = "fuzzing")]
 pub use signed::fuzzing;
 pub use signed::{SignatureProblem, SignedManifest, SignedManifestError};
 pub use software::SoftwareAnchor;

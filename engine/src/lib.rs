@@ -60,7 +60,7 @@ pub mod integrity;
 pub mod keys;
 mod plugin;
 /// For the fuzz target `plugins_toml`; not part of the API.
-#[doc(hidden)]
+#[cfg(feature = "fuzzing")]
 pub use plugin::fuzzing as plugin_fuzzing;
 pub mod policy_seal;
 mod request;
@@ -93,7 +93,10 @@ pub use engine::{DecideOptions, Engine, EngineBuilder, EntitiesByReference, Poli
 pub use error::{EntityError, LoadError, RequestError, WatchError};
 pub use facts::EntityOwner;
 pub use fanout::DecisionCache;
-pub use plugin::{PluginInfo, compile_uncached as __compile_plugin_uncached};
+pub use plugin::PluginInfo;
+/// For the plugin benchmark; not an API.
+#[cfg(feature = "bench-hooks")]
+pub use plugin::compile_uncached as __compile_plugin_uncached;
 pub use request::{EntityUid, Request};
 pub use settings::{SettingInfo, Settings, SettingsSchema};
 pub use watch::{ReloadEvent, ReloadOutcome, ReloadWatcher, Settle, Sleeper};

@@ -102,6 +102,7 @@ pub(crate) struct LoadedPlugin {
 
 impl LoadedPlugin {
     /// Calls `describe` in a fresh store; true if it answered.
+    #[cfg(feature = "bench-hooks")]
     pub fn describe_ok(&self) -> bool {
         self.compiled.describe(&self.name, self.limits).is_ok()
     }
@@ -219,6 +220,7 @@ impl PluginSet {
     }
 
     /// The plugin of that name.
+    #[cfg(feature = "bench-hooks")]
     pub fn by_name(&self, name: &str) -> Option<&Arc<LoadedPlugin>> {
         self.plugins.iter().find(|p| &*p.name == name)
     }
@@ -291,7 +293,7 @@ fn load_one(
 
 /// Compiles and pre-instantiates a component, bypassing the cache: what loading a new
 /// or changed plugin costs. For benchmarks; not a stable API.
-#[doc(hidden)]
+#[cfg(feature = "bench-hooks")]
 pub fn compile_uncached(bytes: &[u8]) -> Result<(), String> {
     runtime::runtime()?.compile(bytes).map(drop)
 }
@@ -511,7 +513,7 @@ fn severity(s: wit::Severity) -> Severity {
 }
 
 /// For the fuzz target `plugins_toml`: any bytes as a `plugins.toml`.
-#[doc(hidden)]
+#[cfg(feature = "fuzzing")]
 pub mod fuzzing {
     use std::sync::Arc;
 

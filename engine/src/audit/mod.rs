@@ -782,7 +782,7 @@ impl Walk<'_> {
 /// The stored forms' decoders over any bytes, for the fuzz targets (the redb file is
 /// only as trustworthy as the disk it is on): never a panic, and what decodes
 /// re-encodes to exactly the input.
-#[doc(hidden)]
+#[cfg(any(test, feature = "fuzzing"))]
 pub mod fuzzing {
     use super::{Checkpoint, Log, Stored, decode_stored, encode_link};
 

@@ -486,7 +486,7 @@ impl Engine {
     /// Runs one plugin of the live set alone on `request`, as `decide` would call it,
     /// without Cedar: `None` if no plugin has that name. For benchmarks and debugging;
     /// not a stable API.
-    #[doc(hidden)]
+    #[cfg(feature = "bench-hooks")]
     pub fn decide_plugin_only(&self, name: &str, request: &Request) -> Option<Decision> {
         let snapshot = self.shared.current.load();
         let plugin = snapshot.bundle.plugins.by_name(name)?;
@@ -510,7 +510,7 @@ impl Engine {
 
     /// Calls one plugin's `describe` in a fresh sandbox: the fixed cost of a call
     /// (store, instantiation). For benchmarks; not a stable API.
-    #[doc(hidden)]
+    #[cfg(feature = "bench-hooks")]
     pub fn describe_plugin(&self, name: &str) -> Option<bool> {
         let snapshot = self.shared.current.load();
         Some(snapshot.bundle.plugins.by_name(name)?.describe_ok())

@@ -25,8 +25,7 @@ impl Engine {
     /// `blocked` the blocklist, the engine's clock replaced by `now`. The engine's own
     /// store and blocklist are neither read nor changed. For policy test cases
     /// ([`crate::scenario`]); not a stable API.
-    #[doc(hidden)]
-    pub fn decide_in_world(
+    pub(crate) fn decide_in_world(
         &self,
         request: &Request,
         entities: &[Value],

@@ -214,7 +214,7 @@ pub enum SignatureProblem {
 }
 
 /// For the fuzz target `checkpoint_manifest`: any bytes as a `.manifest` file.
-#[doc(hidden)]
+#[cfg(feature = "fuzzing")]
 pub mod fuzzing {
     use super::SignedManifest;
 

@@ -36,6 +36,7 @@ mod error;
 pub use backend::{AttachedState, LocalLog, SharedState};
 pub(crate) use embedded::RECOVERY_INTERVAL;
 use embedded::check_against;
+#[cfg(any(test, feature = "fuzzing"))]
 pub(crate) use embedded::decode_event;
 #[cfg(test)]
 pub(crate) use embedded::encode_event;
