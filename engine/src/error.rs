@@ -82,7 +82,7 @@ pub enum LoadError {
         ids: Vec<String>,
     },
     /// A writer kept a policy file open (written, not closed) for longer than the
-    /// watcher waits ([`crate::DEFAULT_OPEN_WAIT`]): it may be half-written, so the set
+    /// watcher waits ([`crate::Settle::with_open_wait`]): it may be half-written, so the set
     /// was not read. Its close tries again.
     #[error(
         "{} is still open for writing after {waited_ms} ms; the set was not read and the previous set keeps serving",

@@ -37,7 +37,7 @@ pub enum EntityOwner {
     Config,
     /// The server's caller configuration (`ApiCaller`, `ApiGroup`, `Api`).
     Api,
-    /// The keyring's metadata (`Key`), published by [`crate::keys::publish_keys`].
+    /// The keyring's metadata (`Key`), published by [`crate::keys::PolicyKeys::publish`].
     Keyring,
 }
 

@@ -5,7 +5,7 @@
 //! by one bit, from what an operator sealed. Sealing hashes the object into a
 //! [`Manifest`] (chunk leaves and an RFC 6962 Merkle root), has an [`Anchor`] sign its digest
 //! (an HSM over PKCS#11, or a software key that is clearly not an HSM), and records the version
-//! in the [`StateStore`] registry. Verifying checks the signature against a pinned key
+//! in the [`crate::state::StateStore`] registry. Verifying checks the signature against a pinned key
 //! ([`Verifier`], no HSM round trip), refuses rollbacks, then re-hashes in parallel
 //! ([`Verifier::verify_object`]) or chunk by chunk as bytes are read ([`VerifiedReader`]).
 //!
@@ -499,7 +499,7 @@ impl PublicKey {
     /// Reads the pinned public key at `path` (the hex form of an uncompressed P-256 point,
     /// as [`PublicKey::pin`] writes it), refusing a file that group or others may write, that
     /// another user than this one or root owns, or that sits in a directory others could
-    /// change (symlinks are followed and the final target judged: see [`crate::trust`]).
+    /// change (symlinks are followed and the final target judged: see `probity_base::trust`).
     /// Every verifier of this host should get its key here.
     pub fn load_pinned(path: &Path) -> Result<PublicKey, AnchorError> {
         let target = crate::trust::check_file(path, crate::trust::Material::Public).map_err(

@@ -7,13 +7,13 @@
 //! caller made up. So:
 //!
 //! * the schema marks `Key` `@owned("keyring")`: no request and no `POST /v1/entities`
-//!   can supply or change one; [`publish_keys`] is the only way in, and it writes what
+//!   can supply or change one; [`PolicyKeys::publish`] is the only way in, and it writes what
 //!   the keyring's metadata says (the primary version's creation time and state);
 //! * the keyring's metadata goes through the engine's [`SharedState`]
 //!   ([`StateKeyStore`]), so redb holds it on one node and etcd across a cluster;
 //! * the keyring reads the engine's clock ([`Engine::clock`], in whole seconds), so ages in `probity keys
 //!   status` and in decisions agree, and a test can move time by 91 days;
-//! * [`authorize_encrypt`] asks the `encrypt` decision and carries out its `rotate_key`
+//! * [`PolicyKeys::authorize_encrypt`] asks the `encrypt` decision and carries out its `rotate_key`
 //!   obligation: a key past its maximum age is rotated (a new primary version; older
 //!   versions keep decrypting), the rotation recorded in the event log, and the request
 //!   decided again on the new metadata. The CLI's `probity encrypt` and the server's
@@ -292,7 +292,7 @@ impl PolicyKeys<'_> {
     }
 }
 
-/// The outcome of [`authorize_encrypt`].
+/// The outcome of [`PolicyKeys::authorize_encrypt`].
 #[derive(Debug, Clone)]
 pub struct EncryptGrant {
     /// The decision that stands: after a rotation, the one on the new metadata.

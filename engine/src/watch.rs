@@ -14,13 +14,13 @@
 //! # Settling (a heuristic)
 //!
 //! Because in-place writes happen anyway, the watcher does not reload on the first
-//! event. Once no event came for the debounce ([`DEFAULT_DEBOUNCE`]), it reloads only
+//! event. Once no event came for the debounce (`DEFAULT_DEBOUNCE`), it reloads only
 //! when the files are **quiescent**: it notes every file of the set (size and
 //! modification time, and a SHA-256 of its bytes), reads and compiles the set, waits
 //! one more debounce, and notes them again. Only if nothing changed across that wait,
 //! and the bytes re-read equal the bytes read before compiling, does the attempt count
 //! (the set goes live, or its rejection is reported); else it starts over, at most
-//! [`DEFAULT_SETTLE_ROUNDS`] times, then reports [`LoadError::Unsettled`]. The digest
+//! `DEFAULT_SETTLE_ROUNDS` (40) times, then reports [`LoadError::Unsettled`]. The digest
 //! comparison catches what sizes and times miss: a same-size rewrite within one tick of
 //! a coarse file-system clock.
 //!
@@ -181,7 +181,7 @@ impl Default for Settle {
 }
 
 impl Settle {
-    /// Rounds of `debounce`, at most [`DEFAULT_SETTLE_ROUNDS`], sleeping on the thread.
+    /// Rounds of `debounce`, at most `DEFAULT_SETTLE_ROUNDS` (40), sleeping on the thread.
     pub fn new(debounce: Duration) -> Self {
         Self {
             debounce,
@@ -268,7 +268,7 @@ pub struct ReloadWatcher {
 }
 
 impl Engine {
-    /// Watches the policy files and reloads once they settle, with [`DEFAULT_DEBOUNCE`].
+    /// Watches the policy files and reloads once they settle, with `DEFAULT_DEBOUNCE`.
     pub fn watch(&self) -> Result<ReloadWatcher, WatchError> {
         self.watch_settled(Settle::default())
     }

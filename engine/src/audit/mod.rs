@@ -4,7 +4,7 @@
 //! Why it exists: the logs are the evidence of what the engine decided and saw. Anyone
 //! who can write the state file could edit, delete, reorder or cut records; the chain
 //! makes every such change visible to [`verify`], and a checkpoint signed by an
-//! [`Anchor`](crate::integrity::Anchor) (an HSM, or the software anchor) makes the
+//! [`crate::integrity::Anchor`] (an HSM, or the software anchor) makes the
 //! chain's head up to that record unforgeable without the key.
 //!
 //! # The chain
@@ -19,7 +19,7 @@
 //! body`, where `body` is the record's bytes as the log always stored them (JSON for
 //! decisions, the binary event encoding for events) and
 //! `hash = SHA-256("probity-audit-record-v1" 0x00 log 0x00 seq prev body)`. The first
-//! record's `prev` is [`GENESIS`] (32 zero bytes); after pruning, the first kept record's
+//! record's `prev` is `GENESIS` (32 zero bytes); after pruning, the first kept record's
 //! `prev` is the head of the checkpoint pruning stopped at. The chain is hashed by the
 //! writer inside the transaction that appends (for decisions, the group commit), never
 //! per request. Records written before the chain existed (their first byte is not `0x01`)
@@ -287,9 +287,9 @@ impl Checkpoint {
 #[derive(Clone)]
 pub struct CheckpointPolicy {
     /// Checkpoint after this many records (at least 1). Default
-    /// [`DEFAULT_CHECKPOINT_RECORDS`].
+    /// [`CheckpointPolicy::DEFAULT_RECORDS`].
     pub every_records: u64,
-    /// Checkpoint records that waited this long. Default [`DEFAULT_CHECKPOINT_INTERVAL`].
+    /// Checkpoint records that waited this long. Default [`CheckpointPolicy::DEFAULT_INTERVAL`].
     pub every: Duration,
     /// The anchor that signs checkpoints; `None`: checkpoints are unsigned.
     pub anchor: Option<Arc<dyn Anchor>>,

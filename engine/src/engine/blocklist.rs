@@ -63,7 +63,7 @@ impl Engine {
     /// Blocks a node here at once, whatever the shared store can take now: for a node
     /// that failed verification, whose block must not wait for the network. With a
     /// shared store the block is in force in this engine before this returns, flagged
-    /// as not yet shared ([`SharedState::unshared_blocks`]), and the backend writes it
+    /// as not yet shared ([`crate::state::SharedState::unshared_blocks`]), and the backend writes it
     /// in the background, retrying until it lands (it keeps the queue in its state
     /// directory, so a restart does not lose it); until then every change the watch
     /// applies leaves it in force. Without a shared store this is

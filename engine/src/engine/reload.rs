@@ -52,7 +52,7 @@ impl Engine {
     /// The files are read as they are: a reload triggered while a file is being written
     /// may read half of it. The watcher ([`Engine::watch`]) reloads only once the files
     /// have settled ([`Engine::reload_when_settled`]); deploy files by atomic rename
-    /// (see [`crate::watch`]).
+    /// (see [`crate::ReloadWatcher`]).
     pub fn reload(&self) -> Result<(), Arc<LoadError>> {
         let started = std::time::Instant::now();
         let before = self.live_digest();
@@ -65,7 +65,7 @@ impl Engine {
     /// Subscribes to reloads: every reload attempt from now on (by the watcher or
     /// [`Engine::reload`]), loaded, unchanged or rejected, with the digests before and
     /// after, the error and the duration. Each call returns a new receiver. A receiver
-    /// that falls more than [`crate::RELOAD_EVENT_BACKLOG`] events behind misses the
+    /// that falls more than `RELOAD_EVENT_BACKLOG` (256) events behind misses the
     /// newest ones (it sees a gap in [`ReloadEvent::seq`]); a dropped receiver is
     /// forgotten. Hosts log these: the CLI prints nothing for them.
     pub fn reload_events(&self) -> std::sync::mpsc::Receiver<ReloadEvent> {

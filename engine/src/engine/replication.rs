@@ -22,7 +22,7 @@ impl Engine {
     /// ([`LocalLog::decisions`]) before they are returned. Attach once; a second call
     /// is refused.
     ///
-    /// In sealed mode ([`EngineBuilder::sealed`]) the live set's seal version is checked
+    /// In sealed mode ([`crate::EngineBuilder::sealed`]) the live set's seal version is checked
     /// against the one the store remembers first, and remembered: a set older than one
     /// this store saw loaded is refused ([`crate::state::StateError::Rollback`]) and
     /// nothing is attached.

@@ -49,7 +49,7 @@ impl Pin {
     }
     /// Reads the PIN from the first line of the file at `path` (trailing newline removed).
     /// Refuses a file that group or others may read or write, or that another user than
-    /// this one or root owns (see [`crate::trust`]).
+    /// this one or root owns (see `probity_base::trust`).
     pub fn from_file(path: &Path) -> Result<Self, AnchorError> {
         let (pin, readable) = Self::from_file_lenient(path)?;
         match readable {
@@ -390,7 +390,7 @@ impl Pkcs11Anchor {
         self.unprotected.as_ref()
     }
 
-    /// The manifest digests this token keeps (see [`token_digests`]).
+    /// The manifest digests this token keeps (see `token_digests`).
     pub fn stored_digests(&self) -> Result<Vec<TokenDigest>, AnchorError> {
         list_digests(&self.session(), &self.token)
     }

@@ -51,7 +51,7 @@ impl SoftwareAnchor {
 
     /// Loads the key at `path`, refusing a file with any group or other permission bit,
     /// owned by another user than this one or root, or in a directory others could
-    /// change (see [`crate::trust`]).
+    /// change (see `probity_base::trust`).
     pub fn load(path: &Path) -> Result<Self, AnchorError> {
         let key_err = |source| AnchorError::KeyFile {
             path: path.to_owned(),

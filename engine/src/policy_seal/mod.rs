@@ -45,7 +45,7 @@
 //!
 //! Every field has one spelling, so the encoding is canonical: a file decodes only if
 //! re-encoding it gives back the same bytes. Decoding takes untrusted bytes: at most
-//! [`MAX_SEAL_BYTES`], never panics, and an error names the line and what is wrong.
+//! `MAX_SEAL_BYTES` (1 MiB), never panics, and an error names the line and what is wrong.
 //!
 //! The seal's version is remembered in the state store's manifest registry under the
 //! object id `policy-set:<name>`, and (with an HSM) on the token as a `CKO_DATA` object of
@@ -119,7 +119,7 @@ pub struct SealParseError {
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 #[non_exhaustive]
 pub enum SealProblem {
-    /// Over [`MAX_SEAL_BYTES`].
+    /// Over `MAX_SEAL_BYTES` (1 MiB).
     #[error("the seal is {size} bytes, over the limit of {MAX_SEAL_BYTES}")]
     TooLarge {
         /// Its size.
@@ -140,7 +140,7 @@ pub enum SealProblem {
     /// The file does not end with a newline.
     #[error("the last line has no newline")]
     NoFinalNewline,
-    /// The first line is not [`SEAL_HEADER`].
+    /// The first line is not `SEAL_HEADER`.
     #[error("expected `{SEAL_HEADER}`")]
     Header,
     /// A line other than the expected one.
@@ -184,7 +184,7 @@ pub enum SealProblem {
     /// No `file` line.
     #[error("the seal lists no file")]
     NoFiles,
-    /// More than [`MAX_SEALED_FILES`] files.
+    /// More than `MAX_SEALED_FILES` (10,000) files.
     #[error("the seal lists more than {MAX_SEALED_FILES} files")]
     TooManyFiles,
     /// Lines after the signature.

@@ -230,8 +230,8 @@ impl StateStore {
     }
 
     /// Sets when checkpoints are made and who signs them (the default: every
-    /// [`audit::DEFAULT_CHECKPOINT_RECORDS`] records or
-    /// [`audit::DEFAULT_CHECKPOINT_INTERVAL`], unsigned). Takes effect at the next append.
+    /// [`audit::CheckpointPolicy::DEFAULT_RECORDS`] records or
+    /// [`audit::CheckpointPolicy::DEFAULT_INTERVAL`], unsigned). Takes effect at the next append.
     pub fn set_checkpoint_policy(&self, policy: CheckpointPolicy) {
         match self.checkpoints.write() {
             Ok(mut p) => *p = policy,

@@ -56,7 +56,7 @@ const ADMITTED: TableDefinition<&str, &[u8]> = TableDefinition::new("admitted");
 /// An I/O error (a full disk, say) leaves redb refusing every later operation until the
 /// database is closed and opened again, so the store does that itself: the failure is
 /// kept ([`StateStore::storage_health`]), and the next operation at least
-/// [`RECOVERY_INTERVAL`] later reopens the file, which redb brings back to its last
+/// [`StateStore::RECOVERY_INTERVAL`] later reopens the file, which redb brings back to its last
 /// durable commit (the chains' heads included: a failed commit changed nothing). The
 /// failure clears with the first write that commits.
 #[derive(Debug)]
@@ -173,14 +173,14 @@ impl StateStore {
     /// The store's file in its directory.
     pub const FILE: &str = super::STATE_FILE;
 
-    /// Opens (creating if needed) the store in directory `dir` (file [`STATE_FILE`]).
+    /// Opens (creating if needed) the store in directory `dir` (file [`StateStore::FILE`]).
     ///
     /// A new directory is created 0700 and a new database file 0600, whatever the umask.
     /// An existing database file is refused if group or others may write it, or if it
     /// belongs to another user than this one or root (symlinks followed; see
-    /// [`crate::trust`]); so is a directory others can write. Whether this call created
+    /// `probity_base::trust`); so is a directory others can write. Whether this call created
     /// the database ([`StateStore::is_new`]) tells a caller that the registry remembers
-    /// no version: see [`crate::integrity::restore_rollback_memory`].
+    /// no version: see [`crate::integrity::RollbackMemory::restore`].
     pub fn open(dir: &Path) -> Result<Self, StateError> {
         Self::open_with_clock(dir, Arc::new(SystemClock))
     }
@@ -249,7 +249,7 @@ impl StateStore {
 
     /// Whether [`StateStore::open`] created the database: its registry then remembers no
     /// accepted version, and rollback protection restarts from zero unless it is rebuilt
-    /// ([`crate::integrity::restore_rollback_memory`]).
+    /// ([`crate::integrity::RollbackMemory::restore`]).
     pub fn is_new(&self) -> bool {
         self.created
     }
@@ -348,7 +348,7 @@ impl StateStore {
     }
 
     /// Closes and opens the database again if an I/O error asked for it and the last
-    /// attempt is [`RECOVERY_INTERVAL`] old. redb brings the file back to its last
+    /// attempt is [`StateStore::RECOVERY_INTERVAL`] old. redb brings the file back to its last
     /// durable commit.
     fn reopen_if_due(&self) {
         {
@@ -380,7 +380,7 @@ impl StateStore {
     }
 
     /// Whether the store writes. While it fails, this call itself tries to recover
-    /// (at most every [`RECOVERY_INTERVAL`]): it reopens the database if need be, then
+    /// (at most every [`StateStore::RECOVERY_INTERVAL`]): it reopens the database if need be, then
     /// probes with a small write, whose commit clears the failure. Readiness checks
     /// call it, so a store recovers when the disk does, with or without traffic.
     pub fn storage_health(&self) -> StorageHealth {
