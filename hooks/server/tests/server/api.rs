@@ -953,6 +953,66 @@ async fn bug_a_deny_flood_was_recorded_without_bound() {
     );
 }
 
+/// A batch asks the budget once for all the records it needs: a batch that needs more
+/// than the caller has left is refused whole (429, nothing recorded, no tokens taken),
+/// one that fits is recorded whole, and a batch of plain allows costs nothing.
+#[tokio::test]
+async fn a_batch_over_the_budget_of_recorded_decisions_is_refused_whole() {
+    let tmp = tempfile::tempdir().unwrap();
+    let store =
+        std::sync::Arc::new(probity::state::StateStore::open(&tmp.path().join("state")).unwrap());
+    let mut config = Config::default();
+    config.limits.recorded_per_second = 1;
+    config.limits.recorded_burst = 5;
+    let engine = crate::engine();
+    engine.attach_state(store.clone()).unwrap();
+    let s = probity_server::AppState::new(engine, config);
+    let deny = json!({"principal": "Workload::\"train-1\"", "action": "schedule", "resource": "Node::\"gpu-blocked\""});
+    let allow = json!({"principal": "Workload::\"train-1\"", "action": "schedule", "resource": "Node::\"gpu-a1\""});
+    let batch = |n: usize, r: &serde_json::Value| json!({"requests": vec![r.clone(); n]});
+
+    let (status, body) = call(
+        &s,
+        Method::POST,
+        "/v1/decide/batch",
+        Some(&batch(8, &deny)),
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{body}");
+    assert_eq!(store.decisions(0, 100).unwrap().len(), 0);
+
+    let (status, body) = call(
+        &s,
+        Method::POST,
+        "/v1/decide/batch",
+        Some(&batch(4, &deny)),
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["decisions"].as_array().unwrap().len(), 4);
+    assert_eq!(store.decisions(0, 100).unwrap().len(), 4);
+
+    let (status, body) = call(
+        &s,
+        Method::POST,
+        "/v1/decide/batch",
+        Some(&batch(50, &allow)),
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert!(
+        body["decisions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|d| d["decision"] == "allow")
+    );
+    assert_eq!(store.decisions(0, 100).unwrap().len(), 4);
+}
+
 /// Issue: decisions that ran plugins (deadlines up to 10 s) ran on tokio's async
 /// workers: four slow `comply` decisions held both workers, and `/healthz` and an
 /// unrelated `admit` waited for them. Now a slow plugin stalls neither.
