@@ -46,7 +46,10 @@ impl EtcdState {
         options: EtcdStateOptions,
     ) -> Result<Self, BackendError> {
         options.validate()?;
-        let local = Arc::new(StateStore::open(state_dir)?);
+        let local = Arc::new(StateStore::open_with_clock(
+            state_dir,
+            Arc::clone(&options.clock),
+        )?);
         let runtime = OwnedRuntime(Some(
             tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(2)

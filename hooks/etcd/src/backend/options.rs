@@ -1,4 +1,7 @@
+use std::sync::Arc;
 use std::time::Duration;
+
+use probity::{Clock, SystemClock};
 
 #[cfg(doc)]
 use super::EtcdState;
@@ -36,6 +39,10 @@ pub struct EtcdStateOptions {
     pub process_ttl: Duration,
     /// See [`DEFAULT_OUTBOX_RETRY`].
     pub outbox_retry: Duration,
+    /// The clock the local logs stamp their records with: the engine's, so that a
+    /// decision's record carries the time the engine decided at. Default: the system
+    /// clock.
+    pub clock: Arc<dyn Clock>,
 }
 
 impl EtcdStateOptions {
@@ -48,7 +55,14 @@ impl EtcdStateOptions {
             resync: ResyncOptions::default(),
             process_ttl: DEFAULT_PROCESS_TTL,
             outbox_retry: DEFAULT_OUTBOX_RETRY,
+            clock: Arc::new(SystemClock),
         }
+    }
+
+    /// Sets the clock of the local logs (pass the engine's).
+    pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
+        self
     }
 
     /// Sets the read-your-writes bound.

@@ -821,6 +821,31 @@ fn a_quiet_log_on_etcd_is_checkpointed_by_time() {
     assert_eq!(checkpoint.seq, 0, "{checkpoint:?}");
 }
 
+/// The local logs of an etcd backend read the time from the clock it is given (the
+/// engine's), not the system's: an event recorded at a fixed time carries that time.
+#[test]
+fn the_local_logs_of_an_etcd_backend_stamp_records_with_the_given_clock() {
+    let etcd = Etcd::single();
+    runtime().block_on(etcd.wait_healthy(None));
+    let dir = tempfile::tempdir().unwrap();
+    // 2026-01-01T00:00:00Z, far from the system clock of any run.
+    let clock = Arc::new(probity::ManualClock::at(1_767_225_600));
+    let state = EtcdState::open(
+        etcd.config(),
+        dir.path(),
+        EtcdStateOptions::new(Role::Webhook, "webhook:clocked").with_clock(clock.clone()),
+    )
+    .unwrap();
+    clock.advance(60);
+    state
+        .local()
+        .record_event("models/llama", Some("gpu-1"), "chunk-mismatch", "chunk 3")
+        .unwrap();
+    let events = state.local().events(0).unwrap();
+    assert_eq!(events.len(), 1);
+    assert_eq!(events[0].time_unix, 1_767_225_660);
+}
+
 /// Issue 28, item 3: an admitted pod's facts, remembered by one webhook replica, are
 /// read by another (the apiserver calls either for the binding), forgotten by either,
 /// and live under a lease of the configured time.
