@@ -422,6 +422,20 @@ pub enum VerifyFailure {
 }
 
 impl Verifier {
+    /// Verifies the object at `path` against `signed`: the signature under the pinned key, the
+    /// version against the registry (refusing rollbacks), then the size and every chunk, hashed in
+    /// parallel. On success the version is recorded as accepted. Every failure is appended to the
+    /// registry's event log before returning; a content mismatch also blocks `options.node`.
+    pub fn verify_object(
+        &self,
+        path: &Path,
+        signed: &SignedManifest,
+        registry: &dyn Registry,
+        options: &VerifyOptions<'_>,
+    ) -> Result<VerifyReport, IntegrityError> {
+        self.verify_recorded(path, None, signed, registry, options)
+    }
+
     /// Verifies the object at `path` against `manifest`, the bytes of a signed manifest file,
     /// as [`Verifier::verify_object`] does. The outer `Err` means the check could not run (the
     /// environment failed: [`IntegrityError::is_environment`]); the inner one that the object
@@ -434,22 +448,15 @@ impl Verifier {
         registry: &dyn Registry,
         options: &VerifyOptions<'_>,
     ) -> Result<Result<VerifyReport, VerifyFailure>, IntegrityError> {
-        let verifier = self;
         let signed = match SignedManifest::decode(manifest) {
             Ok(signed) => signed,
             Err(e) => return Ok(Err(VerifyFailure::Manifest(e))),
         };
-        match verifier.verify_object(path, &signed, registry, options) {
-            Ok(report) => Ok(Ok(report)),
-            Err(e) if e.is_environment() => Err(e),
-            Err(e) => Ok(Err(VerifyFailure::Object(e))),
-        }
+        verdict(self.verify_recorded(path, None, &signed, registry, options))
     }
-}
 
-impl Verifier {
-    /// [`Verifier::verify_encoded`] on an object the caller has already opened (and judged: the
-    /// server opens only regular files under its data roots), so that nothing can be
+    /// [`Verifier::verify_encoded`] on an object the caller has already opened (and judged:
+    /// the server opens only regular files under its data roots), so that nothing can be
     /// swapped in between the check and the read. `path` names it in errors.
     pub fn verify_encoded_file(
         &self,
@@ -459,21 +466,41 @@ impl Verifier {
         registry: &dyn Registry,
         options: &VerifyOptions<'_>,
     ) -> Result<Result<VerifyReport, VerifyFailure>, IntegrityError> {
-        let verifier = self;
         let signed = match SignedManifest::decode(manifest) {
             Ok(signed) => signed,
             Err(e) => return Ok(Err(VerifyFailure::Manifest(e))),
         };
         let opened = hash::sized(file, path)?;
-        let result = verify_inner(path, Some(opened), &signed, verifier, registry, options);
+        verdict(self.verify_recorded(path, Some(opened), &signed, registry, options))
+    }
+
+    /// Verifies, recording a failure in the registry's event log (best effort: the
+    /// verification error is what the caller must see).
+    fn verify_recorded(
+        &self,
+        path: &Path,
+        opened: Option<(std::fs::File, u64)>,
+        signed: &SignedManifest,
+        registry: &dyn Registry,
+        options: &VerifyOptions<'_>,
+    ) -> Result<VerifyReport, IntegrityError> {
+        let result = verify_inner(path, opened, signed, self, registry, options);
         if let Err(err) = &result {
             let _ = record_failure(registry, signed.manifest().object_id(), options.node, err);
         }
-        match result {
-            Ok(report) => Ok(Ok(report)),
-            Err(e) if e.is_environment() => Err(e),
-            Err(e) => Ok(Err(VerifyFailure::Object(e))),
-        }
+        result
+    }
+}
+
+/// A verification's result as a verdict on the object (inner) or a failure of the
+/// environment to check it (outer).
+fn verdict(
+    result: Result<VerifyReport, IntegrityError>,
+) -> Result<Result<VerifyReport, VerifyFailure>, IntegrityError> {
+    match result {
+        Ok(report) => Ok(Ok(report)),
+        Err(e) if e.is_environment() => Err(e),
+        Err(e) => Ok(Err(VerifyFailure::Object(e))),
     }
 }
 
@@ -533,11 +560,10 @@ impl PublicKey {
 }
 
 impl PublicKey {
-    /// Writes `key` to `path` as [`PublicKey::load_pinned`] reads it, atomically and with mode 0644
-    /// whatever the umask.
+    /// Writes this key to `path` as [`PublicKey::load_pinned`] reads it, atomically and
+    /// with mode 0644 whatever the umask.
     pub fn pin(&self, path: &Path) -> Result<(), AnchorError> {
-        let key = self;
-        let mut text = key.to_hex();
+        let mut text = self.to_hex();
         text.push('\n');
         crate::trust::write_file_atomic(path, text.as_bytes(), crate::trust::PUBLIC_FILE_MODE)?;
         Ok(())
@@ -667,28 +693,6 @@ pub struct VerifyReport {
     pub key_id: KeyId,
     /// Whether this verification raised the registry's accepted version.
     pub newly_accepted: bool,
-}
-
-impl Verifier {
-    /// Verifies the object at `path` against `signed`: the signature under the pinned key, the
-    /// version against the registry (refusing rollbacks), then the size and every chunk, hashed in
-    /// parallel. On success the version is recorded as accepted. Every failure is appended to the
-    /// registry's event log before returning; a content mismatch also blocks `options.node`.
-    pub fn verify_object(
-        &self,
-        path: &Path,
-        signed: &SignedManifest,
-        registry: &dyn Registry,
-        options: &VerifyOptions<'_>,
-    ) -> Result<VerifyReport, IntegrityError> {
-        let verifier = self;
-        let result = verify_inner(path, None, signed, verifier, registry, options);
-        if let Err(err) = &result {
-            // Recording is best effort here: the verification error is what the caller must see.
-            let _ = record_failure(registry, signed.manifest().object_id(), options.node, err);
-        }
-        result
-    }
 }
 
 /// What sealing and verifying need of the state, and nothing more: the registry of

@@ -902,19 +902,31 @@ async fn bug_fifos_named_to_verify_stalled_every_deny() {
     assert_eq!(d["decision"], "deny");
 }
 
+/// A server recording its decisions in a fresh store, each caller allowed `burst`
+/// recorded decisions at once and one more per second.
+fn recording_with_budget(
+    burst: u32,
+) -> (
+    probity_server::AppState,
+    std::sync::Arc<probity::state::StateStore>,
+    tempfile::TempDir,
+) {
+    let tmp = tempfile::tempdir().unwrap();
+    let store =
+        std::sync::Arc::new(probity::state::StateStore::open(&tmp.path().join("state")).unwrap());
+    let mut config = Config::default();
+    config.limits.recorded_per_second = 1;
+    config.limits.recorded_burst = burst;
+    let engine = crate::engine();
+    engine.attach_state(store.clone()).unwrap();
+    (probity_server::AppState::new(engine, config), store, tmp)
+}
+
 /// Issue: anonymous callers' denies were recorded forever, 27,313 in 10 s: past its
 /// budget a caller gets 429 and nothing is recorded, while another caller is served.
 #[tokio::test]
 async fn bug_a_deny_flood_was_recorded_without_bound() {
-    let tmp = tempfile::tempdir().unwrap();
-    let state_dir = tmp.path().join("state");
-    let store = std::sync::Arc::new(probity::state::StateStore::open(&state_dir).unwrap());
-    let mut config = Config::default();
-    config.limits.recorded_per_second = 1;
-    config.limits.recorded_burst = 5;
-    let engine = crate::engine();
-    engine.attach_state(store.clone()).unwrap();
-    let s = probity_server::AppState::new(engine, config);
+    let (s, store, _tmp) = recording_with_budget(5);
     let deny = json!({"principal": "Workload::\"train-1\"", "action": "schedule", "resource": "Node::\"gpu-blocked\""});
     let mut statuses = Vec::new();
     for _ in 0..20 {
@@ -958,15 +970,7 @@ async fn bug_a_deny_flood_was_recorded_without_bound() {
 /// one that fits is recorded whole, and a batch of plain allows costs nothing.
 #[tokio::test]
 async fn a_batch_over_the_budget_of_recorded_decisions_is_refused_whole() {
-    let tmp = tempfile::tempdir().unwrap();
-    let store =
-        std::sync::Arc::new(probity::state::StateStore::open(&tmp.path().join("state")).unwrap());
-    let mut config = Config::default();
-    config.limits.recorded_per_second = 1;
-    config.limits.recorded_burst = 5;
-    let engine = crate::engine();
-    engine.attach_state(store.clone()).unwrap();
-    let s = probity_server::AppState::new(engine, config);
+    let (s, store, _tmp) = recording_with_budget(5);
     let deny = json!({"principal": "Workload::\"train-1\"", "action": "schedule", "resource": "Node::\"gpu-blocked\""});
     let allow = json!({"principal": "Workload::\"train-1\"", "action": "schedule", "resource": "Node::\"gpu-a1\""});
     let batch = |n: usize, r: &serde_json::Value| json!({"requests": vec![r.clone(); n]});
