@@ -5,7 +5,7 @@
 //! KEKs in the HSM (`--hsm-module`) or, without one, in `STATE_DIR/kek` (a software KEK,
 //! "not an HSM", said on every run). Encrypting asks the policies first, on the
 //! keyring's own metadata, and carries out a `rotate_key` obligation (see
-//! `probity::keys::authorize_encrypt`).
+//! `probity::keys::PolicyKeys::authorize_encrypt`).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

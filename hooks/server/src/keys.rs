@@ -5,7 +5,7 @@
 //! Every call is authorized by the api policies on `Api::"keys"` (operations `read`,
 //! `encrypt`, `decrypt`, `rotate`, `erase`; only admins erase). Encrypting asks the
 //! `encrypt` decision on the keyring's own metadata and the engine's clock, and carries
-//! out its `rotate_key` obligation ([`probity::keys::authorize_encrypt`]). The keyring's
+//! out its `rotate_key` obligation ([`probity::keys::PolicyKeys::authorize_encrypt`]). The keyring's
 //! metadata lives in the server's state backend; its KEKs in the HSM of `[keys]`, or a
 //! software KEK under the state directory, said at start ("not an HSM").
 

@@ -105,7 +105,7 @@ pub(super) fn load_engine(
                 (Arc::clone(&local) as _, local)
             }
             StateBackendKind::Etcd => {
-                let etcd = Arc::new(open_etcd(config, dir).map_err(bad)?);
+                let etcd = Arc::new(open_etcd(config, dir, engine.clock()).map_err(bad)?);
                 let local = Arc::clone(etcd.local());
                 (etcd as _, local)
             }
@@ -180,8 +180,13 @@ fn checkpoint_policy(
     })
 }
 
-/// The etcd backend `[state]` describes, keeping its local logs in `dir`.
-fn open_etcd(config: &Config, dir: &Path) -> Result<probity_etcd::EtcdState, String> {
+/// The etcd backend `[state]` describes, keeping its local logs in `dir` on `clock` (the
+/// engine's).
+fn open_etcd(
+    config: &Config,
+    dir: &Path,
+    clock: &Arc<dyn probity::Clock>,
+) -> Result<probity_etcd::EtcdState, String> {
     use probity_etcd::{EtcdConfig, EtcdState, EtcdStateOptions, ResyncOptions, Role, TlsConfig};
     let s = &config.state;
     let ms = Duration::from_millis;
@@ -214,6 +219,7 @@ fn open_etcd(config: &Config, dir: &Path) -> Result<probity_etcd::EtcdState, Str
     let options = EtcdStateOptions::new(role, s.process_name())
         .with_read_your_writes(s.read_your_writes())
         .with_process_ttl(Duration::from_secs(s.process_ttl_seconds))
+        .with_clock(Arc::clone(clock))
         .with_resync(
             ResyncOptions::default().with_resync_after_disconnect(ms(s.resync_after_disconnect_ms)),
         );
