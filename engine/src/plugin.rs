@@ -315,6 +315,7 @@ pub(crate) fn combine(
     entities: &Arc<PluginEntities>,
     conventions: &Conventions,
     cedar: Decision,
+    deadline: Option<std::time::Instant>,
 ) -> Decision {
     let principal = request.principal.to_string();
     let resource = request.resource.to_string();
@@ -349,7 +350,7 @@ pub(crate) fn combine(
                 },
                 settings: &p.settings,
             };
-            (p.as_ref(), call(p, req, entities, conventions))
+            (p.as_ref(), call(p, req, entities, conventions, deadline))
         })
         .collect();
     let plugin_denies = votes
@@ -398,11 +399,22 @@ fn call(
     request: wit::Request<'_>,
     entities: &Arc<PluginEntities>,
     conventions: &Conventions,
+    deadline: Option<std::time::Instant>,
 ) -> Vote {
+    let mut limits = plugin.limits;
+    if let Some(deadline) = deadline {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            return Vote::Failed(CallFailure::DeadlinePassed);
+        }
+        // Whole milliseconds, rounded up: a call is never given less than what is left.
+        let left_ms = u64::try_from(left.as_micros().div_ceil(1000)).unwrap_or(u64::MAX);
+        limits.timeout_ms = limits.timeout_ms.min(left_ms);
+    }
     let verdict =
         match plugin
             .compiled
-            .evaluate(&plugin.name, plugin.limits, request, Arc::clone(entities))
+            .evaluate(&plugin.name, limits, request, Arc::clone(entities))
         {
             Ok(v) => v,
             Err(failure) => return Vote::Failed(failure),

@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::Instant;
 
 use cedar_policy::{Context, Entities, EvalResult};
 use cedar_policy_core::ast::EntityUID;
@@ -25,6 +26,7 @@ use crate::store::{self, Stored};
 pub struct DecideOptions<'a> {
     dry_run: bool,
     budget: Option<&'a mut dyn FnMut(usize) -> bool>,
+    deadline: Option<Instant>,
 }
 
 impl std::fmt::Debug for DecideOptions<'_> {
@@ -32,6 +34,7 @@ impl std::fmt::Debug for DecideOptions<'_> {
         f.debug_struct("DecideOptions")
             .field("dry_run", &self.dry_run)
             .field("budget", &self.budget.is_some())
+            .field("deadline", &self.deadline)
             .finish()
     }
 }
@@ -55,6 +58,17 @@ impl<'a> DecideOptions<'a> {
     /// not record. `admit` is not asked when nothing would be recorded.
     pub fn within(mut self, admit: &'a mut dyn FnMut(usize) -> bool) -> Self {
         self.budget = Some(admit);
+        self
+    }
+
+    /// Decide by `deadline`: WebAssembly plugins, the only part of a decision that can
+    /// run long, get no more than the time left (less than their manifest's
+    /// `timeout_ms` when it is shorter), and a plugin whose turn comes after the
+    /// deadline is not called. A plugin cut short fails as a timeout does: the
+    /// decision denies, naming it. For a server whose caller stops waiting: the work
+    /// stops with it.
+    pub fn deadline(mut self, deadline: Instant) -> Self {
+        self.deadline = Some(deadline);
         self
     }
 }
@@ -85,7 +99,7 @@ impl Engine {
         let snapshot = self.shared.current.load();
         let decisions: Vec<Decision> = requests
             .iter()
-            .map(|r| self.decide_in(&snapshot, r))
+            .map(|r| self.decide_in(&snapshot, r, options.deadline))
             .collect();
         if options.dry_run {
             return Settled::done(decisions);
@@ -263,9 +277,15 @@ impl Engine {
         Ok(out)
     }
 
-    pub(super) fn decide_in(&self, snapshot: &Snapshot, request: &Request) -> Decision {
+    pub(super) fn decide_in(
+        &self,
+        snapshot: &Snapshot,
+        request: &Request,
+        deadline: Option<Instant>,
+    ) -> Decision {
         match self.prepare(snapshot, request) {
-            Ok(prepared) => {
+            Ok(mut prepared) => {
+                prepared.deadline = deadline;
                 self.decide_prepared(snapshot, request, &prepared, &request.resource, None)
             }
             Err(denied) => denied,
@@ -302,6 +322,7 @@ impl Engine {
             context_json,
             context,
             extra,
+            deadline: None,
         })
     }
 
@@ -478,6 +499,7 @@ impl Engine {
                     &view,
                     &bundle.conventions,
                     cedar,
+                    prepared.deadline,
                 )
             }
         }
@@ -505,6 +527,7 @@ impl Engine {
             &snapshot.plugin_entities,
             &snapshot.bundle.conventions,
             neutral,
+            None,
         ))
     }
 
@@ -549,6 +572,8 @@ pub(crate) struct Prepared {
     pub(super) context_json: Option<Map<String, Value>>,
     pub(super) context: Context,
     pub(super) extra: HashMap<EntityUID, Arc<Stored>>,
+    /// When plugin calls must have ended ([`DecideOptions::deadline`]).
+    pub(super) deadline: Option<Instant>,
 }
 
 /// What a decision's reasons and obligations may name: the request, its slice and

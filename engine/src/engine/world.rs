@@ -101,6 +101,6 @@ impl Engine {
                 }),
             },
         };
-        Ok(world.decide_in(&snapshot, request))
+        Ok(world.decide_in(&snapshot, request, None))
     }
 }

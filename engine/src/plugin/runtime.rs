@@ -125,8 +125,14 @@ impl ResourceLimiter for Limiter {
 /// Why one call failed; the text after "plugin <name>: ".
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum CallFailure {
-    Timeout { ms: u64 },
-    MemoryLimit { mib: u64 },
+    Timeout {
+        ms: u64,
+    },
+    /// The caller's deadline passed before the plugin's turn.
+    DeadlinePassed,
+    MemoryLimit {
+        mib: u64,
+    },
     Trap(String),
     InvalidOutput(String),
 }
@@ -135,6 +141,7 @@ impl std::fmt::Display for CallFailure {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             CallFailure::Timeout { ms } => write!(f, "timeout after {ms} ms"),
+            CallFailure::DeadlinePassed => f.write_str("not called: the caller's deadline passed"),
             CallFailure::MemoryLimit { mib } => write!(f, "memory limit of {mib} MiB exceeded"),
             CallFailure::Trap(m) => write!(f, "trap: {m}"),
             CallFailure::InvalidOutput(m) => write!(f, "invalid output: {m}"),

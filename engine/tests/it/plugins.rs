@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use probity::{Decision, Effect, Engine, Request};
+use probity::{DecideOptions, Decision, Effect, Engine, Request};
 use serde_json::json;
 
 use crate::{policy_copy, root};
@@ -162,6 +162,36 @@ fn a_looping_plugin_is_a_timeout_deny() {
         failure(&again, "looping"),
         "plugin looping: timeout after 20 ms"
     );
+}
+
+/// A caller's deadline bounds the plugins of its decision: a plugin whose manifest
+/// allows it 3 s gets what is left before the deadline, and none once it has passed.
+#[test]
+fn a_deadline_cuts_a_looping_plugin_short_and_skips_one_past_it() {
+    let (_tmp, engine) = engine_with("looping", "comply", "timeout_ms = 3000");
+    let asked = [comply("gpu-a1", json!([1]))];
+    let by = std::time::Instant::now() + std::time::Duration::from_millis(50);
+    let d = engine
+        .decide_with(&asked, DecideOptions::new().dry_run().deadline(by))
+        .settle();
+    let message = failure(&d[0], "looping");
+    let given: u64 = message
+        .strip_prefix("plugin looping: timeout after ")
+        .and_then(|rest| rest.strip_suffix(" ms"))
+        .and_then(|ms| ms.parse().ok())
+        .unwrap_or_else(|| panic!("not a timeout: {message}"));
+    assert!(given <= 50, "{message}");
+    assert_eq!(d[0].decision, Effect::Deny);
+
+    let past = std::time::Instant::now();
+    let d = engine
+        .decide_with(&asked, DecideOptions::new().dry_run().deadline(past))
+        .settle();
+    assert_eq!(
+        failure(&d[0], "looping"),
+        "plugin looping: not called: the caller's deadline passed"
+    );
+    assert_eq!(d[0].decision, Effect::Deny);
 }
 
 #[test]

@@ -522,12 +522,16 @@ impl AppState {
     }
 
     /// Decides `requests` within `caller`'s budget of recorded decisions, without
-    /// waiting for their records.
+    /// waiting for their records. Plugins get no longer than the request timeout: once
+    /// the caller has been answered that it timed out, their work stops too.
     fn decide_within(&self, caller: &Caller, requests: &[Request]) -> probity::Settled {
         let budget = &self.inner.budget;
         let mut admit = |n: usize| budget.admit_n(&caller.0, n);
-        self.engine()
-            .decide_with(requests, DecideOptions::new().within(&mut admit))
+        let deadline = Instant::now() + self.config().server.request_timeout();
+        self.engine().decide_with(
+            requests,
+            DecideOptions::new().within(&mut admit).deadline(deadline),
+        )
     }
 
     /// Decides and times the decision into the metrics, within `caller`'s budget of

@@ -1017,6 +1017,68 @@ async fn a_batch_over_the_budget_of_recorded_decisions_is_refused_whole() {
     assert_eq!(store.decisions(0, 100).unwrap().len(), 4);
 }
 
+/// A decision whose request timed out stops running its plugins: the plugin is given
+/// no more than the request timeout (here 150 ms of its manifest's 5 s), as the
+/// decision's record says, instead of running on after the caller was answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plugin_runs_no_longer_than_the_request_that_asked_for_it() {
+    let wasm = crate::root().join("target/plugins/looping.wasm");
+    assert!(
+        wasm.is_file(),
+        "{} is missing: run scripts/build-plugins.sh",
+        wasm.display()
+    );
+    let tmp = tempfile::tempdir().unwrap();
+    let manifest = tmp.path().join("plugins.toml");
+    std::fs::write(
+        &manifest,
+        format!(
+            "[[plugin]]\nname = \"looping\"\npath = {:?}\nactions = [\"comply\"]\ntimeout_ms = 5000\n",
+            wasm.display().to_string()
+        ),
+    )
+    .unwrap();
+    let engine = probity::Engine::builder(crate::root().join("policies"))
+        .plugins(&manifest)
+        .build()
+        .unwrap();
+    engine.upsert_entities(&crate::cluster()).unwrap();
+    let store =
+        std::sync::Arc::new(probity::state::StateStore::open(&tmp.path().join("state")).unwrap());
+    engine.attach_state(store.clone()).unwrap();
+    let mut config = Config::default();
+    config.server.request_timeout_ms = 150;
+    let s = probity_server::AppState::new(engine, config);
+    let comply = json!({"principal": "Node::\"gpu-a1\"", "action": "comply", "resource": "Node::\"gpu-a1\""});
+    let (status, _) = call(&s, Method::POST, "/v1/decide", Some(&comply), None).await;
+    assert_ne!(status, StatusCode::OK);
+    // The decision still ends (a deny, recorded); wait for its record, bounded.
+    let mut records = Vec::new();
+    for _ in 0..200 {
+        records = store.decisions(0, 10).unwrap();
+        if !records.is_empty() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let record = records
+        .first()
+        .expect("the decision was recorded within 10 s");
+    let message = &record
+        .decision
+        .errors
+        .iter()
+        .find(|e| e.policy.as_deref() == Some("plugin:looping"))
+        .unwrap_or_else(|| panic!("{record:?}"))
+        .message;
+    let given: u64 = message
+        .strip_prefix("plugin looping: timeout after ")
+        .and_then(|rest| rest.strip_suffix(" ms"))
+        .and_then(|ms| ms.parse().ok())
+        .unwrap_or_else(|| panic!("not a timeout: {message}"));
+    assert!(given <= 150, "{message}");
+}
+
 /// Issue: decisions that ran plugins (deadlines up to 10 s) ran on tokio's async
 /// workers: four slow `comply` decisions held both workers, and `/healthz` and an
 /// unrelated `admit` waited for them. Now a slow plugin stalls neither.
