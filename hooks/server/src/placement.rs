@@ -84,6 +84,12 @@ fn verdict(d: &Decision) -> Verdict {
     if d.is_allowed() {
         return Verdict::Allowed { score: d.score };
     }
+    Verdict::Refused(why_denied(d))
+}
+
+/// Why `d` denies, in one line for a caller: its reasons with their policies, then
+/// its evaluation errors, or that no policy permits it.
+pub(crate) fn why_denied(d: &Decision) -> String {
     let mut why: Vec<String> = d
         .reasons
         .iter()
@@ -97,7 +103,7 @@ fn verdict(d: &Decision) -> Verdict {
     if why.is_empty() {
         why.push("no policy permits it".into());
     }
-    Verdict::Refused(why.join("; "))
+    why.join("; ")
 }
 
 /// The node affinity expressions that keep `workload` where the policies let it go:

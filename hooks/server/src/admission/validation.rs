@@ -55,20 +55,7 @@ pub(super) fn validate_workload(
                 ));
             }
         } else {
-            let mut why: Vec<String> = d
-                .reasons
-                .iter()
-                .map(|r| format!("{} ({})", r.message, r.policy))
-                .collect();
-            why.extend(
-                d.errors
-                    .iter()
-                    .map(|e| format!("evaluation error: {}", e.message)),
-            );
-            if why.is_empty() {
-                why.push("no policy permits it".into());
-            }
-            denials.push(format!("{what}: {}", why.join("; ")));
+            denials.push(format!("{what}: {}", crate::placement::why_denied(d)));
         }
     };
     let namespace = match EntityUid::new("Namespace", &w.namespace) {
