@@ -444,7 +444,7 @@ pub(crate) fn submit(
     log: Option<&DecisionLog>,
     policy_digest: &str,
     time_unix_ms: u64,
-    asked: &[&Request],
+    asked: &[Request],
     decisions: Vec<Decision>,
 ) -> Settled {
     let Some(log) = log else {

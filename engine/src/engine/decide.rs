@@ -115,8 +115,13 @@ impl Engine {
                 return Settled::over_budget(decisions);
             }
         }
-        let asked: Vec<&Request> = requests.iter().collect();
-        self.record(&snapshot, &asked, decisions)
+        decision_log::submit(
+            self.shared.decision_log.get(),
+            &snapshot.bundle.digest,
+            self.shared.clock.now_unix_ms(),
+            requests,
+            decisions,
+        )
     }
 
     /// The live snapshot, held.
@@ -153,21 +158,6 @@ impl Engine {
             .plugins
             .for_action(request.action.id())
             .is_empty()
-    }
-
-    pub(super) fn record(
-        &self,
-        snapshot: &Snapshot,
-        asked: &[&Request],
-        decisions: Vec<Decision>,
-    ) -> Settled {
-        decision_log::submit(
-            self.shared.decision_log.get(),
-            &snapshot.bundle.digest,
-            self.shared.clock.now_unix_ms(),
-            asked,
-            decisions,
-        )
     }
 
     /// Whether `request` carries facts only an authorized reporter may supply (an
