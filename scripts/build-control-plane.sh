@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# Builds the real Kubernetes control plane the tests run against (kube-apiserver,
+# kube-scheduler, kube-controller-manager, kubectl) and helm, from their Go modules, once per
+# machine. The binaries land in a cache outside the repository, keyed by the release and by
+# the wrapper modules' go.sum, so a fresh clone reuses them and a bumped release rebuilds:
+#
+#   $PROBITY_KUBE_CACHE (default /var/cache/probity/kube)/<key>/bin/
+#
+# Prints that bin directory on its last line. The first build takes about a quarter of an
+# hour on two cores (see README, "Trying it on a real control plane").
+set -euo pipefail
+cd "$(dirname "$0")"
+if [ -x /usr/local/go/bin/go ]; then
+  export PATH="/usr/local/go/bin:$PATH"
+fi
+
+kube_release=v1.36.3 # k8s.io/kubernetes in control-plane/go.mod; staging modules v0.36.3
+helm_release=v4.3.2  # helm.sh/helm/v4 in helm/go.mod
+key="kubernetes-${kube_release}-helm-${helm_release}-$(cat control-plane/go.sum helm/go.sum | sha256sum | cut -c1-12)"
+cache="${PROBITY_KUBE_CACHE:-/var/cache/probity/kube}"
+out="$cache/$key"
+
+if [ -f "$out/complete" ]; then
+  echo "$out/bin"
+  exit 0
+fi
+
+mkdir -p "$cache"
+staging="$(mktemp -d "$cache/.building.XXXXXX")"
+trap 'rm -rf "$staging"' EXIT
+mkdir -p "$staging/bin"
+started=$(date +%s)
+
+minor="${kube_release#v1.}"
+minor="${minor%%.*}"
+# So that the binaries report their release, not v0.0.0-master.
+kube_ldflags="-s -w \
+  -X k8s.io/component-base/version.gitVersion=${kube_release} \
+  -X k8s.io/component-base/version.gitMajor=1 \
+  -X k8s.io/component-base/version.gitMinor=${minor} \
+  -X k8s.io/component-base/version.gitTreeState=clean \
+  -X k8s.io/client-go/pkg/version.gitVersion=${kube_release} \
+  -X k8s.io/client-go/pkg/version.gitMajor=1 \
+  -X k8s.io/client-go/pkg/version.gitMinor=${minor}"
+echo "build-control-plane: building Kubernetes ${kube_release} (first build on a machine: ~15 min)" >&2
+(cd control-plane && go build -trimpath -ldflags "$kube_ldflags" -o "$staging/bin/" \
+  k8s.io/kubernetes/cmd/kube-apiserver \
+  k8s.io/kubernetes/cmd/kube-scheduler \
+  k8s.io/kubernetes/cmd/kube-controller-manager \
+  k8s.io/kubernetes/cmd/kubectl)
+echo "build-control-plane: building helm ${helm_release}" >&2
+(cd helm && go build -trimpath \
+  -ldflags "-s -w -X helm.sh/helm/v4/internal/version.version=${helm_release}" \
+  -o "$staging/bin/" helm.sh/helm/v4/cmd/helm)
+
+echo "built in $(($(date +%s) - started)) s on $(nproc) cores" > "$staging/complete"
+rm -rf "$out"
+mv "$staging" "$out"
+trap - EXIT
+echo "build-control-plane: $(cat "$out/complete")" >&2
+echo "$out/bin"
