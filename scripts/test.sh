@@ -12,6 +12,11 @@ if [ -x /usr/local/go/bin/go ]; then
   export PATH="/usr/local/go/bin:$PATH"
 fi
 bash scripts/build-plugins.sh
+# The real control plane (kube-apiserver, kube-scheduler, kube-controller-manager, kubectl)
+# and helm, built from their Go modules once per machine into a cache outside the
+# repository (about 9 minutes the first time); probity-kube's tests run them.
+PROBITY_KUBE_BIN="$(bash scripts/build-control-plane.sh)"
+export PROBITY_KUBE_BIN
 cargo build --workspace --all-targets
 cargo test --workspace
 # The binary the build above made: `cargo run -p` would resolve other features and

@@ -1,0 +1,674 @@
+//! A real control plane on loopback, started and stopped by PID: etcd (Debian's
+//! etcd-server), kube-apiserver, kube-controller-manager and kube-scheduler built by
+//! scripts/build-control-plane.sh, and `probity serve` (the binary `cargo build` made)
+//! as their webhook and scheduler extender over TLS. No kubelet runs: nodes are API
+//! objects, pods bind and stay Pending, which is all placement and admission need.
+//!
+//! Every client reaches the apiserver at 127.0.0.1 through a kubeconfig; every wait
+//! polls for the state it needs and gives up after a bound.
+
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use base64::Engine as _;
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use probity_kube::{Cluster, Manifest, parse_manifests};
+use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::services::{Proc, free_port};
+
+/// The repository's root.
+pub fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// The directory with kube-apiserver, kube-scheduler, kube-controller-manager, kubectl and
+/// helm: `$PROBITY_KUBE_BIN` (scripts/test.sh sets it from scripts/build-control-plane.sh).
+pub fn kube_bin(name: &str) -> PathBuf {
+    let dir = std::env::var_os("PROBITY_KUBE_BIN").unwrap_or_else(|| {
+        panic!(
+            "PROBITY_KUBE_BIN is not set: run scripts/build-control-plane.sh, which prints the directory"
+        )
+    });
+    let path = Path::new(&dir).join(name);
+    assert!(path.exists(), "{} is missing", path.display());
+    path
+}
+
+/// The `probity` binary of this build (`cargo build --workspace` made it beside the test).
+fn probity_bin() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let path = exe.parent().unwrap().parent().unwrap().join("probity");
+    assert!(
+        path.exists(),
+        "{} is missing: build it first (cargo build -p probity-cli)",
+        path.display()
+    );
+    path
+}
+
+/// Polls `f` every 50 ms until it gives a value; panics naming `what` after `limit`.
+pub async fn until<T, F: Future<Output = Option<T>>>(
+    what: &str,
+    limit: Duration,
+    mut f: impl FnMut() -> F,
+) -> T {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(v) = f().await {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "timed out after {limit:?} waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The test CA and the certificates it signed, as PEM files in the test's directory.
+pub struct Pki {
+    pub dir: PathBuf,
+    pub ca_pem: String,
+    issuer: Issuer<'static, KeyPair>,
+}
+
+impl Pki {
+    pub fn new(dir: &Path) -> Pki {
+        let key = KeyPair::generate().unwrap();
+        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params
+            .distinguished_name
+            .push(DnType::CommonName, "probity kube test CA");
+        let ca_pem = params.self_signed(&key).unwrap().pem();
+        std::fs::write(dir.join("ca.crt"), &ca_pem).unwrap();
+        Pki {
+            dir: dir.to_owned(),
+            ca_pem,
+            issuer: Issuer::new(params, key),
+        }
+    }
+
+    /// Writes `<name>.crt` and `<name>.key`: a certificate for `cn` (organisation `org`
+    /// when given: Kubernetes reads it as the group), valid for `sans`.
+    pub fn issue(&self, name: &str, cn: &str, org: Option<&str>, sans: &[&str]) -> (PathBuf, PathBuf) {
+        let key = KeyPair::generate().unwrap();
+        let mut params =
+            CertificateParams::new(sans.iter().map(|s| s.to_string()).collect::<Vec<_>>())
+                .unwrap();
+        if let Some(org) = org {
+            params.distinguished_name.push(DnType::OrganizationName, org);
+        }
+        params.distinguished_name.push(DnType::CommonName, cn);
+        let cert = params.signed_by(&key, &self.issuer).unwrap();
+        let (crt, key_path) = (
+            self.dir.join(format!("{name}.crt")),
+            self.dir.join(format!("{name}.key")),
+        );
+        std::fs::write(&crt, cert.pem()).unwrap();
+        std::fs::write(&key_path, key.serialize_pem()).unwrap();
+        (crt, key_path)
+    }
+
+    pub fn ca_file(&self) -> PathBuf {
+        self.dir.join("ca.crt")
+    }
+
+    pub fn ca_bundle_base64(&self) -> String {
+        base64::engine::general_purpose::STANDARD.encode(&self.ca_pem)
+    }
+}
+
+/// etcd, kube-apiserver and kube-controller-manager; the scheduler and Probity are
+/// started by the test, since their configuration comes from the chart.
+pub struct ControlPlane {
+    pub dir: PathBuf,
+    pub pki: Pki,
+    pub kubeconfig: PathBuf,
+    pub api_port: u16,
+    pub cluster: Cluster,
+    // Dropped (killed) in reverse order of start: fields drop in declaration order.
+    controller_manager: Proc,
+    apiserver: Proc,
+    _etcd: Proc,
+}
+
+impl ControlPlane {
+    pub async fn start(dir: &Path) -> ControlPlane {
+        let pki = Pki::new(dir);
+        let (api_crt, api_key) = pki.issue(
+            "apiserver",
+            "kube-apiserver",
+            None,
+            &["127.0.0.1", "localhost", "kubernetes.default.svc"],
+        );
+        let (admin_crt, admin_key) =
+            pki.issue("admin", "probity-test-admin", Some("system:masters"), &[]);
+        let sa_key = KeyPair::generate().unwrap();
+        std::fs::write(dir.join("sa.key"), sa_key.serialize_pem()).unwrap();
+        std::fs::write(dir.join("sa.pub"), sa_key.public_key_pem()).unwrap();
+
+        let (etcd_client, etcd_peer) = (free_port(), free_port());
+        let etcd_url = format!("http://127.0.0.1:{etcd_client}");
+        let peer_url = format!("http://127.0.0.1:{etcd_peer}");
+        let etcd = Proc::spawn(
+            "etcd",
+            Command::new("etcd")
+                .args(["--name", "kube", "--data-dir"])
+                .arg(dir.join("etcd"))
+                .args(["--listen-client-urls", &etcd_url])
+                .args(["--advertise-client-urls", &etcd_url])
+                .args(["--listen-peer-urls", &peer_url])
+                .args(["--initial-advertise-peer-urls", &peer_url])
+                .args(["--initial-cluster", &format!("kube={peer_url}")])
+                .args(["--logger", "zap", "--log-outputs", "stderr"]),
+            &dir.join("etcd.log"),
+        );
+
+        let api_port = free_port();
+        let mut apiserver = Proc::spawn(
+            "kube-apiserver",
+            Command::new(kube_bin("kube-apiserver"))
+                .args(["--etcd-servers", &etcd_url])
+                .args(["--bind-address", "127.0.0.1", "--advertise-address", "127.0.0.1"])
+                .arg(format!("--secure-port={api_port}"))
+                .arg("--tls-cert-file")
+                .arg(&api_crt)
+                .arg("--tls-private-key-file")
+                .arg(&api_key)
+                .arg("--client-ca-file")
+                .arg(pki.ca_file())
+                .args(["--authorization-mode", "Node,RBAC"])
+                .args(["--service-account-issuer", "https://kubernetes.default.svc"])
+                .arg("--service-account-key-file")
+                .arg(dir.join("sa.pub"))
+                .arg("--service-account-signing-key-file")
+                .arg(dir.join("sa.key"))
+                .args(["--service-cluster-ip-range", "10.96.0.0/16"])
+                // Loopback is the only address here: nothing may point the `kubernetes`
+                // Service's endpoints at it.
+                .args(["--endpoint-reconciler-type", "none"])
+                .args(["--profiling=false", "--v=1"]),
+            &dir.join("kube-apiserver.log"),
+        );
+
+        let kubeconfig = dir.join("admin.kubeconfig");
+        write_kubeconfig(&kubeconfig, api_port, &pki, &admin_crt, &admin_key);
+        let cluster = Cluster::from_kubeconfig(&kubeconfig).await.unwrap();
+        let client = cluster.client().clone();
+        until("kube-apiserver /readyz", Duration::from_secs(120), || {
+            let client = client.clone();
+            apiserver.assert_running();
+            async move {
+                let request = http_get("/readyz");
+                client.request_text(request).await.ok().filter(|t| t == "ok")
+            }
+        })
+        .await;
+
+        let controller_manager = Proc::spawn(
+            "kube-controller-manager",
+            Command::new(kube_bin("kube-controller-manager"))
+                .arg("--kubeconfig")
+                .arg(&kubeconfig)
+                .args(["--bind-address", "127.0.0.1", "--secure-port=0"])
+                .args(["--leader-elect=false", "--v=1"])
+                // No kubelet reports here: the node lifecycle controller would taint every
+                // node NotReady. On: service accounts (and their tokens), the owners that
+                // recreate pods, the garbage collector, disruption budgets, namespaces.
+                .args([
+                    "--controllers",
+                    "serviceaccount-token-controller,serviceaccount-controller,\
+                     replicaset-controller,deployment-controller,job-controller,\
+                     garbage-collector-controller,disruption-controller,namespace-controller",
+                ])
+                .arg("--service-account-private-key-file")
+                .arg(dir.join("sa.key"))
+                .arg("--root-ca-file")
+                .arg(pki.ca_file())
+                .arg("--use-service-account-credentials=false"),
+            &dir.join("kube-controller-manager.log"),
+        );
+
+        let plane = ControlPlane {
+            dir: dir.to_owned(),
+            pki,
+            kubeconfig,
+            api_port,
+            cluster,
+            controller_manager,
+            apiserver,
+            _etcd: etcd,
+        };
+        // Ready for pods: the controller manager gave `default` its ServiceAccount.
+        plane.wait_for_default_service_account("default").await;
+        plane
+    }
+
+    pub fn client(&self) -> kube::Client {
+        self.cluster.client().clone()
+    }
+
+    pub fn assert_running(&mut self) {
+        self.apiserver.assert_running();
+        self.controller_manager.assert_running();
+    }
+
+    pub async fn wait_for_default_service_account(&self, namespace: &str) {
+        let accounts: Api<k8s_openapi::api::core::v1::ServiceAccount> =
+            Api::namespaced(self.client(), namespace);
+        until(
+            &format!("the default ServiceAccount of {namespace}"),
+            Duration::from_secs(60),
+            || {
+                let accounts = accounts.clone();
+                async move { accounts.get_opt("default").await.ok().flatten() }
+            },
+        )
+        .await;
+    }
+
+    /// Creates namespace `name` and waits for its default ServiceAccount.
+    pub async fn namespace(&self, name: &str) {
+        let namespaces: Api<Namespace> = Api::all(self.client());
+        namespaces
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(json!({"metadata": {"name": name}})).unwrap(),
+            )
+            .await
+            .unwrap();
+        self.wait_for_default_service_account(name).await;
+    }
+
+    /// A node object as a kubelet would register it: capacity, allocatable, labels, Ready.
+    pub async fn add_node(&self, name: &str, zone: &str, gpus: u32, gpu_model: &str) {
+        let nodes: Api<Node> = Api::all(self.client());
+        let resources = json!({"cpu": "64", "memory": "512Gi", "pods": "110",
+            "nvidia.com/gpu": gpus.to_string()});
+        let mut labels = json!({
+            "kubernetes.io/hostname": name,
+            "topology.kubernetes.io/zone": zone,
+            "topology.probity.io/zone": zone,
+        });
+        if gpus > 0 {
+            labels["nvidia.com/gpu.product"] = json!(gpu_model);
+            labels["nvidia.com/gpu.count"] = json!(gpus.to_string());
+        }
+        let node: Node = serde_json::from_value(json!({
+            "metadata": {"name": name, "labels": labels},
+            "status": {
+                "capacity": resources, "allocatable": resources,
+                "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
+                                "message": "a test node: no kubelet runs"}]
+            }
+        }))
+        .unwrap();
+        let created = nodes.create(&PostParams::default(), &node).await.unwrap();
+        // The apiserver's TaintNodesByCondition admission taints a new node not-ready; the
+        // node lifecycle controller, off here, would lift it when the kubelet reports.
+        if created.spec.as_ref().and_then(|s| s.taints.as_ref()).is_some() {
+            let untaint = json!({"spec": {"taints": null}});
+            nodes
+                .patch(name, &PatchParams::default(), &Patch::Merge(&untaint))
+                .await
+                .unwrap();
+        }
+        // The create kept the status only if the apiserver took it; else set it.
+        if created.status.as_ref().and_then(|s| s.allocatable.as_ref()).is_none() {
+            let status = json!({"status": node.status});
+            nodes
+                .patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
+                .await
+                .unwrap();
+        }
+    }
+
+    /// Where a pod is bound (`spec.nodeName`), once it is.
+    pub async fn bound_node(&self, namespace: &str, pod: &str, limit: Duration) -> String {
+        let pods: Api<Pod> = Api::namespaced(self.client(), namespace);
+        until(&format!("pod {namespace}/{pod} to be bound"), limit, || {
+            let pods = pods.clone();
+            async move {
+                pods.get(pod)
+                    .await
+                    .ok()
+                    .and_then(|p| p.spec.and_then(|s| s.node_name))
+            }
+        })
+        .await
+    }
+
+    /// The messages of the events about `object` in `namespace`.
+    pub async fn events_about(&self, namespace: &str, object: &str) -> Vec<String> {
+        let events: Api<k8s_openapi::api::core::v1::Event> =
+            Api::namespaced(self.client(), namespace);
+        let params = ListParams::default().fields(&format!("involvedObject.name={object}"));
+        events
+            .list(&params)
+            .await
+            .map(|list| {
+                list.items
+                    .into_iter()
+                    .filter_map(|e| e.message)
+                    .collect::<Vec<_>>()
+            })
+            .unwrap_or_default()
+    }
+
+    /// `helm template` of the chart with `values` (`--set-string` pairs), parsed.
+    pub fn render_chart(&self, values: &[(&str, String)]) -> Vec<Manifest> {
+        let mut helm = Command::new(kube_bin("helm"));
+        helm.args(["template", "probity"])
+            .arg(root().join("hooks/chart/probity"))
+            .args(["--namespace", "probity-system"]);
+        for (key, value) in values {
+            helm.arg("--set-string").arg(format!("{key}={value}"));
+        }
+        let out = helm.output().unwrap();
+        assert!(
+            out.status.success(),
+            "helm template: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        parse_manifests(&String::from_utf8(out.stdout).unwrap()).unwrap()
+    }
+}
+
+impl Drop for ControlPlane {
+    /// A failing test shows the end of every process's log.
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            print_log_tails(&self.dir);
+        }
+    }
+}
+
+/// The last 30 lines of each `*.log` under `dir` (one level of subdirectories too).
+pub fn print_log_tails(dir: &Path) {
+    let mut logs = Vec::new();
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            for inner in std::fs::read_dir(&path).into_iter().flatten().flatten() {
+                logs.push(inner.path());
+            }
+        } else {
+            logs.push(path);
+        }
+    }
+    logs.retain(|p| p.extension().is_some_and(|e| e == "log"));
+    logs.sort();
+    for log in logs {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        let tail = lines[lines.len().saturating_sub(30)..].join("\n");
+        eprintln!("--- {} ---\n{tail}", log.display());
+    }
+}
+
+fn http_get(path: &str) -> http::Request<Vec<u8>> {
+    http::Request::get(path).body(Vec::new()).unwrap()
+}
+
+fn write_kubeconfig(path: &Path, port: u16, pki: &Pki, crt: &Path, key: &Path) {
+    let b64 = |p: &Path| base64::engine::general_purpose::STANDARD.encode(std::fs::read(p).unwrap());
+    let config = json!({
+        "apiVersion": "v1", "kind": "Config",
+        "clusters": [{"name": "test", "cluster": {
+            "server": format!("https://127.0.0.1:{port}"),
+            "certificate-authority-data": pki.ca_bundle_base64()}}],
+        "users": [{"name": "admin", "user": {
+            "client-certificate-data": b64(crt), "client-key-data": b64(key)}}],
+        "contexts": [{"name": "test", "context": {"cluster": "test", "user": "admin"}}],
+        "current-context": "test",
+    });
+    // JSON is YAML: every kubeconfig reader takes it.
+    std::fs::write(path, serde_json::to_string_pretty(&config).unwrap()).unwrap();
+}
+
+/// kube-scheduler with the chart's KubeSchedulerConfiguration, its extender pointed at
+/// `extender_url` (or none, for the run without Probity).
+pub struct Scheduler {
+    pub proc: Proc,
+    pub config: PathBuf,
+}
+
+impl Scheduler {
+    pub async fn start(plane: &ControlPlane, config_yaml: &str) -> Scheduler {
+        let config = plane.dir.join("scheduler-config.yaml");
+        std::fs::write(&config, config_yaml).unwrap();
+        let (crt, key) = plane
+            .pki
+            .issue("scheduler-serving", "kube-scheduler", None, &["127.0.0.1"]);
+        let port = free_port();
+        let proc = Proc::spawn(
+            "kube-scheduler",
+            Command::new(kube_bin("kube-scheduler"))
+                .arg("--config")
+                .arg(&config)
+                .args(["--bind-address", "127.0.0.1"])
+                .arg(format!("--secure-port={port}"))
+                .arg("--tls-cert-file")
+                .arg(&crt)
+                .arg("--tls-private-key-file")
+                .arg(&key)
+                .arg("--v=2"),
+            &plane.dir.join("kube-scheduler.log"),
+        );
+        let mut scheduler = Scheduler { proc, config };
+        let ca = plane.pki.ca_pem.clone();
+        // /readyz is open to anyone (the scheduler's always-allowed paths).
+        until("kube-scheduler /readyz", Duration::from_secs(60), || {
+            scheduler.proc.assert_running();
+            let ca = ca.clone();
+            async move {
+                let (status, body) = https(port, &ca, None, "GET", "/readyz", "").await.ok()?;
+                (status == 200 && body == "ok").then_some(())
+            }
+        })
+        .await;
+        scheduler
+    }
+}
+
+/// `probity serve` over TLS on loopback with the test CA's certificate, the default
+/// policies and the test cluster's facts, mTLS optional (the apiserver and scheduler
+/// call as anonymous; the test calls as `cn:probity-test-admin`, an admin).
+pub struct Probity {
+    pub port: u16,
+    pub state_dir: PathBuf,
+    config: PathBuf,
+    entities: PathBuf,
+    dir: PathBuf,
+    ca_pem: String,
+    admin: (String, String),
+    proc: Option<Proc>,
+}
+
+impl Probity {
+    pub async fn start(plane: &ControlPlane, entities: &Path) -> Probity {
+        let dir = plane.dir.join("probity");
+        std::fs::create_dir_all(&dir).unwrap();
+        let (crt, key) = plane
+            .pki
+            .issue("probity", "probity-webhook", None, &["127.0.0.1", "localhost"]);
+        let (admin_crt, admin_key) =
+            plane
+                .pki
+                .issue("probity-admin", "probity-test-admin", None, &[]);
+        let state_dir = dir.join("state");
+        std::fs::create_dir_all(&state_dir).unwrap();
+        std::fs::set_permissions(
+            &state_dir,
+            std::os::unix::fs::PermissionsExt::from_mode(0o700),
+        )
+        .unwrap();
+        let port = free_port();
+        let config = dir.join("probity-server.toml");
+        std::fs::write(
+            &config,
+            format!(
+                "[server]\nsocket = \"\"\nlisten = \"127.0.0.1:{port}\"\ntls_cert = {crt:?}\n\
+                 tls_key = {key:?}\nclient_ca = {ca:?}\nclient_auth = \"optional\"\n\
+                 [auth.groups]\nadmins = [\"cn:probity-test-admin\"]\n",
+                ca = plane.pki.ca_file(),
+            ),
+        )
+        .unwrap();
+        let mut probity = Probity {
+            port,
+            state_dir,
+            config,
+            entities: entities.to_owned(),
+            dir,
+            ca_pem: plane.pki.ca_pem.clone(),
+            admin: (
+                std::fs::read_to_string(admin_crt).unwrap(),
+                std::fs::read_to_string(admin_key).unwrap(),
+            ),
+            proc: None,
+        };
+        probity.restart().await;
+        probity
+    }
+
+    /// Starts the server again (after `stop`), on the same port and state.
+    pub async fn restart(&mut self) {
+        assert!(self.proc.is_none(), "probity is running");
+        let proc = Proc::spawn(
+            "probity serve",
+            Command::new(probity_bin())
+                .arg("serve")
+                .arg("--config")
+                .arg(&self.config)
+                .arg("--policies")
+                .arg(root().join("policies"))
+                .arg("--entities")
+                .arg(&self.entities)
+                .arg("--state-dir")
+                .arg(&self.state_dir)
+                .args(["--log-format", "json"]),
+            &self.dir.join("probity.log"),
+        );
+        self.proc = Some(proc);
+        until("probity /readyz", Duration::from_secs(60), || {
+            if let Some(p) = self.proc.as_mut() {
+                p.assert_running();
+            }
+            let (port, ca) = (self.port, self.ca_pem.clone());
+            async move {
+                let (status, _) = https(port, &ca, None, "GET", "/readyz", "").await.ok()?;
+                (status == 200).then_some(())
+            }
+        })
+        .await;
+    }
+
+    /// Stops the server by PID (SIGKILL: as a crash or an evicted pod would).
+    pub fn stop(&mut self) {
+        self.proc = None;
+    }
+
+    pub fn url(&self) -> String {
+        format!("https://127.0.0.1:{}", self.port)
+    }
+
+    /// One call to Probity's API as the test's admin; the status and the JSON body.
+    pub async fn call(&self, method: &str, path: &str, body: &Value) -> (u16, Value) {
+        let (status, text) = https(
+            self.port,
+            &self.ca_pem,
+            Some(&self.admin),
+            method,
+            path,
+            &body.to_string(),
+        )
+        .await
+        .unwrap();
+        (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("probity.log")).unwrap_or_default()
+    }
+}
+
+/// One HTTP/1.1 request over TLS to 127.0.0.1:`port`, trusting `ca_pem`, with a client
+/// certificate when given: the status and the body.
+pub async fn https(
+    port: u16,
+    ca_pem: &str,
+    identity: Option<&(String, String)>,
+    method: &str,
+    path: &str,
+    body: &str,
+) -> std::io::Result<(u16, String)> {
+    let mut roots = rustls::RootCertStore::empty();
+    for c in CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
+        roots.add(c.unwrap()).unwrap();
+    }
+    let builder = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots);
+    let config = match identity {
+        None => builder.with_no_client_auth(),
+        Some((cert, key)) => builder
+            .with_client_auth_cert(
+                CertificateDer::pem_slice_iter(cert.as_bytes())
+                    .map(Result::unwrap)
+                    .collect(),
+                PrivateKeyDer::from_pem_slice(key.as_bytes()).unwrap(),
+            )
+            .unwrap(),
+    };
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+    let mut tls = connector
+        .connect(ServerName::try_from("127.0.0.1").unwrap().to_owned(), tcp)
+        .await?;
+    let request = format!(
+        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    tls.write_all(request.as_bytes()).await?;
+    let mut response = Vec::new();
+    // A server may close without TLS close_notify; what arrived is still the answer.
+    let _ = tls.read_to_end(&mut response).await;
+    let text = String::from_utf8_lossy(&response).into_owned();
+    let (head, rest) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| std::io::Error::other(format!("no HTTP status in {head:?}")))?;
+    let body = if head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
+        dechunk(rest)
+    } else {
+        rest.to_owned()
+    };
+    Ok((status, body))
+}
+
+fn dechunk(mut rest: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, after)) = rest.split_once("\r\n") {
+        let Ok(n) = usize::from_str_radix(size.trim(), 16) else { break };
+        if n == 0 || after.len() < n {
+            break;
+        }
+        out.push_str(&after[..n]);
+        rest = after[n..].trim_start_matches("\r\n");
+    }
+    out
+}
