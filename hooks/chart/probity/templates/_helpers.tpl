@@ -114,7 +114,7 @@ contradict each other or the cluster lacks cert-manager.
 {{- define "probity.tlsMode" -}}
 {{- $mode := .Values.webhook.tls.mode -}}
 {{- if not $mode -}}
-{{- $mode = ternary "provided" "cert-manager" (ne .Values.webhook.caBundle "") -}}
+{{- $mode = ternary "provided" "cert-manager" (not (empty .Values.webhook.caBundle)) -}}
 {{- end -}}
 {{- if eq $mode "provided" -}}
 {{- if not .Values.webhook.caBundle -}}
@@ -142,7 +142,7 @@ contradict each other or the cluster lacks cert-manager.
 
 {{/* Namespaces the webhooks skip: the configured ones and always this release's. */}}
 {{- define "probity.excludedNamespaces" -}}
-{{- toJson (append .Values.webhook.excludedNamespaces .Release.Namespace | uniq) -}}
+{{- toJson (concat (default (list) .Values.webhook.excludedNamespaces) (list .Release.Namespace) | uniq) -}}
 {{- end -}}
 
 {{/* webhook.url without a trailing slash, checked. */}}
