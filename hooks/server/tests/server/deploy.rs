@@ -51,12 +51,6 @@ etcd:
     tlsSecret: probity-etcd-server
 ";
 
-/// The names the values say the operator provides (never rendered by the chart).
-const OPERATOR_PROVIDED: [&str; 3] = [
-    "probity-etcd-client",
-    "probity-etcd-server",
-    "probity-webhook-tls",
-];
 
 fn helm() -> PathBuf {
     let dir = std::env::var_os("PROBITY_KUBE_BIN").unwrap_or_else(|| {
@@ -928,12 +922,23 @@ fn the_apiserver_presents_a_client_certificate_to_the_webhook_service() {
 /// Certificate, or one the values name as the operator's.
 #[test]
 fn every_configmap_and_secret_a_workload_references_is_rendered_or_the_operators() {
-    for (values, args) in [
-        ("{}", &[][..]),
-        (BUNDLED_ETCD, &[][..]),
+    // The Secrets the values name as the operator's in each render (etcd.clientSecret,
+    // webhook.tls.existingSecret's default in provided mode, etcd.bundled.tlsSecret).
+    for (values, args, operators) in [
+        (
+            "{}",
+            &[][..],
+            &["probity-etcd-client", "probity-webhook-tls"][..],
+        ),
+        (
+            BUNDLED_ETCD,
+            &[][..],
+            &["probity-etcd-client", "probity-webhook-tls", "probity-etcd-server"][..],
+        ),
         (
             "webhook: {caBundle: null}",
             &["--api-versions", "cert-manager.io/v1"][..],
+            &["probity-etcd-client"][..],
         ),
     ] {
         let r = render(&[values], args);
@@ -949,7 +954,7 @@ fn every_configmap_and_secret_a_workload_references_is_rendered_or_the_operators
                                 .iter()
                                 .any(|c| c["spec"]["secretName"] == reference.as_str()));
                     assert!(
-                        rendered || OPERATOR_PROVIDED.contains(&reference.as_str()),
+                        rendered || (what == "Secret" && operators.contains(&reference.as_str())),
                         "{values}: {name} references {what} {reference}, neither rendered nor \
                          named by the operator"
                     );
@@ -1065,4 +1070,75 @@ fn the_prometheus_rule_renders_only_with_its_api() {
     let r = render(&[], &["--api-versions", "monitoring.coreos.com/v1"]);
     let rule = r.workload("PrometheusRule");
     assert!(rule.to_string().contains("probity_state_connected"));
+}
+
+/// The real kube-scheduler (`$PROBITY_KUBE_BIN/kube-scheduler`) loads the rendered
+/// configuration, validates it and builds the extender from it (with the TLS files it
+/// names), then writes back what it understood: the managed resource and the fail-closed
+/// extender survive its defaulting.
+#[test]
+fn the_real_kube_scheduler_accepts_the_rendered_configuration() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = |name: &str, text: &str| {
+        let path = dir.path().join(name);
+        std::fs::write(&path, text).unwrap();
+        path.to_str().unwrap().to_owned()
+    };
+    let key = rcgen::KeyPair::generate().unwrap();
+    let cert = rcgen::CertificateParams::new(vec!["probity-webhook.probity-system.svc".into()])
+        .unwrap()
+        .self_signed(&key)
+        .unwrap();
+    let ca = file("ca.crt", &cert.pem());
+    let key = file("client.key", &key.serialize_pem());
+    // Never contacted: the scheduler exits once it has written its configuration.
+    let kubeconfig = file(
+        "scheduler.conf",
+        "apiVersion: v1\nkind: Config\ncurrent-context: c\n\
+         clusters: [{name: c, cluster: {server: \"https://127.0.0.1:1\"}}]\n\
+         users: [{name: u, user: {token: unused}}]\n\
+         contexts: [{name: c, context: {cluster: c, user: u}}]\n",
+    );
+    let r = render(
+        &[&format!(
+            "scheduler: {{leaderElect: false, clientConnection: {{kubeconfig: {kubeconfig}}}, \
+             extender: {{tls: {{caFile: {ca}, certFile: {ca}, keyFile: {key}}}}}}}"
+        )],
+        &[],
+    );
+    let config = r.one("ConfigMap", "probity-scheduler-config")["data"]["scheduler-config.yaml"]
+        .as_str()
+        .unwrap();
+    let config = file("scheduler-config.yaml", config);
+    let written = dir.path().join("written.yaml");
+    let scheduler = helm().with_file_name("kube-scheduler");
+    let mut child = Command::new(&scheduler)
+        .args(["--config", &config, "--write-config-to"])
+        .arg(&written)
+        .stdout(std::process::Stdio::null())
+        // A file, not a pipe: a chatty scheduler cannot block on a full pipe.
+        .stderr(std::fs::File::create(dir.path().join("stderr")).unwrap())
+        .spawn()
+        .unwrap_or_else(|e| panic!("{}: {e}", scheduler.display()));
+    let started = std::time::Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if started.elapsed() > std::time::Duration::from_secs(120) {
+            child.kill().unwrap();
+            panic!("kube-scheduler --write-config-to did not exit in 120 s");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    let stderr = std::fs::read_to_string(dir.path().join("stderr")).unwrap();
+    assert!(status.success(), "kube-scheduler refused the configuration: {stderr}");
+    let understood: Value =
+        serde_norway::from_str(&std::fs::read_to_string(&written).unwrap()).unwrap();
+    let e = &understood["extenders"][0];
+    assert_eq!(e["managedResources"][0]["name"], "nvidia.com/gpu");
+    // ignorable false is the default it leaves out; true would be written.
+    assert_ne!(e["ignorable"], true, "{e}");
+    assert_eq!(e["nodeCacheCapable"], true);
+    assert_eq!(understood["leaderElection"]["leaderElect"], false);
 }
