@@ -51,7 +51,6 @@ etcd:
     tlsSecret: probity-etcd-server
 ";
 
-
 fn helm() -> PathBuf {
     let dir = std::env::var_os("PROBITY_KUBE_BIN").unwrap_or_else(|| {
         panic!("PROBITY_KUBE_BIN is not set: run scripts/build-control-plane.sh, which prints the directory")
@@ -340,7 +339,10 @@ fn cert_manager_mode_renders_the_issuer_chain_whose_ca_the_webhooks_inject() {
     );
     // The issuer chain: the serving certificate's CA issuer, its CA certificate, and
     // the self-signed root that issued that.
-    let issuer = r.one("Issuer", cert["spec"]["issuerRef"]["name"].as_str().unwrap());
+    let issuer = r.one(
+        "Issuer",
+        cert["spec"]["issuerRef"]["name"].as_str().unwrap(),
+    );
     let ca_secret = issuer["spec"]["ca"]["secretName"].as_str().unwrap();
     let ca = r
         .all("Certificate")
@@ -413,12 +415,18 @@ fn rendering_without_a_required_value_fails_naming_it() {
         ("etcd: {endpoints: null}", "etcd.endpoints"),
         ("etcd: {clientSecret: null}", "etcd.clientSecret"),
         ("trust: {publicKey: null}", "trust.publicKey"),
-        ("sidecar: {agent: {inventory: null}}", "sidecar.agent.inventory"),
+        (
+            "sidecar: {agent: {inventory: null}}",
+            "sidecar.agent.inventory",
+        ),
         (
             "webhook: {caBundle: null, tls: {mode: provided}}",
             "webhook.caBundle",
         ),
-        ("webhook: {caBundle: \"bm90IGEgY2VydA==\"}", "webhook.caBundle"),
+        (
+            "webhook: {caBundle: \"bm90IGEgY2VydA==\"}",
+            "webhook.caBundle",
+        ),
         ("etcd: {mode: bundled}", "etcd.bundled.tlsSecret"),
         (
             "scheduler: {extender: {managedResources: []}}",
@@ -558,7 +566,10 @@ fn the_agent_sees_the_host_read_only_with_net_admin_alone() {
         (&agent_config["state"]["dir"], "/var/lib/probity/agent"),
     ] {
         assert_eq!(path.as_str(), Some(dir));
-        assert!(mounted_volume(spec, agent, Path::new(dir)).is_some(), "{dir}");
+        assert!(
+            mounted_volume(spec, agent, Path::new(dir)).is_some(),
+            "{dir}"
+        );
     }
     // Its inventory: one TOML file per node, in the mounted inventory ConfigMap.
     let inventory = agent_config["inventory"]["file"].as_str().unwrap();
@@ -613,14 +624,8 @@ async fn only_pods_requesting_a_gpu_wait_on_the_scheduler_extender_which_fails_c
     let s = crate::state();
     for verb in ["filterVerb", "prioritizeVerb"] {
         let uri = format!("{path}/{}", e[verb].as_str().unwrap());
-        let (status, out) = crate::call(
-            &s,
-            axum::http::Method::POST,
-            &uri,
-            Some(&json!({})),
-            None,
-        )
-        .await;
+        let (status, out) =
+            crate::call(&s, axum::http::Method::POST, &uri, Some(&json!({})), None).await;
         assert_eq!(status, axum::http::StatusCode::BAD_REQUEST, "{uri}: {out}");
         assert!(
             out["Error"].as_str().unwrap().contains("ExtenderArgs"),
@@ -778,9 +783,7 @@ fn sidecars_and_webhooks_reach_etcd_with_client_certificates_from_a_secret() {
                         .unwrap_or_else(|| panic!("{kind}: no env"))
                         .iter()
                         .find(|e| e["name"] == probity_server::NODE_NAME_ENV)
-                        .unwrap_or_else(|| {
-                            panic!("{kind}: no {}", probity_server::NODE_NAME_ENV)
-                        });
+                        .unwrap_or_else(|| panic!("{kind}: no {}", probity_server::NODE_NAME_ENV));
                     assert_eq!(
                         env["valueFrom"]["fieldRef"]["fieldPath"], "spec.nodeName",
                         "{kind}"
@@ -822,7 +825,9 @@ fn bundled_etcd_is_three_members_behind_a_headless_service_requiring_client_cert
     assert_eq!(container["image"], "quay.io/coreos/etcd:v3.5.21");
     let command = strings(&container["command"]);
     let peers: Vec<String> = (0..3)
-        .map(|i| format!("probity-etcd-{i}=https://probity-etcd-{i}.probity-etcd.{NAMESPACE}.svc:2380"))
+        .map(|i| {
+            format!("probity-etcd-{i}=https://probity-etcd-{i}.probity-etcd.{NAMESPACE}.svc:2380")
+        })
         .collect();
     for want in [
         format!("--initial-cluster={}", peers.join(",")),
@@ -831,10 +836,15 @@ fn bundled_etcd_is_three_members_behind_a_headless_service_requiring_client_cert
         "--listen-client-urls=https://0.0.0.0:2379".to_owned(),
         format!("--advertise-client-urls=https://$(POD_NAME).probity-etcd.{NAMESPACE}.svc:2379"),
     ] {
-        assert!(command.contains(&want.as_str()), "{want} not in {command:?}");
+        assert!(
+            command.contains(&want.as_str()),
+            "{want} not in {command:?}"
+        );
     }
     assert!(
-        command.iter().all(|a| !a.contains("http://") || a.starts_with("--listen-metrics-urls")),
+        command
+            .iter()
+            .all(|a| !a.contains("http://") || a.starts_with("--listen-metrics-urls")),
         "{command:?}"
     );
     let err = try_render(&[BUNDLED_ETCD, "etcd: {bundled: {members: 2}}"], &[])
@@ -933,7 +943,11 @@ fn every_configmap_and_secret_a_workload_references_is_rendered_or_the_operators
         (
             BUNDLED_ETCD,
             &[][..],
-            &["probity-etcd-client", "probity-webhook-tls", "probity-etcd-server"][..],
+            &[
+                "probity-etcd-client",
+                "probity-webhook-tls",
+                "probity-etcd-server",
+            ][..],
         ),
         (
             "webhook: {caBundle: null}",
@@ -1016,7 +1030,12 @@ fn the_policies_configmap_holds_every_policy_file_byte_for_byte() {
                 || name.ends_with(".cedar")
             {
                 let text = std::fs::read_to_string(&path).unwrap();
-                assert_eq!(data.get(&name), Some(&Value::from(text)), "{}", path.display());
+                assert_eq!(
+                    data.get(&name),
+                    Some(&Value::from(text)),
+                    "{}",
+                    path.display()
+                );
                 want.insert(name);
             }
         }
@@ -1026,16 +1045,24 @@ fn the_policies_configmap_holds_every_policy_file_byte_for_byte() {
     // Both workloads mount it where --policies points.
     for kind in ["DaemonSet", "Deployment"] {
         let spec = &r.workload(kind)["spec"]["template"]["spec"];
-        let volume = mounted_volume(spec, &spec["containers"][0], Path::new("/etc/probity/policies"))
-            .unwrap();
+        let volume = mounted_volume(
+            spec,
+            &spec["containers"][0],
+            Path::new("/etc/probity/policies"),
+        )
+        .unwrap();
         assert_eq!(volume["configMap"]["name"], "probity-policies", "{kind}");
     }
     // An operator's ConfigMap replaces it.
     let r = render(&["policies: {existingConfigMap: my-policies}"], &[]);
     assert!(r.find("ConfigMap", "probity-policies").is_none());
     let spec = &r.workload("Deployment")["spec"]["template"]["spec"];
-    let volume =
-        mounted_volume(spec, &spec["containers"][0], Path::new("/etc/probity/policies")).unwrap();
+    let volume = mounted_volume(
+        spec,
+        &spec["containers"][0],
+        Path::new("/etc/probity/policies"),
+    )
+    .unwrap();
     assert_eq!(volume["configMap"]["name"], "my-policies");
 }
 
@@ -1132,7 +1159,10 @@ fn the_real_kube_scheduler_accepts_the_rendered_configuration() {
         std::thread::sleep(std::time::Duration::from_millis(50));
     };
     let stderr = std::fs::read_to_string(dir.path().join("stderr")).unwrap();
-    assert!(status.success(), "kube-scheduler refused the configuration: {stderr}");
+    assert!(
+        status.success(),
+        "kube-scheduler refused the configuration: {stderr}"
+    );
     let understood: Value =
         serde_norway::from_str(&std::fs::read_to_string(&written).unwrap()).unwrap();
     let e = &understood["extenders"][0];
