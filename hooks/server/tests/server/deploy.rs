@@ -1199,3 +1199,18 @@ fn the_real_kube_scheduler_accepts_the_rendered_configuration() {
     assert_eq!(e["nodeCacheCapable"], true);
     assert_eq!(understood["leaderElection"]["leaderElect"], false);
 }
+
+/// For applying `helm template`'s output with kubectl: the namespace comes first, and
+/// only when asked (helm install makes it with --create-namespace).
+#[test]
+fn the_namespace_is_rendered_first_and_only_when_asked() {
+    assert!(default_render().all("Namespace").is_empty());
+    let r = render(&["createNamespace: true"], &[]);
+    let first = &r.0[0];
+    assert_eq!(first["kind"], "Namespace");
+    assert_eq!(first["metadata"]["name"], NAMESPACE);
+    assert_eq!(
+        first["metadata"]["labels"]["kubernetes.io/metadata.name"],
+        NAMESPACE
+    );
+}
