@@ -951,7 +951,8 @@ fn the_apiserver_presents_a_client_certificate_to_the_webhook_service() {
 #[test]
 fn every_configmap_and_secret_a_workload_references_is_rendered_or_the_operators() {
     // The Secrets the values name as the operator's in each render (etcd.clientSecret,
-    // webhook.tls.existingSecret's default in provided mode, etcd.bundled.tlsSecret).
+    // webhook.tls.existingSecret's default in provided mode, etcd.bundled.tlsSecret,
+    // imagePullSecrets).
     for (values, args, operators) in [
         (
             "{}",
@@ -966,6 +967,11 @@ fn every_configmap_and_secret_a_workload_references_is_rendered_or_the_operators
                 "probity-webhook-tls",
                 "probity-etcd-server",
             ][..],
+        ),
+        (
+            "imagePullSecrets: [{name: regcred}]",
+            &[][..],
+            &["probity-etcd-client", "probity-webhook-tls", "regcred"][..],
         ),
         (
             "webhook: {caBundle: null}",
@@ -1021,6 +1027,9 @@ fn references(spec: &Value) -> BTreeSet<(String, &'static str)> {
             add(&source["configMap"]["name"], "ConfigMap");
             add(&source["secret"]["name"], "Secret");
         }
+    }
+    for pull in spec["imagePullSecrets"].as_array().into_iter().flatten() {
+        add(&pull["name"], "Secret");
     }
     for list in ["containers", "initContainers"] {
         for c in spec[list].as_array().into_iter().flatten() {
