@@ -1,44 +1,228 @@
-//! The Kubernetes manifests in hooks/deploy follow the webhook rules: failurePolicy Fail,
-//! a short timeout, no side effects, v1 reviews, and Probity's own and the system
-//! namespaces excluded; and the webhook CA is injected from the certificate the
-//! webhook serves with.
+//! Probity's Helm chart (hooks/chart/probity), as the real `helm template` renders it
+//! (`$PROBITY_KUBE_BIN/helm`, built by scripts/build-control-plane.sh): the webhooks
+//! fail closed quickly, without side effects, on v1 reviews, skipping the system
+//! namespaces and Probity's own; the CA comes from cert-manager or from the operator;
+//! the scheduler extender sees only pods that request a GPU and is not ignorable; every
+//! ConfigMap and Secret a workload mounts is rendered or named by the operator; and a
+//! missing required value fails the render with a message naming it.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::Command;
 
 use serde::Deserialize;
-use serde_json::Value;
+use serde_json::{Value, json};
 
 use crate::root;
 
-fn documents() -> Vec<(String, Value)> {
-    let dir = root().join("hooks/deploy");
+const RELEASE: &str = "probity";
+const NAMESPACE: &str = "probity-system";
+
+/// base64 of a PEM certificate block (the chart checks the form, not the certificate).
+const CA_BUNDLE: &str =
+    "LS0tLS1CRUdJTiBDRVJUSUZJQ0FURS0tLS0tCk1JSUJsaW50Ci0tLS0tRU5EIENFUlRJRklDQVRFLS0tLS0K";
+
+/// The values every render must be given (provided-CA mode: `helm template` knows no
+/// cert-manager API unless told).
+fn required_values() -> String {
+    format!(
+        r#"
+etcd:
+  endpoints: ["https://etcd-0.etcd.example:2379", "https://etcd-1.etcd.example:2379"]
+  clientSecret: probity-etcd-client
+webhook:
+  caBundle: "{CA_BUNDLE}"
+trust:
+  publicKey: "04a1b2c3"
+sidecar:
+  agent:
+    inventory:
+      gpu-001: {{zone: z1, rack: r1, role: gpu-worker, gpu_node: true, cuda_image: "nvcr.io/nvidia/cuda:12.8.0-base-ubuntu24.04", cpu_count: 64}}
+"#
+    )
+}
+
+/// etcd run by the chart: three members, with the operator's serving certificate.
+const BUNDLED_ETCD: &str = "
+etcd:
+  mode: bundled
+  endpoints: null
+  bundled:
+    tlsSecret: probity-etcd-server
+";
+
+fn helm() -> PathBuf {
+    let dir = std::env::var_os("PROBITY_KUBE_BIN").unwrap_or_else(|| {
+        panic!("PROBITY_KUBE_BIN is not set: run scripts/build-control-plane.sh, which prints the directory")
+    });
+    PathBuf::from(dir).join("helm")
+}
+
+fn chart() -> PathBuf {
+    root().join("hooks/chart/probity")
+}
+
+/// Runs `helm <args>` with its configuration, cache and data in `home` (nothing of
+/// the user's is read or written); Ok(stdout) on success, Err(stderr) otherwise.
+fn run_helm(home: &Path, args: &[&str]) -> Result<String, String> {
+    let out = Command::new(helm())
+        .args(args)
+        .env("HELM_CONFIG_HOME", home.join("config"))
+        .env("HELM_CACHE_HOME", home.join("cache"))
+        .env("HELM_DATA_HOME", home.join("data"))
+        .env_remove("KUBECONFIG")
+        .output()
+        .unwrap_or_else(|e| panic!("{}: {e}", helm().display()));
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    if out.status.success() {
+        Ok(stdout)
+    } else {
+        Err(stderr)
+    }
+}
+
+/// The chart's objects, as `helm template` renders them.
+struct Render(Vec<Value>);
+
+impl Render {
+    fn all(&self, kind: &str) -> Vec<&Value> {
+        self.0.iter().filter(|d| d["kind"] == kind).collect()
+    }
+
+    fn find(&self, kind: &str, name: &str) -> Option<&Value> {
+        self.0
+            .iter()
+            .find(|d| d["kind"] == kind && d["metadata"]["name"] == name)
+    }
+
+    fn one(&self, kind: &str, name: &str) -> &Value {
+        self.find(kind, name)
+            .unwrap_or_else(|| panic!("no {kind} {name} in the render: {:?}", self.names()))
+    }
+
+    fn workload(&self, kind: &str) -> &Value {
+        let all = self.all(kind);
+        assert_eq!(all.len(), 1, "{kind}: {:?}", self.names());
+        all[0]
+    }
+
+    fn names(&self) -> Vec<String> {
+        self.0
+            .iter()
+            .map(|d| format!("{}/{}", d["kind"], d["metadata"]["name"]))
+            .collect()
+    }
+
+    /// A ConfigMap's file, parsed as YAML.
+    fn config_file(&self, map: &str, key: &str) -> Value {
+        let text = self.one("ConfigMap", map)["data"][key]
+            .as_str()
+            .unwrap_or_else(|| panic!("ConfigMap {map} has no {key}"))
+            .to_owned();
+        serde_norway::from_str(&text).unwrap_or_else(|e| panic!("{map} {key}: {e}"))
+    }
+}
+
+/// `helm template` of the chart with the required values, then each of `values` (YAML)
+/// over them, then `args`.
+fn try_render(values: &[&str], args: &[&str]) -> Result<Render, String> {
+    let text = run_chart("template", values, args)?;
     let mut docs = Vec::new();
-    let mut files: Vec<_> = std::fs::read_dir(&dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .collect();
-    files.sort();
-    for path in files
-        .into_iter()
-        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
-    {
-        let text = std::fs::read_to_string(&path).unwrap();
-        for doc in serde_norway::Deserializer::from_str(&text) {
-            let v = Value::deserialize(doc).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-            if !v.is_null() {
-                docs.push((path.file_name().unwrap().to_string_lossy().into_owned(), v));
-            }
+    for doc in serde_norway::Deserializer::from_str(&text) {
+        let v = Value::deserialize(doc).unwrap_or_else(|e| panic!("helm template: {e}\n{text}"));
+        if !v.is_null() {
+            docs.push(v);
         }
     }
-    docs
+    Ok(Render(docs))
+}
+
+/// `helm <command> RELEASE CHART` in the release's namespace, with the required values,
+/// then each of `values` (YAML) over them, then `args`.
+fn run_chart(command: &str, values: &[&str], args: &[&str]) -> Result<String, String> {
+    let home = tempfile::tempdir().unwrap();
+    let chart = chart();
+    let mut files = Vec::new();
+    for (i, text) in std::iter::once(required_values().as_str())
+        .chain(values.iter().copied())
+        .enumerate()
+    {
+        let path = home.path().join(format!("values-{i}.yaml"));
+        std::fs::write(&path, text).unwrap();
+        files.push(path.to_str().unwrap().to_owned());
+    }
+    let mut argv = vec![
+        command,
+        RELEASE,
+        chart.to_str().unwrap(),
+        "--namespace",
+        NAMESPACE,
+    ];
+    for f in &files {
+        argv.extend(["--values", f.as_str()]);
+    }
+    argv.extend(args);
+    run_helm(home.path(), &argv)
+}
+
+/// The NOTES `helm install` prints (a client-side dry run: no cluster is contacted).
+fn notes(values: &[&str], args: &[&str]) -> String {
+    let mut args = args.to_vec();
+    args.push("--dry-run=client");
+    let out = run_chart("install", values, &args)
+        .unwrap_or_else(|e| panic!("helm install --dry-run=client: {e}"));
+    out.split_once("NOTES:")
+        .unwrap_or_else(|| panic!("no NOTES: {out}"))
+        .1
+        .to_owned()
+}
+
+fn render(values: &[&str], args: &[&str]) -> Render {
+    try_render(values, args).unwrap_or_else(|e| panic!("helm template failed: {e}"))
+}
+
+fn default_render() -> Render {
+    render(&[], &[])
+}
+
+fn strings(v: &Value) -> Vec<&str> {
+    v.as_array()
+        .unwrap_or_else(|| panic!("not a list: {v}"))
+        .iter()
+        .map(|s| s.as_str().unwrap())
+        .collect()
+}
+
+fn webhook_configurations(r: &Render) -> Vec<&Value> {
+    let mut all = r.all("ValidatingWebhookConfiguration");
+    all.extend(r.all("MutatingWebhookConfiguration"));
+    all
+}
+
+#[test]
+fn helm_lint_strict_passes() {
+    let home = tempfile::tempdir().unwrap();
+    let values = home.path().join("values.yaml");
+    std::fs::write(&values, required_values()).unwrap();
+    let out = run_helm(
+        home.path(),
+        &[
+            "lint",
+            "--strict",
+            chart().to_str().unwrap(),
+            "--namespace",
+            NAMESPACE,
+            "--values",
+            values.to_str().unwrap(),
+        ],
+    );
+    assert!(out.is_ok(), "helm lint --strict: {out:?}");
 }
 
 #[test]
 fn webhooks_fail_closed_quickly_without_side_effects_and_skip_system_namespaces() {
-    let docs = documents();
-    let mut kinds: Vec<&str> = docs
-        .iter()
-        .map(|(_, d)| d["kind"].as_str().unwrap())
-        .collect();
-    kinds.sort_unstable();
+    let r = default_render();
     for want in [
         "DaemonSet",
         "Deployment",
@@ -46,26 +230,16 @@ fn webhooks_fail_closed_quickly_without_side_effects_and_skip_system_namespaces(
         "Service",
         "ValidatingWebhookConfiguration",
     ] {
-        assert!(
-            kinds.contains(&want),
-            "no {want} in hooks/deploy: {kinds:?}"
-        );
+        assert!(!r.all(want).is_empty(), "no {want}: {:?}", r.names());
     }
     let mut webhooks = 0;
-    for (file, doc) in &docs {
+    for doc in webhook_configurations(&r) {
         let kind = doc["kind"].as_str().unwrap();
-        if !kind.ends_with("WebhookConfiguration") {
-            continue;
-        }
         for hook in doc["webhooks"].as_array().unwrap() {
             webhooks += 1;
-            let name = format!("{file}: {}", hook["name"]);
+            let name = format!("{kind}: {}", hook["name"]);
             assert_eq!(hook["failurePolicy"], "Fail", "{name}");
-            let timeout = hook["timeoutSeconds"].as_u64().unwrap();
-            assert!(
-                (1..=10).contains(&timeout),
-                "{name}: timeoutSeconds {timeout}"
-            );
+            assert_eq!(hook["timeoutSeconds"], 5, "{name}");
             // The validating hook remembers admitted pods for their bindings.
             let side_effects = if name.contains("validate.probity.io") {
                 "NoneOnDryRun"
@@ -73,109 +247,104 @@ fn webhooks_fail_closed_quickly_without_side_effects_and_skip_system_namespaces(
                 "None"
             };
             assert_eq!(hook["sideEffects"], side_effects, "{name}");
-            assert_eq!(
-                hook["admissionReviewVersions"],
-                serde_json::json!(["v1"]),
-                "{name}"
-            );
-            let path = hook["clientConfig"]["service"]["path"].as_str().unwrap();
+            assert_eq!(hook["admissionReviewVersions"], json!(["v1"]), "{name}");
+            let service = &hook["clientConfig"]["service"];
+            assert_eq!(service["name"], "probity-webhook", "{name}");
+            assert_eq!(service["namespace"], NAMESPACE, "{name}");
             let want = if kind.starts_with("Mutating") {
                 "/v1/admission/mutate"
             } else {
                 "/v1/admission/validate"
             };
-            assert_eq!(path, want, "{name}");
-            let excluded: Vec<&str> = hook["namespaceSelector"]["matchExpressions"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .filter(|e| e["key"] == "kubernetes.io/metadata.name" && e["operator"] == "NotIn")
-                .flat_map(|e| {
-                    e["values"]
-                        .as_array()
-                        .unwrap()
-                        .iter()
-                        .map(|v| v.as_str().unwrap())
-                })
-                .collect();
-            for ns in ["kube-system", "probity-system"] {
-                assert!(excluded.contains(&ns), "{name} does not exclude {ns}");
-            }
+            assert_eq!(service["path"], want, "{name}");
+            let selector = &hook["namespaceSelector"]["matchExpressions"];
+            assert_eq!(
+                selector,
+                &json!([{"key": "kubernetes.io/metadata.name", "operator": "NotIn",
+                         "values": ["kube-system", NAMESPACE]}]),
+                "{name}"
+            );
         }
     }
     assert_eq!(webhooks, 2);
-}
-
-#[test]
-fn the_sidecar_shares_its_socket_directory_through_a_volume() {
-    let docs = documents();
-    let (_, ds) = docs.iter().find(|(_, d)| d["kind"] == "DaemonSet").unwrap();
-    let spec = &ds["spec"]["template"]["spec"];
-    let container = &spec["containers"][0];
-    let args: Vec<&str> = container["args"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|a| a.as_str().unwrap())
-        .collect();
-    let socket = args
-        .iter()
-        .position(|a| *a == "--socket")
-        .map(|i| args[i + 1])
-        .unwrap();
-    let dir = std::path::Path::new(socket)
-        .parent()
-        .unwrap()
-        .to_str()
-        .unwrap();
-    let mount = container["volumeMounts"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|m| m["mountPath"] == dir)
-        .unwrap();
-    let volume = spec["volumes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|v| v["name"] == mount["name"])
-        .unwrap();
-    assert!(
-        volume.get("hostPath").is_some() || volume.get("emptyDir").is_some(),
-        "{volume}"
+    // The values change them; the release's namespace stays excluded whatever the list.
+    let r = render(
+        &["webhook: {failurePolicy: Ignore, timeoutSeconds: 3, excludedNamespaces: [monitoring]}"],
+        &[],
     );
+    for doc in webhook_configurations(&r) {
+        let hook = &doc["webhooks"][0];
+        assert_eq!(hook["failurePolicy"], "Ignore");
+        assert_eq!(hook["timeoutSeconds"], 3);
+        assert_eq!(
+            hook["namespaceSelector"]["matchExpressions"][0]["values"],
+            json!(["monitoring", NAMESPACE])
+        );
+    }
+}
+
+/// Provided mode (the default while webhook.caBundle is set): the operator's CA in both
+/// configurations, the operator's Secret mounted, no cert-manager object.
+#[test]
+fn a_provided_ca_goes_into_both_webhooks_and_the_deployment_mounts_the_existing_secret() {
+    for (values, secret) in [
+        ("{}", "probity-webhook-tls"),
+        (
+            "webhook: {tls: {mode: provided, existingSecret: my-tls}}",
+            "my-tls",
+        ),
+    ] {
+        let r = render(&[values], &[]);
+        for doc in webhook_configurations(&r) {
+            assert!(doc["metadata"]["annotations"].is_null(), "{doc}");
+            assert_eq!(doc["webhooks"][0]["clientConfig"]["caBundle"], CA_BUNDLE);
+        }
+        assert!(r.all("Certificate").is_empty() && r.all("Issuer").is_empty());
+        let deployment = r.one("Deployment", "probity-webhook");
+        let mounted: Vec<&str> = deployment["spec"]["template"]["spec"]["volumes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|v| v["secret"]["secretName"].as_str())
+            .collect();
+        assert!(mounted.contains(&secret), "{mounted:?} lacks {secret}");
+    }
 }
 
 #[test]
-fn the_webhook_ca_comes_from_the_certificate_the_deployment_serves_with() {
-    let docs = documents();
-    let find = |kind: &str, name: &str| {
-        docs.iter()
-            .map(|(_, d)| d)
-            .find(|d| d["kind"] == kind && d["metadata"]["name"] == name)
-            .unwrap_or_else(|| panic!("no {kind} {name} in hooks/deploy"))
-    };
-    // The serving certificate: its Secret is what the webhook Deployment mounts, and
-    // it names the Service the webhook configurations call.
-    let service = find("Service", "probity-webhook");
+fn cert_manager_mode_without_the_cert_manager_api_fails_naming_the_value() {
+    for values in [
+        "webhook: {caBundle: null}",
+        "webhook: {tls: {mode: cert-manager}}",
+    ] {
+        let err = try_render(&[values], &[])
+            .err()
+            .unwrap_or_else(|| panic!("{values}: rendered without cert-manager.io/v1"));
+        assert!(err.contains("webhook.tls.mode"), "{err}");
+        assert!(err.contains("cert-manager.io/v1"), "{err}");
+        assert!(err.contains("webhook.caBundle"), "{err}");
+    }
+}
+
+/// cert-manager mode: the issuer chain and the serving certificate are rendered, its
+/// Secret is what the Deployment mounts, it names the Service the webhooks call, and
+/// both webhook configurations take their CA from it (no caBundle beside the injection).
+#[test]
+fn cert_manager_mode_renders_the_issuer_chain_whose_ca_the_webhooks_inject() {
+    let r = render(
+        &["webhook: {caBundle: null}"],
+        &["--api-versions", "cert-manager.io/v1"],
+    );
+    let service = r.one("Service", "probity-webhook");
     let dns = format!(
         "probity-webhook.{}.svc",
         service["metadata"]["namespace"].as_str().unwrap()
     );
-    let cert = find("Certificate", "probity-webhook-tls");
+    let cert = r.one("Certificate", "probity-webhook-tls");
     let secret = cert["spec"]["secretName"].as_str().unwrap();
-    let names: Vec<&str> = cert["spec"]["dnsNames"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v.as_str().unwrap())
-        .collect();
+    let names = strings(&cert["spec"]["dnsNames"]);
     assert!(names.contains(&dns.as_str()), "{names:?} lacks {dns}");
-    let deployment = docs
-        .iter()
-        .map(|(_, d)| d)
-        .find(|d| d["kind"] == "Deployment")
-        .unwrap();
+    let deployment = r.workload("Deployment");
     let mounted: Vec<&str> = deployment["spec"]["template"]["spec"]["volumes"]
         .as_array()
         .unwrap()
@@ -186,36 +355,131 @@ fn the_webhook_ca_comes_from_the_certificate_the_deployment_serves_with() {
         mounted.contains(&secret),
         "the Deployment mounts {mounted:?}, not {secret}"
     );
-    // Its issuer chain is defined here too.
-    let issuer = cert["spec"]["issuerRef"]["name"].as_str().unwrap();
-    find("Issuer", issuer);
-    // Both webhook configurations take their CA from it, and none carries a stale or
-    // empty caBundle beside the injection.
-    let inject = format!(
-        "{}/{}",
-        cert["metadata"]["namespace"].as_str().unwrap(),
-        "probity-webhook-tls"
+    // The issuer chain: the serving certificate's CA issuer, its CA certificate, and
+    // the self-signed root that issued that.
+    let issuer = r.one(
+        "Issuer",
+        cert["spec"]["issuerRef"]["name"].as_str().unwrap(),
     );
-    for (file, doc) in &docs {
-        if !doc["kind"]
-            .as_str()
-            .unwrap()
-            .ends_with("WebhookConfiguration")
-        {
-            continue;
-        }
+    let ca_secret = issuer["spec"]["ca"]["secretName"].as_str().unwrap();
+    let ca = r
+        .all("Certificate")
+        .into_iter()
+        .find(|c| c["spec"]["secretName"] == ca_secret)
+        .unwrap();
+    assert_eq!(ca["spec"]["isCA"], true);
+    let root_issuer = r.one("Issuer", ca["spec"]["issuerRef"]["name"].as_str().unwrap());
+    assert!(root_issuer["spec"]["selfSigned"].is_object());
+    let inject = format!("{NAMESPACE}/{}", cert["metadata"]["name"].as_str().unwrap());
+    for doc in webhook_configurations(&r) {
         assert_eq!(
             doc["metadata"]["annotations"]["cert-manager.io/inject-ca-from"], inject,
-            "{file}"
+            "{}",
+            doc["kind"]
         );
         for hook in doc["webhooks"].as_array().unwrap() {
             assert!(
                 hook["clientConfig"].get("caBundle").is_none(),
-                "{file}: {} sets caBundle",
+                "{} sets caBundle",
                 hook["name"]
             );
         }
     }
+}
+
+/// webhook.url: the real apiserver of the tests calls a Probity on 127.0.0.1; both
+/// configurations name the URL instead of the Service, and the extender follows.
+#[test]
+fn webhook_url_replaces_the_service_in_both_webhooks_and_the_extender() {
+    let url = "https://127.0.0.1:18443";
+    let r = render(&[&format!("webhook: {{url: \"{url}/\"}}")], &[]);
+    for doc in webhook_configurations(&r) {
+        let client = &doc["webhooks"][0]["clientConfig"];
+        assert!(client.get("service").is_none(), "{client}");
+        let path = if doc["kind"] == "MutatingWebhookConfiguration" {
+            "mutate"
+        } else {
+            "validate"
+        };
+        assert_eq!(client["url"], format!("{url}/v1/admission/{path}"));
+        assert_eq!(client["caBundle"], CA_BUNDLE);
+    }
+    let config = r.config_file("probity-scheduler-config", "scheduler-config.yaml");
+    assert_eq!(
+        config["extenders"][0]["urlPrefix"],
+        format!("{url}/v1/scheduler")
+    );
+    let kubeconfig = r.config_file("probity-apiserver-admission", "webhook-kubeconfig.yaml");
+    assert_eq!(kubeconfig["users"][0]["name"], "127.0.0.1:18443");
+    // cert-manager cannot issue for a server outside the cluster.
+    let err = try_render(
+        &[&format!(
+            "webhook: {{url: \"{url}\", tls: {{mode: cert-manager}}}}"
+        )],
+        &["--api-versions", "cert-manager.io/v1"],
+    )
+    .err()
+    .unwrap();
+    assert!(err.contains("webhook.caBundle"), "{err}");
+    let err = try_render(&["webhook: {url: \"http://127.0.0.1:1\"}"], &[])
+        .err()
+        .unwrap();
+    assert!(err.contains("webhook.url"), "{err}");
+}
+
+#[test]
+fn rendering_without_a_required_value_fails_naming_it() {
+    for (values, name) in [
+        ("etcd: {endpoints: null}", "etcd.endpoints"),
+        ("etcd: {clientSecret: null}", "etcd.clientSecret"),
+        ("trust: {publicKey: null}", "trust.publicKey"),
+        (
+            "sidecar: {agent: {inventory: null}}",
+            "sidecar.agent.inventory",
+        ),
+        (
+            "webhook: {caBundle: null, tls: {mode: provided}}",
+            "webhook.caBundle",
+        ),
+        (
+            "webhook: {caBundle: \"bm90IGEgY2VydA==\"}",
+            "webhook.caBundle",
+        ),
+        ("etcd: {mode: bundled}", "etcd.bundled.tlsSecret"),
+        (
+            "scheduler: {extender: {managedResources: []}}",
+            "scheduler.extender.managedResources",
+        ),
+    ] {
+        let err = try_render(&[values], &[])
+            .err()
+            .unwrap_or_else(|| panic!("{values}: rendered"));
+        assert!(err.contains(name), "{values}: {err}");
+    }
+    // Without the sidecar, its trust key and inventory are not needed.
+    let r = render(
+        &["{sidecar: {enabled: false, agent: {inventory: null}}, trust: {publicKey: null}}"],
+        &[],
+    );
+    assert!(r.all("DaemonSet").is_empty());
+    // Every required value given: the render passes (the other renders rely on it).
+    assert!(!default_render().all("Deployment").is_empty());
+}
+
+#[test]
+fn the_sidecar_shares_its_socket_directory_through_a_volume() {
+    let r = default_render();
+    let spec = &r.workload("DaemonSet")["spec"]["template"]["spec"];
+    let container = &spec["containers"][0];
+    let args = strings(&container["args"]);
+    let socket = args
+        .iter()
+        .position(|a| *a == "--socket")
+        .map(|i| args[i + 1])
+        .unwrap();
+    let dir = Path::new(socket).parent().unwrap();
+    let volume = mounted_volume(spec, container, dir).unwrap();
+    assert_eq!(volume["hostPath"]["path"], "/run/probity", "{volume}");
 }
 
 /// The node agent runs beside `probity serve` in the sidecar pod, with the host's view
@@ -224,9 +488,8 @@ fn the_webhook_ca_comes_from_the_certificate_the_deployment_serves_with() {
 /// runtime, and CAP_NET_ADMIN as its only capability; the server gets none of these.
 #[test]
 fn the_agent_sees_the_host_read_only_with_net_admin_alone() {
-    let docs = documents();
-    let (_, ds) = docs.iter().find(|(_, d)| d["kind"] == "DaemonSet").unwrap();
-    let spec = &ds["spec"]["template"]["spec"];
+    let r = default_render();
+    let spec = &r.workload("DaemonSet")["spec"]["template"]["spec"];
     assert_eq!(spec["hostNetwork"], true, "the firewall is the host's");
     assert_ne!(spec["hostPID"], true, "the host's /proc is mounted instead");
     assert_eq!(spec["runtimeClassName"], "nvidia");
@@ -260,20 +523,12 @@ fn the_agent_sees_the_host_read_only_with_net_admin_alone() {
             .and_then(Value::as_str),
         Some("void" | "none") | None
     ));
-    for (c, adds) in [
-        (agent, serde_json::json!(["NET_ADMIN"])),
-        (serve, Value::Null),
-    ] {
+    for (c, adds) in [(agent, json!(["NET_ADMIN"])), (serve, Value::Null)] {
         let sc = &c["securityContext"];
         assert_ne!(sc["privileged"], true, "{}", c["name"]);
         assert_eq!(sc["allowPrivilegeEscalation"], false, "{}", c["name"]);
         assert_eq!(sc["readOnlyRootFilesystem"], true, "{}", c["name"]);
-        assert_eq!(
-            sc["capabilities"]["drop"],
-            serde_json::json!(["ALL"]),
-            "{}",
-            c["name"]
-        );
+        assert_eq!(sc["capabilities"]["drop"], json!(["ALL"]), "{}", c["name"]);
         assert_eq!(sc["capabilities"]["add"], adds, "{}", c["name"]);
     }
     // Each host path the agent reads is mounted read-only; only its state is writable.
@@ -314,60 +569,81 @@ fn the_agent_sees_the_host_read_only_with_net_admin_alone() {
             );
         }
     }
-    // The agent's configuration is in a mounted volume.
-    let args: Vec<&str> = agent["args"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|a| a.as_str().unwrap())
-        .collect();
-    let config = args[args.iter().position(|a| *a == "--config").unwrap() + 1];
-    assert!(
-        mounts
-            .iter()
-            .any(|m| config.starts_with(m["mountPath"].as_str().unwrap())),
-        "{config} is in no volume"
-    );
+    // The agent's configuration is a mounted ConfigMap file: TOML that names the
+    // inventory, /proc and the state directory as mounted.
+    let args = strings(&agent["args"]);
+    let config = Path::new(args[args.iter().position(|a| *a == "--config").unwrap() + 1]);
+    let volume = mounted_volume(spec, agent, config.parent().unwrap())
+        .unwrap_or_else(|| panic!("{} is in no volume", config.display()));
+    let map = volume["configMap"]["name"].as_str().unwrap();
+    let file = config.file_name().unwrap().to_str().unwrap();
+    let text = r.one("ConfigMap", map)["data"][file].as_str().unwrap();
+    let agent_config: toml::Table = toml::from_str(text).unwrap();
+    for (path, dir) in [
+        (&agent_config["proc"]["root"], "/host/proc"),
+        (&agent_config["state"]["dir"], "/var/lib/probity/agent"),
+    ] {
+        assert_eq!(path.as_str(), Some(dir));
+        assert!(
+            mounted_volume(spec, agent, Path::new(dir)).is_some(),
+            "{dir}"
+        );
+    }
+    // Its inventory: one TOML file per node, in the mounted inventory ConfigMap.
+    let inventory = agent_config["inventory"]["file"].as_str().unwrap();
+    let inventory = Path::new(inventory);
+    let volume = mounted_volume(spec, agent, inventory.parent().unwrap()).unwrap();
+    let map = r.one("ConfigMap", volume["configMap"]["name"].as_str().unwrap());
+    let node: toml::Table = toml::from_str(map["data"]["gpu-001.toml"].as_str().unwrap()).unwrap();
+    assert_eq!(node["zone"].as_str(), Some("z1"));
+    assert_eq!(node["gpu_node"].as_bool(), Some(true));
+    assert_eq!(node["cpu_count"].as_integer(), Some(64));
 }
 
+/// The scheduler configuration, for `kube-scheduler --config`: only pods requesting a
+/// GPU go through Probity (so kube-system's and Probity's own replacement pods schedule
+/// while it is down), and for those the extender fails closed. Each verb is a route the
+/// server answers.
 #[tokio::test]
-async fn the_scheduler_configuration_wires_the_extender_to_routes_that_exist() {
-    let docs = documents();
-    let (_, config) = docs
-        .iter()
-        .find(|(_, d)| d["kind"] == "KubeSchedulerConfiguration")
-        .expect("hooks/deploy has a KubeSchedulerConfiguration");
+async fn only_pods_requesting_a_gpu_wait_on_the_scheduler_extender_which_fails_closed() {
+    let r = default_render();
+    let config = r.config_file("probity-scheduler-config", "scheduler-config.yaml");
     assert_eq!(config["apiVersion"], "kubescheduler.config.k8s.io/v1");
+    assert_eq!(config["kind"], "KubeSchedulerConfiguration");
+    assert_eq!(
+        config["clientConnection"],
+        json!({"kubeconfig": "/etc/kubernetes/scheduler.conf"})
+    );
+    assert_eq!(config["leaderElection"], json!({"leaderElect": true}));
     let extenders = config["extenders"].as_array().unwrap();
     assert_eq!(extenders.len(), 1);
     let e = &extenders[0];
+    assert_eq!(
+        e["managedResources"],
+        json!([{"name": "nvidia.com/gpu", "ignoredByScheduler": false}])
+    );
+    assert_eq!(e["ignorable"], false, "the extender fails closed");
     let prefix = e["urlPrefix"].as_str().unwrap();
-    assert!(
-        prefix.starts_with("https://probity-webhook.probity-system.svc"),
-        "{prefix}"
+    assert_eq!(
+        prefix,
+        "https://probity-webhook.probity-system.svc:443/v1/scheduler"
     );
     assert_eq!(e["nodeCacheCapable"], true, "node names only");
-    assert_eq!(e["ignorable"], false, "the extender fails closed");
     assert_eq!(e["enableHTTPS"], true);
-    let weight = e["weight"].as_i64().unwrap();
-    assert!((1..=100).contains(&weight), "weight {weight}");
-    let timeout = e["httpTimeout"].as_str().unwrap();
-    let secs: u64 = timeout.trim_end_matches('s').parse().unwrap();
-    assert!((1..=10).contains(&secs), "httpTimeout {timeout}");
-    // Each verb is a route the server answers (a bad body gets the extender's error,
-    // not "no such route").
+    assert_eq!(e["weight"], 5);
+    assert_eq!(e["httpTimeout"], "5s");
+    assert_eq!(
+        e["tlsConfig"],
+        json!({"caFile": "/etc/kubernetes/probity/ca.crt",
+               "certFile": "/etc/kubernetes/probity/scheduler-client.crt",
+               "keyFile": "/etc/kubernetes/probity/scheduler-client.key"})
+    );
     let path = prefix.split_once(".svc:443").unwrap().1;
     let s = crate::state();
     for verb in ["filterVerb", "prioritizeVerb"] {
         let uri = format!("{path}/{}", e[verb].as_str().unwrap());
-        let (status, out) = crate::call(
-            &s,
-            axum::http::Method::POST,
-            &uri,
-            Some(&serde_json::json!({})),
-            None,
-        )
-        .await;
+        let (status, out) =
+            crate::call(&s, axum::http::Method::POST, &uri, Some(&json!({})), None).await;
         assert_eq!(status, axum::http::StatusCode::BAD_REQUEST, "{uri}: {out}");
         assert!(
             out["Error"].as_str().unwrap().contains("ExtenderArgs"),
@@ -375,38 +651,59 @@ async fn the_scheduler_configuration_wires_the_extender_to_routes_that_exist() {
         );
     }
     // The validating webhook also sees bindings, the extender's backstop.
-    let validating = docs
-        .iter()
-        .find(|(_, d)| d["kind"] == "ValidatingWebhookConfiguration")
-        .unwrap();
+    let validating = r.workload("ValidatingWebhookConfiguration");
     assert!(
-        validating.1.to_string().contains("pods/binding"),
+        validating.to_string().contains("pods/binding"),
         "the validating webhook does not check bindings"
     );
 }
 
+/// What the tests' real kube-scheduler is given: no leader election, its own client
+/// settings, and TLS files left out when empty.
+#[test]
+fn scheduler_values_reach_the_kube_scheduler_configuration() {
+    let r = render(
+        &["
+scheduler:
+  leaderElect: false
+  clientConnection: {kubeconfig: /tmp/kube/scheduler.kubeconfig, qps: 50, burst: 100}
+  extender:
+    urlPrefix: https://127.0.0.1:18443/v1/scheduler
+    httpTimeout: 3s
+    weight: 7
+    managedResources: [{name: example.com/fpga, ignoredByScheduler: true}]
+    tls: {certFile: '', keyFile: '', caFile: /tmp/ca.crt}
+"],
+        &[],
+    );
+    let config = r.config_file("probity-scheduler-config", "scheduler-config.yaml");
+    assert_eq!(config["leaderElection"], json!({"leaderElect": false}));
+    assert_eq!(
+        config["clientConnection"],
+        json!({"kubeconfig": "/tmp/kube/scheduler.kubeconfig", "qps": 50, "burst": 100})
+    );
+    let e = &config["extenders"][0];
+    assert_eq!(e["urlPrefix"], "https://127.0.0.1:18443/v1/scheduler");
+    assert_eq!(e["httpTimeout"], "3s");
+    assert_eq!(e["weight"], 7);
+    assert_eq!(
+        e["managedResources"],
+        json!([{"name": "example.com/fpga", "ignoredByScheduler": true}])
+    );
+    assert_eq!(e["tlsConfig"], json!({"caFile": "/tmp/ca.crt"}));
+    assert_eq!(e["ignorable"], false);
+}
+
 /// A workload's pod spec, its first container, and the server configuration it reads
 /// (`--config`, from a mounted ConfigMap), parsed as `probity serve` parses it.
-fn served_config<'a>(
-    docs: &'a [(String, Value)],
-    kind: &str,
-) -> (&'a Value, &'a Value, probity_server::Config) {
-    let (_, workload) = docs
-        .iter()
-        .find(|(_, d)| d["kind"] == kind)
-        .unwrap_or_else(|| panic!("no {kind} in hooks/deploy"));
-    let spec = &workload["spec"]["template"]["spec"];
+fn served_config<'a>(r: &'a Render, kind: &str) -> (&'a Value, &'a Value, probity_server::Config) {
+    let spec = &r.workload(kind)["spec"]["template"]["spec"];
     let container = &spec["containers"][0];
-    let args: Vec<String> = container["args"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .flat_map(|a| {
-            let a = a.as_str().unwrap();
-            match a.split_once('=') {
-                Some((k, v)) if k.starts_with("--") => vec![k.to_owned(), v.to_owned()],
-                _ => vec![a.to_owned()],
-            }
+    let args: Vec<String> = strings(&container["args"])
+        .into_iter()
+        .flat_map(|a| match a.split_once('=') {
+            Some((k, v)) if k.starts_with("--") => vec![k.to_owned(), v.to_owned()],
+            _ => vec![a.to_owned()],
         })
         .collect();
     let path = args
@@ -414,130 +711,170 @@ fn served_config<'a>(
         .position(|a| a == "--config")
         .map(|i| args[i + 1].clone())
         .unwrap_or_else(|| panic!("{kind}: no --config"));
-    let path = std::path::Path::new(&path);
+    let path = Path::new(&path);
     let volume = mounted_volume(spec, container, path.parent().unwrap())
         .unwrap_or_else(|| panic!("{kind}: {} is not mounted", path.display()));
     let map = volume["configMap"]["name"]
         .as_str()
         .unwrap_or_else(|| panic!("{kind}: the configuration is not a ConfigMap: {volume}"));
-    let (_, config_map) = docs
-        .iter()
-        .find(|(_, d)| d["kind"] == "ConfigMap" && d["metadata"]["name"] == map)
-        .unwrap_or_else(|| panic!("no ConfigMap {map} in hooks/deploy"));
     let file = path.file_name().unwrap().to_str().unwrap();
-    let text = config_map["data"][file]
+    let text = r.one("ConfigMap", map)["data"][file]
         .as_str()
         .unwrap_or_else(|| panic!("ConfigMap {map} has no {file}"));
     let config = probity_server::Config::from_toml(text)
-        .unwrap_or_else(|e| panic!("ConfigMap {map} {file}: {e}"));
+        .unwrap_or_else(|e| panic!("ConfigMap {map} {file}: {e}\n{text}"));
     (spec, container, config)
 }
 
-/// The volume mounted at `dir` (exactly) in `container`, and whether it is read-only.
-fn mounted_volume<'a>(
-    spec: &'a Value,
-    container: &Value,
-    dir: &std::path::Path,
-) -> Option<&'a Value> {
+/// The volume mounted at `dir` (exactly) in `container`.
+fn mounted_volume<'a>(spec: &'a Value, container: &Value, dir: &Path) -> Option<&'a Value> {
     let mount = container["volumeMounts"]
         .as_array()?
         .iter()
-        .find(|m| m["mountPath"].as_str().map(std::path::Path::new) == Some(dir))?;
+        .find(|m| m["mountPath"].as_str().map(Path::new) == Some(dir))?;
     spec["volumes"]
         .as_array()?
         .iter()
         .find(|v| v["name"] == mount["name"])
 }
 
-fn mount_is_read_only(container: &Value, dir: &std::path::Path) -> bool {
+fn mount_is_read_only(container: &Value, dir: &Path) -> bool {
     container["volumeMounts"]
         .as_array()
         .unwrap()
         .iter()
-        .find(|m| m["mountPath"].as_str().map(std::path::Path::new) == Some(dir))
+        .find(|m| m["mountPath"].as_str().map(Path::new) == Some(dir))
         .is_some_and(|m| m["readOnly"] == true)
 }
 
 #[test]
 fn sidecars_and_webhooks_reach_etcd_with_client_certificates_from_a_secret() {
     use probity_server::{StateBackendKind, StateRole};
-    let docs = documents();
-    for (kind, role) in [
-        ("DaemonSet", StateRole::Sidecar),
-        ("Deployment", StateRole::Webhook),
+    let bundled_endpoints: Vec<String> = (0..3)
+        .map(|i| format!("https://probity-etcd-{i}.probity-etcd.{NAMESPACE}.svc:2379"))
+        .collect();
+    for (values, endpoints) in [
+        (
+            "{}",
+            vec![
+                "https://etcd-0.etcd.example:2379".to_owned(),
+                "https://etcd-1.etcd.example:2379".to_owned(),
+            ],
+        ),
+        (BUNDLED_ETCD, bundled_endpoints),
     ] {
-        let (spec, container, mut config) = served_config(&docs, kind);
-        let s = &config.state;
-        assert_eq!(s.backend, StateBackendKind::Etcd, "{kind}");
-        assert_eq!(s.role, role, "{kind}");
-        assert!(!s.endpoints.is_empty(), "{kind}: no etcd endpoints");
-        for e in &s.endpoints {
-            assert!(!e.starts_with("http://"), "{kind}: plain-text endpoint {e}");
-        }
-        // CA, certificate and key: files of one Secret, mounted read-only, mode 0400.
-        let files = [&s.ca_file, &s.cert_file, &s.key_file].map(|f| {
-            f.clone()
-                .unwrap_or_else(|| panic!("{kind}: [state] lacks a TLS file"))
-        });
-        for file in &files {
-            let dir = file.parent().unwrap();
-            let volume = mounted_volume(spec, container, dir)
-                .unwrap_or_else(|| panic!("{kind}: {} is not mounted", dir.display()));
-            assert!(
-                volume["secret"]["secretName"].is_string(),
-                "{kind}: {} does not come from a Secret: {volume}",
-                file.display()
-            );
-            assert_eq!(
-                volume["secret"]["defaultMode"],
-                0o400,
-                "{kind}: {} is not mode 0400",
-                file.display()
-            );
-            assert!(
-                mount_is_read_only(container, dir),
-                "{kind}: {}",
-                dir.display()
-            );
-        }
-        match role {
-            StateRole::Sidecar => {
-                // The node comes from the pod's node.
-                let env = container["env"]
-                    .as_array()
-                    .unwrap_or_else(|| panic!("{kind}: no env"))
-                    .iter()
-                    .find(|e| e["name"] == probity_server::NODE_NAME_ENV)
-                    .unwrap_or_else(|| panic!("{kind}: no {}", probity_server::NODE_NAME_ENV));
+        let r = render(&[values], &[]);
+        for (kind, role) in [
+            ("DaemonSet", StateRole::Sidecar),
+            ("Deployment", StateRole::Webhook),
+        ] {
+            let (spec, container, mut config) = served_config(&r, kind);
+            let s = &config.state;
+            assert_eq!(s.backend, StateBackendKind::Etcd, "{kind}");
+            assert_eq!(s.role, role, "{kind}");
+            assert_eq!(s.endpoints, endpoints, "{kind}");
+            // CA, certificate and key: files of one Secret, mounted read-only, mode 0400.
+            let files = [&s.ca_file, &s.cert_file, &s.key_file].map(|f| {
+                f.clone()
+                    .unwrap_or_else(|| panic!("{kind}: [state] lacks a TLS file"))
+            });
+            for file in &files {
+                let dir = file.parent().unwrap();
+                let volume = mounted_volume(spec, container, dir)
+                    .unwrap_or_else(|| panic!("{kind}: {} is not mounted", dir.display()));
                 assert_eq!(
-                    env["valueFrom"]["fieldRef"]["fieldPath"], "spec.nodeName",
-                    "{kind}"
+                    volume["secret"]["secretName"], "probity-etcd-client",
+                    "{kind}: {volume}"
                 );
-                config.state.node = Some("lint-node".into());
+                assert_eq!(volume["secret"]["defaultMode"], 0o400, "{kind}");
+                assert!(
+                    mount_is_read_only(container, dir),
+                    "{kind}: {}",
+                    dir.display()
+                );
             }
-            StateRole::Webhook => {
-                // A non-root user reads the 0400 files through fsGroup's group read.
-                let user = &container["securityContext"]["runAsUser"];
-                if user.as_u64().is_some_and(|u| u != 0) {
-                    assert_eq!(&spec["securityContext"]["fsGroup"], user, "{kind}");
+            match role {
+                StateRole::Sidecar => {
+                    // The node comes from the pod's node.
+                    let env = container["env"]
+                        .as_array()
+                        .unwrap_or_else(|| panic!("{kind}: no env"))
+                        .iter()
+                        .find(|e| e["name"] == probity_server::NODE_NAME_ENV)
+                        .unwrap_or_else(|| panic!("{kind}: no {}", probity_server::NODE_NAME_ENV));
+                    assert_eq!(
+                        env["valueFrom"]["fieldRef"]["fieldPath"], "spec.nodeName",
+                        "{kind}"
+                    );
+                    config.state.node = Some("lint-node".into());
+                }
+                StateRole::Webhook => {
+                    // A non-root user reads the 0400 files through fsGroup's group read.
+                    let user = &container["securityContext"]["runAsUser"];
+                    if user.as_u64().is_some_and(|u| u != 0) {
+                        assert_eq!(&spec["securityContext"]["fsGroup"], user, "{kind}");
+                    }
                 }
             }
+            // Whatever the flags add, the file alone must be a configuration that starts.
+            config.server.socket = PathBuf::from("/run/probity/lint.sock");
+            config.validate().unwrap_or_else(|e| panic!("{kind}: {e}"));
+            // The state directory is mounted writable.
+            let dir = config.integrity.state_dir.clone().unwrap();
+            let volume = mounted_volume(spec, container, &dir)
+                .unwrap_or_else(|| panic!("{kind}: state_dir {} is not mounted", dir.display()));
+            assert!(!mount_is_read_only(container, &dir), "{kind}: {volume}");
         }
-        // Whatever the flags add, the file alone must be a configuration that starts.
-        config.server.socket = std::path::PathBuf::from("/run/probity/lint.sock");
-        config.validate().unwrap_or_else(|e| panic!("{kind}: {e}"));
-        // The state directory is mounted writable.
-        let dir = config.integrity.state_dir.clone().unwrap();
-        let volume = mounted_volume(spec, container, &dir)
-            .unwrap_or_else(|| panic!("{kind}: state_dir {} is not mounted", dir.display()));
-        assert!(!mount_is_read_only(container, &dir), "{kind}: {volume}");
     }
+}
+
+/// etcd.mode=bundled: an odd number of members behind a headless Service, each
+/// advertising its own name, requiring client certificates from clients and peers.
+#[test]
+fn bundled_etcd_is_three_members_behind_a_headless_service_requiring_client_certificates() {
+    let r = render(&[BUNDLED_ETCD], &[]);
+    let service = r.one("Service", "probity-etcd");
+    assert_eq!(service["spec"]["clusterIP"], "None");
+    assert_eq!(service["spec"]["publishNotReadyAddresses"], true);
+    let set = r.one("StatefulSet", "probity-etcd");
+    assert_eq!(set["spec"]["replicas"], 3);
+    assert_eq!(set["spec"]["serviceName"], "probity-etcd");
+    let container = &set["spec"]["template"]["spec"]["containers"][0];
+    assert_eq!(container["image"], "quay.io/coreos/etcd:v3.5.21");
+    let command = strings(&container["command"]);
+    let peers: Vec<String> = (0..3)
+        .map(|i| {
+            format!("probity-etcd-{i}=https://probity-etcd-{i}.probity-etcd.{NAMESPACE}.svc:2380")
+        })
+        .collect();
+    for want in [
+        format!("--initial-cluster={}", peers.join(",")),
+        "--client-cert-auth".to_owned(),
+        "--peer-client-cert-auth".to_owned(),
+        "--listen-client-urls=https://0.0.0.0:2379".to_owned(),
+        format!("--advertise-client-urls=https://$(POD_NAME).probity-etcd.{NAMESPACE}.svc:2379"),
+    ] {
+        assert!(
+            command.contains(&want.as_str()),
+            "{want} not in {command:?}"
+        );
+    }
+    assert!(
+        command
+            .iter()
+            .all(|a| !a.contains("http://") || a.starts_with("--listen-metrics-urls")),
+        "{command:?}"
+    );
+    let err = try_render(&[BUNDLED_ETCD, "etcd: {bundled: {members: 2}}"], &[])
+        .err()
+        .unwrap();
+    assert!(err.contains("etcd.bundled.members"), "{err}");
 }
 
 #[test]
 fn the_sidecar_keeps_its_state_on_the_host_so_verify_works_out_of_the_box() {
-    let docs = documents();
-    let (spec, container, config) = served_config(&docs, "DaemonSet");
+    let r = default_render();
+    let (spec, container, config) = served_config(&r, "DaemonSet");
     let i = &config.integrity;
     let dir = i
         .state_dir
@@ -553,7 +890,10 @@ fn the_sidecar_keeps_its_state_on_the_host_so_verify_works_out_of_the_box() {
     assert_eq!(volume["hostPath"]["type"], "DirectoryOrCreate");
     // POST /v1/verify also needs the pinned key and at least one data root, mounted.
     let key = i.public_key.clone().expect("a pinned public key");
-    assert!(mounted_volume(spec, container, key.parent().unwrap()).is_some());
+    let trust = mounted_volume(spec, container, key.parent().unwrap()).unwrap();
+    let map = r.one("ConfigMap", trust["configMap"]["name"].as_str().unwrap());
+    let file = key.file_name().unwrap().to_str().unwrap();
+    assert_eq!(map["data"][file], "04a1b2c3");
     assert!(!i.data_roots.is_empty(), "no data roots");
     for root in &i.data_roots {
         assert!(
@@ -565,20 +905,15 @@ fn the_sidecar_keeps_its_state_on_the_host_so_verify_works_out_of_the_box() {
     }
 }
 
-/// Issue 28 item 5: the webhook's apiserver was anonymous. The shipped
+/// Issue 28 item 5: the webhook's apiserver was anonymous. The chart's
 /// AdmissionConfiguration gives both webhook plugins one kubeconfig whose user is the
 /// webhook Service's DNS name, with a client certificate.
 #[test]
 fn the_apiserver_presents_a_client_certificate_to_the_webhook_service() {
-    let docs = documents();
-    let of = |kind: &str| -> Vec<&Value> {
-        docs.iter()
-            .filter(|(f, v)| f == "apiserver-admission-config.yaml" && v["kind"] == kind)
-            .map(|(_, v)| v)
-            .collect()
-    };
-    let admission = of("AdmissionConfiguration");
-    let plugins = admission[0]["plugins"].as_array().unwrap();
+    let r = default_render();
+    let admission = r.config_file("probity-apiserver-admission", "admission-config.yaml");
+    assert_eq!(admission["kind"], "AdmissionConfiguration");
+    let plugins = admission["plugins"].as_array().unwrap();
     let mut named: Vec<&str> = plugins
         .iter()
         .map(|p| p["name"].as_str().unwrap())
@@ -589,26 +924,302 @@ fn the_apiserver_presents_a_client_certificate_to_the_webhook_service() {
         ["MutatingAdmissionWebhook", "ValidatingAdmissionWebhook"]
     );
     for p in plugins {
-        assert!(
-            p["configuration"]["kubeConfigFile"]
-                .as_str()
-                .unwrap()
-                .ends_with(".yaml")
+        assert_eq!(
+            p["configuration"]["kubeConfigFile"],
+            "/etc/kubernetes/probity/webhook-kubeconfig.yaml"
         );
     }
-    let service = docs
-        .iter()
-        .find(|(_, v)| v["kind"] == "Service" && v["metadata"]["name"] == "probity-webhook")
-        .map(|(_, v)| v)
-        .unwrap();
+    let service = r.one("Service", "probity-webhook");
     let host = format!(
         "{}.{}.svc",
         service["metadata"]["name"].as_str().unwrap(),
         service["metadata"]["namespace"].as_str().unwrap()
     );
-    let kubeconfig = of("Config");
-    let user = &kubeconfig[0]["users"][0];
+    let kubeconfig = r.config_file("probity-apiserver-admission", "webhook-kubeconfig.yaml");
+    let user = &kubeconfig["users"][0];
     assert_eq!(user["name"], host.as_str());
     assert!(user["user"]["client-certificate"].is_string());
     assert!(user["user"]["client-key"].is_string());
+    // The webhook knows that certificate's CA and names its holder.
+    let (_, _, config) = served_config(&r, "Deployment");
+    assert!(config.server.client_ca.is_some());
+}
+
+/// Every ConfigMap and Secret a workload mounts (volumes, projected sources) or reads
+/// (envFrom, env valueFrom) is rendered by the chart, issued by a rendered cert-manager
+/// Certificate, or a Secret the values name as the operator's, listed in the NOTES.
+#[test]
+fn every_configmap_and_secret_a_workload_references_is_rendered_or_the_operators() {
+    // The Secrets the values name as the operator's in each render (etcd.clientSecret,
+    // webhook.tls.existingSecret's default in provided mode, etcd.bundled.tlsSecret,
+    // imagePullSecrets).
+    for (values, args, operators) in [
+        (
+            "{}",
+            &[][..],
+            &["probity-etcd-client", "probity-webhook-tls"][..],
+        ),
+        (
+            BUNDLED_ETCD,
+            &[][..],
+            &[
+                "probity-etcd-client",
+                "probity-webhook-tls",
+                "probity-etcd-server",
+            ][..],
+        ),
+        (
+            "imagePullSecrets: [{name: regcred}]",
+            &[][..],
+            &["probity-etcd-client", "probity-webhook-tls", "regcred"][..],
+        ),
+        (
+            "webhook: {caBundle: null}",
+            &["--api-versions", "cert-manager.io/v1"][..],
+            &["probity-etcd-client"][..],
+        ),
+    ] {
+        let r = render(&[values], args);
+        let mut workloads = 0;
+        for kind in ["DaemonSet", "Deployment", "StatefulSet"] {
+            for w in r.all(kind) {
+                workloads += 1;
+                let name = format!("{kind} {}", w["metadata"]["name"]);
+                for (reference, what) in references(&w["spec"]["template"]["spec"]) {
+                    let rendered = r.find(what, &reference).is_some()
+                        || (what == "Secret"
+                            && r.all("Certificate")
+                                .iter()
+                                .any(|c| c["spec"]["secretName"] == reference.as_str()));
+                    // The operator's Secrets are named in the NOTES `helm install` prints
+                    // (which cannot be told of an API: not in cert-manager mode).
+                    if !rendered && args.is_empty() {
+                        let notes = notes(&[values], args);
+                        assert!(
+                            notes.contains(&format!("- {reference}:")),
+                            "{values}: {what} {reference} is not in the NOTES: {notes}"
+                        );
+                    }
+                    assert!(
+                        rendered || (what == "Secret" && operators.contains(&reference.as_str())),
+                        "{values}: {name} references {what} {reference}, neither rendered nor \
+                         named by the operator"
+                    );
+                }
+            }
+        }
+        assert!(workloads >= 2, "{values}: {:?}", r.names());
+    }
+}
+
+/// The (name, kind) of each ConfigMap and Secret a pod spec references.
+fn references(spec: &Value) -> BTreeSet<(String, &'static str)> {
+    let mut out = BTreeSet::new();
+    let mut add = |name: &Value, kind: &'static str| {
+        if let Some(name) = name.as_str() {
+            out.insert((name.to_owned(), kind));
+        }
+    };
+    for v in spec["volumes"].as_array().into_iter().flatten() {
+        add(&v["configMap"]["name"], "ConfigMap");
+        add(&v["secret"]["secretName"], "Secret");
+        for source in v["projected"]["sources"].as_array().into_iter().flatten() {
+            add(&source["configMap"]["name"], "ConfigMap");
+            add(&source["secret"]["name"], "Secret");
+        }
+    }
+    for pull in spec["imagePullSecrets"].as_array().into_iter().flatten() {
+        add(&pull["name"], "Secret");
+    }
+    for list in ["containers", "initContainers"] {
+        for c in spec[list].as_array().into_iter().flatten() {
+            for from in c["envFrom"].as_array().into_iter().flatten() {
+                add(&from["configMapRef"]["name"], "ConfigMap");
+                add(&from["secretRef"]["name"], "Secret");
+            }
+            for e in c["env"].as_array().into_iter().flatten() {
+                add(&e["valueFrom"]["configMapKeyRef"]["name"], "ConfigMap");
+                add(&e["valueFrom"]["secretKeyRef"]["name"], "Secret");
+            }
+        }
+    }
+    out
+}
+
+/// The policies ConfigMap is the repository's policies/ tree: the schema, the
+/// thresholds and every *.cedar file, byte for byte (a sealed set's digests must match).
+#[test]
+fn the_policies_configmap_holds_every_policy_file_byte_for_byte() {
+    let r = default_render();
+    let map = r.one("ConfigMap", "probity-policies");
+    let data = map["data"].as_object().unwrap();
+    let mut want = BTreeSet::new();
+    let mut dirs = vec![root().join("policies")];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            let name = path.file_name().unwrap().to_str().unwrap().to_owned();
+            if path.is_dir() {
+                dirs.push(path);
+            } else if name == "probity.cedarschema"
+                || name == "probity.toml"
+                || name.ends_with(".cedar")
+            {
+                let text = std::fs::read_to_string(&path).unwrap();
+                assert_eq!(
+                    data.get(&name),
+                    Some(&Value::from(text)),
+                    "{}",
+                    path.display()
+                );
+                want.insert(name);
+            }
+        }
+    }
+    let got: BTreeSet<String> = data.keys().cloned().collect();
+    assert_eq!(got, want);
+    // Both workloads mount it where --policies points.
+    for kind in ["DaemonSet", "Deployment"] {
+        let spec = &r.workload(kind)["spec"]["template"]["spec"];
+        let volume = mounted_volume(
+            spec,
+            &spec["containers"][0],
+            Path::new("/etc/probity/policies"),
+        )
+        .unwrap();
+        assert_eq!(volume["configMap"]["name"], "probity-policies", "{kind}");
+    }
+    // An operator's ConfigMap replaces it.
+    let r = render(&["policies: {existingConfigMap: my-policies}"], &[]);
+    assert!(r.find("ConfigMap", "probity-policies").is_none());
+    let spec = &r.workload("Deployment")["spec"]["template"]["spec"];
+    let volume = mounted_volume(
+        spec,
+        &spec["containers"][0],
+        Path::new("/etc/probity/policies"),
+    )
+    .unwrap();
+    assert_eq!(volume["configMap"]["name"], "my-policies");
+}
+
+/// Probity's workloads never call the Kubernetes API: no token is mounted, and the
+/// chart grants no role.
+#[test]
+fn workloads_have_service_accounts_without_tokens_and_no_roles() {
+    let r = render(&[BUNDLED_ETCD], &[]);
+    for kind in ["Role", "ClusterRole", "RoleBinding", "ClusterRoleBinding"] {
+        assert!(r.all(kind).is_empty(), "{kind}: {:?}", r.names());
+    }
+    for kind in ["DaemonSet", "Deployment", "StatefulSet"] {
+        let spec = &r.workload(kind)["spec"]["template"]["spec"];
+        assert_eq!(spec["automountServiceAccountToken"], false, "{kind}");
+        let account = spec["serviceAccountName"].as_str().unwrap();
+        let sa = r.one("ServiceAccount", account);
+        assert_eq!(sa["automountServiceAccountToken"], false, "{account}");
+    }
+    // Every namespaced object is in the release's namespace.
+    for doc in &r.0 {
+        let kind = doc["kind"].as_str().unwrap();
+        if !kind.ends_with("WebhookConfiguration") {
+            assert_eq!(doc["metadata"]["namespace"], NAMESPACE, "{kind}");
+        }
+    }
+}
+
+/// A CRD kind is rendered only when the cluster serves its API.
+#[test]
+fn the_prometheus_rule_renders_only_with_its_api() {
+    assert!(default_render().all("PrometheusRule").is_empty());
+    let r = render(&[], &["--api-versions", "monitoring.coreos.com/v1"]);
+    let rule = r.workload("PrometheusRule");
+    assert!(rule.to_string().contains("probity_state_connected"));
+}
+
+/// The real kube-scheduler (`$PROBITY_KUBE_BIN/kube-scheduler`) loads the rendered
+/// configuration, validates it and builds the extender from it (with the TLS files it
+/// names), then writes back what it understood: the managed resource and the fail-closed
+/// extender survive its defaulting.
+#[test]
+fn the_real_kube_scheduler_accepts_the_rendered_configuration() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = |name: &str, text: &str| {
+        let path = dir.path().join(name);
+        std::fs::write(&path, text).unwrap();
+        path.to_str().unwrap().to_owned()
+    };
+    let key = rcgen::KeyPair::generate().unwrap();
+    let cert = rcgen::CertificateParams::new(vec!["probity-webhook.probity-system.svc".into()])
+        .unwrap()
+        .self_signed(&key)
+        .unwrap();
+    let ca = file("ca.crt", &cert.pem());
+    let key = file("client.key", &key.serialize_pem());
+    // Never contacted: the scheduler exits once it has written its configuration.
+    let kubeconfig = file(
+        "scheduler.conf",
+        "apiVersion: v1\nkind: Config\ncurrent-context: c\n\
+         clusters: [{name: c, cluster: {server: \"https://127.0.0.1:1\"}}]\n\
+         users: [{name: u, user: {token: unused}}]\n\
+         contexts: [{name: c, context: {cluster: c, user: u}}]\n",
+    );
+    let r = render(
+        &[&format!(
+            "scheduler: {{leaderElect: false, clientConnection: {{kubeconfig: {kubeconfig}}}, \
+             extender: {{tls: {{caFile: {ca}, certFile: {ca}, keyFile: {key}}}}}}}"
+        )],
+        &[],
+    );
+    let config = r.one("ConfigMap", "probity-scheduler-config")["data"]["scheduler-config.yaml"]
+        .as_str()
+        .unwrap();
+    let config = file("scheduler-config.yaml", config);
+    let written = dir.path().join("written.yaml");
+    let scheduler = helm().with_file_name("kube-scheduler");
+    let mut child = Command::new(&scheduler)
+        .args(["--config", &config, "--write-config-to"])
+        .arg(&written)
+        .stdout(std::process::Stdio::null())
+        // A file, not a pipe: a chatty scheduler cannot block on a full pipe.
+        .stderr(std::fs::File::create(dir.path().join("stderr")).unwrap())
+        .spawn()
+        .unwrap_or_else(|e| panic!("{}: {e}", scheduler.display()));
+    let started = std::time::Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if started.elapsed() > std::time::Duration::from_secs(120) {
+            child.kill().unwrap();
+            panic!("kube-scheduler --write-config-to did not exit in 120 s");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    let stderr = std::fs::read_to_string(dir.path().join("stderr")).unwrap();
+    assert!(
+        status.success(),
+        "kube-scheduler refused the configuration: {stderr}"
+    );
+    let understood: Value =
+        serde_norway::from_str(&std::fs::read_to_string(&written).unwrap()).unwrap();
+    let e = &understood["extenders"][0];
+    assert_eq!(e["managedResources"][0]["name"], "nvidia.com/gpu");
+    // ignorable false is the default it leaves out; true would be written.
+    assert_ne!(e["ignorable"], true, "{e}");
+    assert_eq!(e["nodeCacheCapable"], true);
+    assert_eq!(understood["leaderElection"]["leaderElect"], false);
+}
+
+/// For applying `helm template`'s output with kubectl: the namespace comes first, and
+/// only when asked (helm install makes it with --create-namespace).
+#[test]
+fn the_namespace_is_rendered_first_and_only_when_asked() {
+    assert!(default_render().all("Namespace").is_empty());
+    let r = render(&["createNamespace: true"], &[]);
+    let first = &r.0[0];
+    assert_eq!(first["kind"], "Namespace");
+    assert_eq!(first["metadata"]["name"], NAMESPACE);
+    assert_eq!(
+        first["metadata"]["labels"]["kubernetes.io/metadata.name"],
+        NAMESPACE
+    );
 }
