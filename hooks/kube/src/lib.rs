@@ -91,17 +91,19 @@ pub struct Manifest {
 impl Manifest {
     /// The object's kind, or "" when it has none.
     pub fn kind(&self) -> &str {
-        self.object["kind"].as_str().unwrap_or_default()
+        at(&self.object, "/kind").as_str().unwrap_or_default()
     }
 
     /// The object's name, or "" when it has none.
     pub fn name(&self) -> &str {
-        self.object["metadata"]["name"].as_str().unwrap_or_default()
+        at(&self.object, "/metadata/name")
+            .as_str()
+            .unwrap_or_default()
     }
 
     /// The object's namespace, when the manifest gives one.
     pub fn namespace(&self) -> Option<&str> {
-        self.object["metadata"]["namespace"].as_str()
+        at(&self.object, "/metadata/namespace").as_str()
     }
 }
 
@@ -124,7 +126,10 @@ pub fn parse_manifests(text: &str) -> Result<Vec<Manifest>, KubeError> {
             object,
         };
         for (field, present) in [
-            ("apiVersion", manifest.object["apiVersion"].is_string()),
+            (
+                "apiVersion",
+                at(&manifest.object, "/apiVersion").is_string(),
+            ),
             ("kind", !manifest.kind().is_empty()),
             ("metadata.name", !manifest.name().is_empty()),
         ] {
@@ -140,6 +145,16 @@ pub fn parse_manifests(text: &str) -> Result<Vec<Manifest>, KubeError> {
     Ok(out)
 }
 
+/// The value at a JSON pointer, or null: manifests are untrusted, a missing field is data.
+fn at<'a>(value: &'a Value, pointer: &str) -> &'a Value {
+    value.pointer(pointer).unwrap_or(&Value::Null)
+}
+
+/// The value of one key of an object, or null.
+fn at_key<'a>(value: &'a Value, key: &str) -> &'a Value {
+    value.get(key).unwrap_or(&Value::Null)
+}
+
 /// A client of one cluster's apiserver.
 #[derive(Clone)]
 pub struct Cluster {
@@ -153,12 +168,13 @@ impl Cluster {
             path: path.to_owned(),
             source,
         })?;
-        let config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
-            .await
-            .map_err(|source| KubeError::Kubeconfig {
-                path: path.to_owned(),
-                source,
-            })?;
+        let config =
+            kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+                .await
+                .map_err(|source| KubeError::Kubeconfig {
+                    path: path.to_owned(),
+                    source,
+                })?;
         let client = kube::Client::try_from(config).map_err(|source| KubeError::Client {
             path: path.to_owned(),
             source,
@@ -184,17 +200,19 @@ impl Cluster {
         let params = PatchParams::apply(field_manager).force();
         let mut applied = Vec::new();
         for manifest in manifests {
-            let api_version = manifest.object["apiVersion"].as_str().unwrap_or_default();
+            let api_version = at(&manifest.object, "/apiVersion")
+                .as_str()
+                .unwrap_or_default();
             let (group, version) = api_version.split_once('/').unwrap_or(("", api_version));
             let gvk = GroupVersionKind::gvk(group, version, manifest.kind());
             let (resource, capabilities) = kube::discovery::pinned_kind(&self.client, &gvk)
                 .await
                 .map_err(|source| KubeError::Discovery {
-                    document: manifest.document,
-                    api_version: api_version.to_owned(),
-                    kind: manifest.kind().to_owned(),
-                    source,
-                })?;
+                document: manifest.document,
+                api_version: api_version.to_owned(),
+                kind: manifest.kind().to_owned(),
+                source,
+            })?;
             let (api, shown): (Api<DynamicObject>, String) = match capabilities.scope {
                 Scope::Namespaced => {
                     let namespace = manifest.namespace().unwrap_or(default_namespace);
@@ -243,22 +261,22 @@ pub struct MountedObject {
 pub fn mounted_objects(manifests: &[Manifest], default_namespace: &str) -> Vec<MountedObject> {
     let mut out = Vec::new();
     for manifest in manifests {
-        let spec = &manifest.object["spec"];
+        let spec = at(&manifest.object, "/spec");
         let pod_spec = match manifest.kind() {
             "Pod" => spec,
             "Deployment" | "DaemonSet" | "StatefulSet" | "ReplicaSet" | "Job" => {
-                &spec["template"]["spec"]
+                at(spec, "/template/spec")
             }
-            "CronJob" => &spec["jobTemplate"]["spec"]["template"]["spec"],
+            "CronJob" => at(spec, "/jobTemplate/spec/template/spec"),
             _ => continue,
         };
         let namespace = manifest.namespace().unwrap_or(default_namespace);
         let needed_by = format!("{}/{}", manifest.kind(), manifest.name());
         let mut need = |kind: &'static str, reference: &Value, name_field: &str| {
-            if reference["optional"].as_bool() == Some(true) {
+            if at(reference, "/optional").as_bool() == Some(true) {
                 return;
             }
-            if let Some(name) = reference[name_field].as_str() {
+            if let Some(name) = at_key(reference, name_field).as_str() {
                 out.push(MountedObject {
                     kind,
                     namespace: namespace.to_owned(),
@@ -268,27 +286,35 @@ pub fn mounted_objects(manifests: &[Manifest], default_namespace: &str) -> Vec<M
             }
         };
         if let Some(account) = pod_spec.get("serviceAccountName") {
-            need("ServiceAccount", &serde_json::json!({"name": account}), "name");
+            need(
+                "ServiceAccount",
+                &serde_json::json!({"name": account}),
+                "name",
+            );
         }
-        for volume in pod_spec["volumes"].as_array().into_iter().flatten() {
-            need("ConfigMap", &volume["configMap"], "name");
-            need("Secret", &volume["secret"], "secretName");
-            for source in volume["projected"]["sources"].as_array().into_iter().flatten() {
-                need("ConfigMap", &source["configMap"], "name");
-                need("Secret", &source["secret"], "name");
+        for volume in at(pod_spec, "/volumes").as_array().into_iter().flatten() {
+            need("ConfigMap", at(volume, "/configMap"), "name");
+            need("Secret", at(volume, "/secret"), "secretName");
+            for source in at(volume, "/projected/sources")
+                .as_array()
+                .into_iter()
+                .flatten()
+            {
+                need("ConfigMap", at(source, "/configMap"), "name");
+                need("Secret", at(source, "/secret"), "name");
             }
         }
         let containers = ["initContainers", "containers"]
             .into_iter()
-            .flat_map(|field| pod_spec[field].as_array().into_iter().flatten());
+            .flat_map(|field| at_key(pod_spec, field).as_array().into_iter().flatten());
         for container in containers {
-            for env in container["env"].as_array().into_iter().flatten() {
-                need("ConfigMap", &env["valueFrom"]["configMapKeyRef"], "name");
-                need("Secret", &env["valueFrom"]["secretKeyRef"], "name");
+            for env in at(container, "/env").as_array().into_iter().flatten() {
+                need("ConfigMap", at(env, "/valueFrom/configMapKeyRef"), "name");
+                need("Secret", at(env, "/valueFrom/secretKeyRef"), "name");
             }
-            for from in container["envFrom"].as_array().into_iter().flatten() {
-                need("ConfigMap", &from["configMapRef"], "name");
-                need("Secret", &from["secretRef"], "name");
+            for from in at(container, "/envFrom").as_array().into_iter().flatten() {
+                need("ConfigMap", at(from, "/configMapRef"), "name");
+                need("Secret", at(from, "/secretRef"), "name");
             }
         }
     }
@@ -305,7 +331,8 @@ mod tests {
 
     #[test]
     fn manifests_skip_empty_documents_and_count_them() {
-        let text = "---\n# only a comment\n---\napiVersion: v1\nkind: ConfigMap\nmetadata: {name: a}\n";
+        let text =
+            "---\n# only a comment\n---\napiVersion: v1\nkind: ConfigMap\nmetadata: {name: a}\n";
         let parsed = parse_manifests(text).unwrap();
         assert_eq!(parsed.len(), 1);
         assert_eq!(parsed[0].document, 2);

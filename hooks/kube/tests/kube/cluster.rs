@@ -66,7 +66,10 @@ pub async fn until<T, F: Future<Output = Option<T>>>(
         if let Some(v) = f().await {
             return v;
         }
-        assert!(Instant::now() < deadline, "timed out after {limit:?} waiting for {what}");
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {limit:?} waiting for {what}"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
@@ -97,13 +100,20 @@ impl Pki {
 
     /// Writes `<name>.crt` and `<name>.key`: a certificate for `cn` (organisation `org`
     /// when given: Kubernetes reads it as the group), valid for `sans`.
-    pub fn issue(&self, name: &str, cn: &str, org: Option<&str>, sans: &[&str]) -> (PathBuf, PathBuf) {
+    pub fn issue(
+        &self,
+        name: &str,
+        cn: &str,
+        org: Option<&str>,
+        sans: &[&str],
+    ) -> (PathBuf, PathBuf) {
         let key = KeyPair::generate().unwrap();
         let mut params =
-            CertificateParams::new(sans.iter().map(|s| s.to_string()).collect::<Vec<_>>())
-                .unwrap();
+            CertificateParams::new(sans.iter().map(|s| s.to_string()).collect::<Vec<_>>()).unwrap();
         if let Some(org) = org {
-            params.distinguished_name.push(DnType::OrganizationName, org);
+            params
+                .distinguished_name
+                .push(DnType::OrganizationName, org);
         }
         params.distinguished_name.push(DnType::CommonName, cn);
         let cert = params.signed_by(&key, &self.issuer).unwrap();
@@ -131,11 +141,10 @@ pub struct ControlPlane {
     pub dir: PathBuf,
     pub pki: Pki,
     pub kubeconfig: PathBuf,
-    pub api_port: u16,
     pub cluster: Cluster,
     // Dropped (killed) in reverse order of start: fields drop in declaration order.
-    controller_manager: Proc,
-    apiserver: Proc,
+    _controller_manager: Proc,
+    _apiserver: Proc,
     _etcd: Proc,
 }
 
@@ -176,7 +185,12 @@ impl ControlPlane {
             "kube-apiserver",
             Command::new(kube_bin("kube-apiserver"))
                 .args(["--etcd-servers", &etcd_url])
-                .args(["--bind-address", "127.0.0.1", "--advertise-address", "127.0.0.1"])
+                .args([
+                    "--bind-address",
+                    "127.0.0.1",
+                    "--advertise-address",
+                    "127.0.0.1",
+                ])
                 .arg(format!("--secure-port={api_port}"))
                 .arg("--tls-cert-file")
                 .arg(&api_crt)
@@ -207,7 +221,11 @@ impl ControlPlane {
             apiserver.assert_running();
             async move {
                 let request = http_get("/readyz");
-                client.request_text(request).await.ok().filter(|t| t == "ok")
+                client
+                    .request_text(request)
+                    .await
+                    .ok()
+                    .filter(|t| t == "ok")
             }
         })
         .await;
@@ -240,10 +258,9 @@ impl ControlPlane {
             dir: dir.to_owned(),
             pki,
             kubeconfig,
-            api_port,
             cluster,
-            controller_manager,
-            apiserver,
+            _controller_manager: controller_manager,
+            _apiserver: apiserver,
             _etcd: etcd,
         };
         // Ready for pods: the controller manager gave `default` its ServiceAccount.
@@ -253,11 +270,6 @@ impl ControlPlane {
 
     pub fn client(&self) -> kube::Client {
         self.cluster.client().clone()
-    }
-
-    pub fn assert_running(&mut self) {
-        self.apiserver.assert_running();
-        self.controller_manager.assert_running();
     }
 
     pub async fn wait_for_default_service_account(&self, namespace: &str) {
@@ -313,7 +325,12 @@ impl ControlPlane {
         let created = nodes.create(&PostParams::default(), &node).await.unwrap();
         // The apiserver's TaintNodesByCondition admission taints a new node not-ready; the
         // node lifecycle controller, off here, would lift it when the kubelet reports.
-        if created.spec.as_ref().and_then(|s| s.taints.as_ref()).is_some() {
+        if created
+            .spec
+            .as_ref()
+            .and_then(|s| s.taints.as_ref())
+            .is_some()
+        {
             let untaint = json!({"spec": {"taints": null}});
             nodes
                 .patch(name, &PatchParams::default(), &Patch::Merge(&untaint))
@@ -321,7 +338,12 @@ impl ControlPlane {
                 .unwrap();
         }
         // The create kept the status only if the apiserver took it; else set it.
-        if created.status.as_ref().and_then(|s| s.allocatable.as_ref()).is_none() {
+        if created
+            .status
+            .as_ref()
+            .and_then(|s| s.allocatable.as_ref())
+            .is_none()
+        {
             let status = json!({"status": node.status});
             nodes
                 .patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
@@ -362,14 +384,14 @@ impl ControlPlane {
             .unwrap_or_default()
     }
 
-    /// `helm template` of the chart with `values` (`--set-string` pairs), parsed.
-    pub fn render_chart(&self, values: &[(&str, String)]) -> Vec<Manifest> {
+    /// `helm template` of the chart with `values` (`--set` pairs), parsed.
+    pub fn render_chart(&self, values: &[(String, String)]) -> Vec<Manifest> {
         let mut helm = Command::new(kube_bin("helm"));
         helm.args(["template", "probity"])
             .arg(root().join("hooks/chart/probity"))
             .args(["--namespace", "probity-system"]);
         for (key, value) in values {
-            helm.arg("--set-string").arg(format!("{key}={value}"));
+            helm.arg("--set").arg(format!("{key}={value}"));
         }
         let out = helm.output().unwrap();
         assert!(
@@ -418,7 +440,8 @@ fn http_get(path: &str) -> http::Request<Vec<u8>> {
 }
 
 fn write_kubeconfig(path: &Path, port: u16, pki: &Pki, crt: &Path, key: &Path) {
-    let b64 = |p: &Path| base64::engine::general_purpose::STANDARD.encode(std::fs::read(p).unwrap());
+    let b64 =
+        |p: &Path| base64::engine::general_purpose::STANDARD.encode(std::fs::read(p).unwrap());
     let config = json!({
         "apiVersion": "v1", "kind": "Config",
         "clusters": [{"name": "test", "cluster": {
@@ -436,17 +459,17 @@ fn write_kubeconfig(path: &Path, port: u16, pki: &Pki, crt: &Path, key: &Path) {
 /// kube-scheduler with the chart's KubeSchedulerConfiguration, its extender pointed at
 /// `extender_url` (or none, for the run without Probity).
 pub struct Scheduler {
-    pub proc: Proc,
-    pub config: PathBuf,
+    proc: Proc,
 }
 
 impl Scheduler {
     pub async fn start(plane: &ControlPlane, config_yaml: &str) -> Scheduler {
         let config = plane.dir.join("scheduler-config.yaml");
         std::fs::write(&config, config_yaml).unwrap();
-        let (crt, key) = plane
-            .pki
-            .issue("scheduler-serving", "kube-scheduler", None, &["127.0.0.1"]);
+        let (crt, key) =
+            plane
+                .pki
+                .issue("scheduler-serving", "kube-scheduler", None, &["127.0.0.1"]);
         let port = free_port();
         let proc = Proc::spawn(
             "kube-scheduler",
@@ -462,7 +485,7 @@ impl Scheduler {
                 .arg("--v=2"),
             &plane.dir.join("kube-scheduler.log"),
         );
-        let mut scheduler = Scheduler { proc, config };
+        let mut scheduler = Scheduler { proc };
         let ca = plane.pki.ca_pem.clone();
         // /readyz is open to anyone (the scheduler's always-allowed paths).
         until("kube-scheduler /readyz", Duration::from_secs(60), || {
@@ -496,9 +519,12 @@ impl Probity {
     pub async fn start(plane: &ControlPlane, entities: &Path) -> Probity {
         let dir = plane.dir.join("probity");
         std::fs::create_dir_all(&dir).unwrap();
-        let (crt, key) = plane
-            .pki
-            .issue("probity", "probity-webhook", None, &["127.0.0.1", "localhost"]);
+        let (crt, key) = plane.pki.issue(
+            "probity",
+            "probity-webhook",
+            None,
+            &["127.0.0.1", "localhost"],
+        );
         let (admin_crt, admin_key) =
             plane
                 .pki
@@ -592,11 +618,10 @@ impl Probity {
         )
         .await
         .unwrap();
-        (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
-    }
-
-    pub fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.join("probity.log")).unwrap_or_default()
+        (
+            status,
+            serde_json::from_str(&text).unwrap_or(Value::String(text)),
+        )
     }
 }
 
@@ -652,7 +677,10 @@ pub async fn https(
         .nth(1)
         .and_then(|s| s.parse().ok())
         .ok_or_else(|| std::io::Error::other(format!("no HTTP status in {head:?}")))?;
-    let body = if head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
+    let body = if head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
         dechunk(rest)
     } else {
         rest.to_owned()
@@ -663,7 +691,9 @@ pub async fn https(
 fn dechunk(mut rest: &str) -> String {
     let mut out = String::new();
     while let Some((size, after)) = rest.split_once("\r\n") {
-        let Ok(n) = usize::from_str_radix(size.trim(), 16) else { break };
+        let Ok(n) = usize::from_str_radix(size.trim(), 16) else {
+            break;
+        };
         if n == 0 || after.len() < n {
             break;
         }

@@ -13,5 +13,9 @@
 #[path = "../../../testsupport/services.rs"]
 mod services;
 
+mod admission;
 mod cluster;
+mod install;
+mod outage;
+mod placement;
 mod smoke;

@@ -28,6 +28,8 @@ async fn a_plain_pod_binds_to_a_node_object_through_the_real_scheduler() {
     }))
     .unwrap();
     pods.create(&PostParams::default(), &pod).await.unwrap();
-    let node = plane.bound_node("default", "web", Duration::from_secs(60)).await;
+    let node = plane
+        .bound_node("default", "web", Duration::from_secs(60))
+        .await;
     assert_eq!(node, "cpu-1");
 }

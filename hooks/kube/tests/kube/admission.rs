@@ -1,0 +1,218 @@
+//! Admission through the real kube-apiserver: the chart's webhook configurations call
+//! Probity over TLS with the test CA as caBundle, and what the API client sees is the
+//! apiserver's answer.
+
+use std::time::Duration;
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{ConfigMap, Pod};
+use kube::api::{Api, PostParams};
+use serde_json::{Value, json};
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpListener;
+
+use crate::install::{Installed, gpu_pod, refusal};
+
+const RATIO_MESSAGE: &str =
+    "the inference namespace keeps at most 1 GPU per configured number of CPUs";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn workloads_are_judged_at_creation_as_the_api_client_sees_it() {
+    let cluster = Installed::start().await;
+
+    // An inference pod breaking the 8:1 CPU:GPU rule: 2 GPUs need 16 CPUs.
+    let (code, message) = refusal(
+        cluster
+            .create_pod("inference", &gpu_pod("infer", "inference", 2, "4"))
+            .await,
+    );
+    assert!(
+        message.contains("admission webhook \"validate.probity.io\" denied the request")
+            && message.contains(RATIO_MESSAGE),
+        "{code}: {message}"
+    );
+    // The same pod within the ratio is admitted, with the mutating webhook's patch applied
+    // by the apiserver (a malformed patch would have refused the pod).
+    let admitted = cluster
+        .create_pod("inference", &gpu_pod("infer-ok", "inference", 2, "16"))
+        .await
+        .unwrap();
+    let affinity = admitted.spec.as_ref().unwrap().affinity.clone();
+    assert!(
+        affinity.is_some_and(|a| a.node_affinity.is_some()),
+        "the mutating webhook's node affinity is missing: {:?}",
+        admitted.spec
+    );
+
+    // A Deployment whose pod template breaks a rule is refused at creation.
+    let deployments: Api<Deployment> = Api::namespaced(cluster.plane.client(), "inference");
+    let template = gpu_pod("", "inference", 4, "8");
+    let deployment: Deployment = serde_json::from_value(json!({
+        "metadata": {"name": "infer-fleet"},
+        "spec": {"replicas": 2, "selector": {"matchLabels": {"app": "infer"}},
+            "template": {"metadata": {"labels": {"app": "infer", "probity.io/class": "inference"}},
+                "spec": template["spec"]}}
+    }))
+    .unwrap();
+    let refused = deployments
+        .create(&PostParams::default(), &deployment)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(refused.contains(RATIO_MESSAGE), "{refused}");
+    assert!(deployments.get_opt("infer-fleet").await.unwrap().is_none());
+
+    // A ConfigMap is not Probity's: created untouched.
+    let maps: Api<ConfigMap> = Api::namespaced(cluster.plane.client(), "inference");
+    let map: ConfigMap =
+        serde_json::from_value(json!({"metadata": {"name": "settings"}, "data": {"k": "v"}}))
+            .unwrap();
+    let created = maps.create(&PostParams::default(), &map).await.unwrap();
+    assert_eq!(created.data, map.data);
+    assert_eq!(created.metadata.labels, None);
+}
+
+/// The decisions in Probity's log (GET /v1/decisions).
+async fn recorded(cluster: &Installed) -> usize {
+    let (status, body) = cluster
+        .probity
+        .call("GET", "/v1/decisions?limit=1000", &Value::Null)
+        .await;
+    assert_eq!(status, 200, "{body}");
+    body["records"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no records array: {body}"))
+        .len()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dry_run_create_is_judged_but_records_nothing() {
+    let cluster = Installed::start().await;
+    let before = recorded(&cluster).await;
+    let pods: Api<Pod> = cluster.pods("inference");
+    let pod: Pod = serde_json::from_value(gpu_pod("dry", "inference", 2, "4")).unwrap();
+    let dry = pods
+        .create(
+            &PostParams {
+                dry_run: true,
+                field_manager: None,
+            },
+            &pod,
+        )
+        .await;
+    let (_, message) = refusal(dry);
+    assert!(message.contains(RATIO_MESSAGE), "{message}");
+    assert_eq!(recorded(&cluster).await, before, "a dry run was recorded");
+    // The same create for real is recorded: the count above can move.
+    let (_, message) = refusal(pods.create(&PostParams::default(), &pod).await);
+    assert!(message.contains(RATIO_MESSAGE), "{message}");
+    assert!(recorded(&cluster).await > before);
+}
+
+/// A loopback TCP proxy to `target` that holds each connection for `delay` before
+/// forwarding a byte: a webhook slower than the apiserver's timeoutSeconds.
+async fn delaying_proxy(target: u16, delay: Duration) -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        // Bounded: the apiserver retries a few times at most within one test.
+        for _ in 0..64 {
+            let Ok((mut inbound, _)) = listener.accept().await else {
+                return;
+            };
+            tokio::spawn(async move {
+                tokio::time::sleep(delay).await;
+                if let Ok(mut outbound) =
+                    tokio::net::TcpStream::connect(("127.0.0.1", target)).await
+                {
+                    let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                }
+                let _ = inbound.shutdown().await;
+            });
+        }
+    });
+    port
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_webhook_answer_slower_than_its_timeout_refuses_the_pod_and_an_unknown_kind_is_allowed() {
+    let cluster = Installed::start().await;
+    let proxy = delaying_proxy(cluster.probity.port, Duration::from_secs(4)).await;
+    let ca_bundle = cluster.plane.pki.ca_bundle_base64();
+    let hooks = json!({
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingWebhookConfiguration",
+        "metadata": {"name": "probity-e2e-extra"},
+        "webhooks": [
+            {
+                "name": "slow.probity.io",
+                "admissionReviewVersions": ["v1"], "sideEffects": "NoneOnDryRun",
+                "failurePolicy": "Fail", "timeoutSeconds": 1,
+                "clientConfig": {"url": format!("https://127.0.0.1:{proxy}/v1/admission/validate"),
+                                 "caBundle": ca_bundle},
+                "objectSelector": {"matchLabels": {"probity.io/e2e": "slow"}},
+                "rules": [{"apiGroups": [""], "apiVersions": ["v1"],
+                           "operations": ["CREATE"], "resources": ["pods"]}]
+            },
+            {
+                "name": "unknown-kind.probity.io",
+                "admissionReviewVersions": ["v1"], "sideEffects": "NoneOnDryRun",
+                "failurePolicy": "Fail", "timeoutSeconds": 5,
+                "clientConfig": {"url": format!("{}/v1/admission/validate", cluster.probity.url()),
+                                 "caBundle": ca_bundle},
+                "objectSelector": {"matchLabels": {"probity.io/e2e": "unknown-kind"}},
+                "rules": [{"apiGroups": [""], "apiVersions": ["v1"],
+                           "operations": ["CREATE"], "resources": ["configmaps"]}]
+            }
+        ]
+    });
+    let manifests = probity_kube::parse_manifests(&hooks.to_string()).unwrap();
+    cluster
+        .plane
+        .cluster
+        .apply(&manifests, "default", "probity-test")
+        .await
+        .unwrap();
+
+    let mut slow = gpu_pod("slow", "training", 1, "8");
+    slow["metadata"]["labels"]["probity.io/e2e"] = json!("slow");
+    let (_, message) = refusal(cluster.create_pod("training", &slow).await);
+    assert!(
+        message.contains("slow.probity.io") && message.contains("failed calling webhook"),
+        "{message}"
+    );
+    assert!(
+        cluster
+            .pods("training")
+            .get_opt("slow")
+            .await
+            .unwrap()
+            .is_none(),
+        "a pod whose webhook timed out exists"
+    );
+
+    // Probity has no rule for a ConfigMap: `unknown_kinds = "allow"` admits it.
+    let maps: Api<ConfigMap> = Api::namespaced(cluster.plane.client(), "training");
+    let map: ConfigMap = serde_json::from_value(json!({
+        "metadata": {"name": "odd", "labels": {"probity.io/e2e": "unknown-kind"}},
+        "data": {"k": "v"}
+    }))
+    .unwrap();
+    let reviewed = || async {
+        let (_, metrics) = cluster.probity.call("GET", "/metrics", &Value::Null).await;
+        let line = "probity_admission_reviews_total{endpoint=\"validate\",allowed=\"true\"} ";
+        metrics
+            .as_str()
+            .unwrap()
+            .lines()
+            .find_map(|l| l.strip_prefix(line))
+            .map_or(0, |n| n.trim().parse::<u64>().unwrap())
+    };
+    let before = reviewed().await;
+    maps.create(&PostParams::default(), &map).await.unwrap();
+    assert_eq!(
+        reviewed().await,
+        before + 1,
+        "Probity did not review the ConfigMap"
+    );
+}

@@ -1,0 +1,262 @@
+//! One installed cluster: the control plane, the test cluster's nodes as API objects,
+//! `probity serve` holding the same nodes' facts, the chart's objects applied
+//! server-side (its webhook configurations pointed at that Probity over TLS, with the test
+//! CA as caBundle), and kube-scheduler started with the chart's scheduler configuration.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, DeleteParams, PostParams};
+use probity_kube::Manifest;
+use serde_json::{Value, json};
+use tempfile::TempDir;
+
+use crate::cluster::{ControlPlane, Probity, Scheduler, root, until};
+
+/// Namespaces the tests put workloads in (the webhooks select all but kube-system and
+/// probity-system).
+pub const NAMESPACES: [&str; 3] = ["probity-system", "training", "inference"];
+
+pub struct Installed {
+    pub plane: ControlPlane,
+    pub probity: Probity,
+    pub scheduler: Option<Scheduler>,
+    pub manifests: Vec<Manifest>,
+    // Last: the directory outlives every process in it.
+    _dir: TempDir,
+}
+
+/// The values an install on the test control plane sets: Probity at its loopback URL for
+/// both the webhooks and the extender, the test CA, no leader election.
+pub fn test_values(
+    plane: &ControlPlane,
+    probity: &Probity,
+    nodes: &[(String, String, u32, String)],
+) -> Vec<(String, String)> {
+    // The scheduler's client certificate, as the chart's clientAuth expects by name.
+    let (scheduler_crt, scheduler_key) =
+        plane
+            .pki
+            .issue("scheduler-client", "kube-scheduler-probity", None, &[]);
+    let mut values: Vec<(String, String)> = vec![
+        ("webhook.url".into(), probity.url()),
+        ("webhook.caBundle".into(), plane.pki.ca_bundle_base64()),
+        ("webhook.tls.mode".into(), "provided".into()),
+        (
+            "scheduler.extender.urlPrefix".into(),
+            format!("{}/v1/scheduler", probity.url()),
+        ),
+        (
+            "scheduler.extender.tls.caFile".into(),
+            plane.pki.ca_file().display().to_string(),
+        ),
+        (
+            "scheduler.extender.tls.certFile".into(),
+            scheduler_crt.display().to_string(),
+        ),
+        (
+            "scheduler.extender.tls.keyFile".into(),
+            scheduler_key.display().to_string(),
+        ),
+        (
+            "scheduler.clientConnection.kubeconfig".into(),
+            plane.kubeconfig.display().to_string(),
+        ),
+        ("scheduler.clientConnection.qps".into(), "500".into()),
+        ("scheduler.clientConnection.burst".into(), "1000".into()),
+        ("scheduler.leaderElect".into(), "false".into()),
+        // Probity's own etcd in a real install; these tests give Probity its facts from a
+        // file, and no pod of the chart starts without a kubelet.
+        ("etcd.endpoints[0]".into(), "https://127.0.0.1:2379".into()),
+        ("etcd.clientSecret".into(), "probity-etcd-client".into()),
+        // The key the sidecars pin (the integrity fixtures' signer).
+        (
+            "trust.publicKey".into(),
+            std::fs::read_to_string(root().join("testdata/integrity/signer-public-key.hex"))
+                .unwrap()
+                .trim()
+                .to_owned(),
+        ),
+    ];
+    // The sidecar's inventory: each node's zone and rack, as the agent reports them.
+    for (node, zone, _, _) in nodes {
+        values.push((format!("sidecar.agent.inventory.{node}.zone"), zone.clone()));
+        values.push((
+            format!("sidecar.agent.inventory.{node}.rack"),
+            format!("r-{node}"),
+        ));
+    }
+    values
+}
+
+/// The test cluster's facts (testdata/entities/cluster.json) as `(node, zone, gpus,
+/// model)`.
+pub fn test_nodes() -> Vec<(String, String, u32, String)> {
+    let text = std::fs::read_to_string(root().join("testdata/entities/cluster.json")).unwrap();
+    let entities: Vec<Value> = serde_json::from_str(&text).unwrap();
+    entities
+        .iter()
+        .filter(|e| e["uid"]["type"] == "Node")
+        .map(|e| {
+            let attrs = &e["attrs"];
+            (
+                e["uid"]["id"].as_str().unwrap().to_owned(),
+                attrs["zone"]["__entity"]["id"].as_str().unwrap().to_owned(),
+                attrs["gpuCount"].as_u64().unwrap() as u32,
+                attrs["gpuModel"]["__entity"]["id"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned(),
+            )
+        })
+        .collect()
+}
+
+impl Installed {
+    /// Everything up, with `entities` as Probity's facts and the nodes of `nodes`.
+    pub async fn start_with(
+        entities: PathBuf,
+        nodes: &[(String, String, u32, String)],
+        extra_values: &[(String, String)],
+    ) -> Installed {
+        let dir = tempfile::tempdir().unwrap();
+        let plane = ControlPlane::start(dir.path()).await;
+        for namespace in NAMESPACES {
+            plane.namespace(namespace).await;
+        }
+        for (name, zone, gpus, model) in nodes {
+            plane.add_node(name, zone, *gpus, model).await;
+        }
+        let probity = Probity::start(&plane, &entities).await;
+        let mut values = test_values(&plane, &probity, nodes);
+        values.extend_from_slice(extra_values);
+        let manifests = plane.render_chart(&values);
+        plane
+            .cluster
+            .apply(&manifests, "probity-system", "probity-test")
+            .await
+            .unwrap();
+        let config = scheduler_config(&manifests);
+        let scheduler = Some(Scheduler::start(&plane, &config).await);
+        Installed {
+            plane,
+            probity,
+            scheduler,
+            manifests,
+            _dir: dir,
+        }
+    }
+
+    /// The test cluster: testdata/entities/cluster.json, as facts and as nodes, with
+    /// gpu-blocked on Probity's blocklist (blocks live in its state, not in the facts).
+    pub async fn start() -> Installed {
+        let cluster = Installed::start_with(
+            root().join("testdata/entities/cluster.json"),
+            &test_nodes(),
+            &[],
+        )
+        .await;
+        let (status, body) = cluster
+            .probity
+            .call(
+                "POST",
+                "/v1/nodes/gpu-blocked/block",
+                &json!({"reason": "failed checkpoint verification"}),
+            )
+            .await;
+        assert_eq!(status, 200, "{body}");
+        cluster
+    }
+
+    /// Stops kube-scheduler by PID: pods created now wait, unscheduled.
+    pub fn stop_scheduler(&mut self) {
+        self.scheduler = None;
+    }
+
+    /// Starts kube-scheduler again with the chart's configuration.
+    pub async fn start_scheduler(&mut self) {
+        assert!(self.scheduler.is_none(), "kube-scheduler is running");
+        let config = scheduler_config(&self.manifests);
+        self.scheduler = Some(Scheduler::start(&self.plane, &config).await);
+    }
+
+    /// Waits for a FailedScheduling event about `pod` containing `text`: the events.
+    pub async fn failed_scheduling(&self, namespace: &str, pod: &str, text: &str) -> Vec<String> {
+        until(
+            &format!("an event about {namespace}/{pod} saying {text:?}"),
+            Duration::from_secs(60),
+            || async {
+                let events = self.plane.events_about(namespace, pod).await;
+                events.iter().any(|e| e.contains(text)).then_some(events)
+            },
+        )
+        .await
+    }
+
+    pub fn pods(&self, namespace: &str) -> Api<Pod> {
+        Api::namespaced(self.plane.client(), namespace)
+    }
+
+    /// Creates `pod` in `namespace`: the apiserver's answer.
+    pub async fn create_pod(&self, namespace: &str, pod: &Value) -> Result<Pod, kube::Error> {
+        let pod: Pod = serde_json::from_value(pod.clone()).unwrap();
+        self.pods(namespace)
+            .create(&PostParams::default(), &pod)
+            .await
+    }
+
+    pub async fn delete_pod(&self, namespace: &str, name: &str) {
+        self.pods(namespace)
+            .delete(name, &DeleteParams::default().grace_period(0))
+            .await
+            .unwrap();
+    }
+
+    /// Where `pod` is bound, waiting up to a minute.
+    pub async fn bound(&self, namespace: &str, pod: &str) -> String {
+        self.plane
+            .bound_node(namespace, pod, Duration::from_secs(60))
+            .await
+    }
+}
+
+/// The KubeSchedulerConfiguration in the chart's scheduler ConfigMap.
+pub fn scheduler_config(manifests: &[Manifest]) -> String {
+    let map = manifests
+        .iter()
+        .find(|m| m.kind() == "ConfigMap" && m.name().ends_with("scheduler-config"))
+        .expect("the chart renders a scheduler-config ConfigMap");
+    map.object["data"]
+        .as_object()
+        .unwrap()
+        .values()
+        .next()
+        .unwrap()
+        .as_str()
+        .unwrap()
+        .to_owned()
+}
+
+/// A pod asking for `gpus` GPUs and `cpu` CPUs, of workload class `class`.
+pub fn gpu_pod(name: &str, class: &str, gpus: u32, cpu: &str) -> Value {
+    json!({
+        "metadata": {"name": name, "labels": {"probity.io/class": class}},
+        "spec": {"containers": [{"name": "main", "image": "trainer:1",
+            "resources": {
+                "requests": {"nvidia.com/gpu": gpus.to_string(), "cpu": cpu},
+                "limits": {"nvidia.com/gpu": gpus.to_string(), "cpu": cpu}}}]}
+    })
+}
+
+/// The apiserver's refusal: its status code and message.
+pub fn refusal(result: Result<Pod, kube::Error>) -> (u16, String) {
+    match result {
+        Ok(pod) => panic!(
+            "the apiserver admitted pod {:?}",
+            pod.metadata.name.unwrap_or_default()
+        ),
+        Err(kube::Error::Api(status)) => (status.code, status.message),
+        Err(other) => panic!("not an API refusal: {other}"),
+    }
+}
