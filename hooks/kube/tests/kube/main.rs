@@ -14,6 +14,7 @@
 mod services;
 
 mod admission;
+mod chart;
 mod cluster;
 mod install;
 mod outage;
