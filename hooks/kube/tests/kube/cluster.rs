@@ -43,8 +43,12 @@ pub fn kube_bin(name: &str) -> PathBuf {
     path
 }
 
-/// The `probity` binary of this build (`cargo build --workspace` made it beside the test).
+/// The `probity` binary: `$PROBITY_BIN`, else the one of this build (`cargo build
+/// --workspace` made it beside the test).
 fn probity_bin() -> PathBuf {
+    if let Some(path) = std::env::var_os("PROBITY_BIN") {
+        return PathBuf::from(path);
+    }
     let exe = std::env::current_exe().unwrap();
     let path = exe.parent().unwrap().parent().unwrap().join("probity");
     assert!(
@@ -301,55 +305,7 @@ impl ControlPlane {
 
     /// A node object as a kubelet would register it: capacity, allocatable, labels, Ready.
     pub async fn add_node(&self, name: &str, zone: &str, gpus: u32, gpu_model: &str) {
-        let nodes: Api<Node> = Api::all(self.client());
-        let resources = json!({"cpu": "64", "memory": "512Gi", "pods": "110",
-            "nvidia.com/gpu": gpus.to_string()});
-        let mut labels = json!({
-            "kubernetes.io/hostname": name,
-            "topology.kubernetes.io/zone": zone,
-            "topology.probity.io/zone": zone,
-        });
-        if gpus > 0 {
-            labels["nvidia.com/gpu.product"] = json!(gpu_model);
-            labels["nvidia.com/gpu.count"] = json!(gpus.to_string());
-        }
-        let node: Node = serde_json::from_value(json!({
-            "metadata": {"name": name, "labels": labels},
-            "status": {
-                "capacity": resources, "allocatable": resources,
-                "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
-                                "message": "a test node: no kubelet runs"}]
-            }
-        }))
-        .unwrap();
-        let created = nodes.create(&PostParams::default(), &node).await.unwrap();
-        // The apiserver's TaintNodesByCondition admission taints a new node not-ready; the
-        // node lifecycle controller, off here, would lift it when the kubelet reports.
-        if created
-            .spec
-            .as_ref()
-            .and_then(|s| s.taints.as_ref())
-            .is_some()
-        {
-            let untaint = json!({"spec": {"taints": null}});
-            nodes
-                .patch(name, &PatchParams::default(), &Patch::Merge(&untaint))
-                .await
-                .unwrap();
-        }
-        // The create kept the status only if the apiserver took it; else set it.
-        if created
-            .status
-            .as_ref()
-            .and_then(|s| s.allocatable.as_ref())
-            .is_none()
-        {
-            let status = json!({"status": node.status});
-            nodes
-                .patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
-                .await
-                .unwrap();
-        }
+        add_node_with(self.cluster.client(), name, zone, gpus, gpu_model).await;
     }
 
     /// Where a pod is bound (`spec.nodeName`), once it is.
@@ -400,6 +356,65 @@ impl ControlPlane {
             String::from_utf8_lossy(&out.stderr)
         );
         parse_manifests(&String::from_utf8(out.stdout).unwrap()).unwrap()
+    }
+}
+
+/// A node object as a kubelet would register it: capacity, allocatable, labels, Ready.
+pub async fn add_node_with(
+    client: &kube::Client,
+    name: &str,
+    zone: &str,
+    gpus: u32,
+    gpu_model: &str,
+) {
+    let nodes: Api<Node> = Api::all(client.clone());
+    let resources = json!({"cpu": "64", "memory": "512Gi", "pods": "110",
+        "nvidia.com/gpu": gpus.to_string()});
+    let mut labels = json!({
+        "kubernetes.io/hostname": name,
+        "topology.kubernetes.io/zone": zone,
+        "topology.probity.io/zone": zone,
+    });
+    if gpus > 0 {
+        labels["nvidia.com/gpu.product"] = json!(gpu_model);
+        labels["nvidia.com/gpu.count"] = json!(gpus.to_string());
+    }
+    let node: Node = serde_json::from_value(json!({
+        "metadata": {"name": name, "labels": labels},
+        "status": {
+            "capacity": resources, "allocatable": resources,
+            "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
+                            "message": "a test node: no kubelet runs"}]
+        }
+    }))
+    .unwrap();
+    let created = nodes.create(&PostParams::default(), &node).await.unwrap();
+    // The apiserver's TaintNodesByCondition admission taints a new node not-ready; the
+    // node lifecycle controller, off here, would lift it when the kubelet reports.
+    if created
+        .spec
+        .as_ref()
+        .and_then(|s| s.taints.as_ref())
+        .is_some()
+    {
+        let untaint = json!({"spec": {"taints": null}});
+        nodes
+            .patch(name, &PatchParams::default(), &Patch::Merge(&untaint))
+            .await
+            .unwrap();
+    }
+    // The create kept the status only if the apiserver took it; else set it.
+    if created
+        .status
+        .as_ref()
+        .and_then(|s| s.allocatable.as_ref())
+        .is_none()
+    {
+        let status = json!({"status": node.status});
+        nodes
+            .patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
+            .await
+            .unwrap();
     }
 }
 
