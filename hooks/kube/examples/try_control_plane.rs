@@ -21,6 +21,8 @@
 
 #[path = "../../testsupport/services.rs"]
 mod services;
+#[path = "../../testsupport/tls_client.rs"]
+mod tls_client;
 
 #[path = "../tests/kube/cluster.rs"]
 mod cluster;

@@ -10,7 +10,6 @@
 use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
@@ -18,12 +17,12 @@ use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use probity_kube::{Cluster, Manifest, parse_manifests};
 use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use rustls::pki_types::ServerName;
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::services::{Proc, free_port};
+use crate::tls_client::tls_client;
 
 /// The repository's root.
 pub fn root() -> PathBuf {
@@ -650,28 +649,7 @@ pub async fn https(
     path: &str,
     body: &str,
 ) -> std::io::Result<(u16, String)> {
-    let mut roots = rustls::RootCertStore::empty();
-    for c in CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
-        roots.add(c.unwrap()).unwrap();
-    }
-    let builder = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .unwrap()
-    .with_root_certificates(roots);
-    let config = match identity {
-        None => builder.with_no_client_auth(),
-        Some((cert, key)) => builder
-            .with_client_auth_cert(
-                CertificateDer::pem_slice_iter(cert.as_bytes())
-                    .map(Result::unwrap)
-                    .collect(),
-                PrivateKeyDer::from_pem_slice(key.as_bytes()).unwrap(),
-            )
-            .unwrap(),
-    };
-    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+    let connector = tls_client(ca_pem, identity);
     let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
     let mut tls = connector
         .connect(ServerName::try_from("127.0.0.1").unwrap().to_owned(), tcp)

@@ -157,16 +157,23 @@ impl Installed {
             &[],
         )
         .await;
-        let (status, body) = cluster
+        cluster
+            .block("gpu-blocked", "failed checkpoint verification")
+            .await;
+        cluster
+    }
+
+    /// Blocks `node` through Probity's API, as an operator would; returns once blocked.
+    pub async fn block(&self, node: &str, reason: &str) {
+        let (status, body) = self
             .probity
             .call(
                 "POST",
-                "/v1/nodes/gpu-blocked/block",
-                &json!({"reason": "failed checkpoint verification"}),
+                &format!("/v1/nodes/{node}/block"),
+                &json!({ "reason": reason }),
             )
             .await;
         assert_eq!(status, 200, "{body}");
-        cluster
     }
 
     /// Stops kube-scheduler by PID: pods created now wait, unscheduled.

@@ -12,6 +12,8 @@
 
 #[path = "../../../testsupport/services.rs"]
 mod services;
+#[path = "../../../testsupport/tls_client.rs"]
+mod tls_client;
 
 mod admission;
 mod chart;

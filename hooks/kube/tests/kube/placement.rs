@@ -63,15 +63,7 @@ async fn an_rlhf_pod_binds_only_in_the_rlhf_zone_and_waits_with_probitys_reason_
         .create_pod("training", &gpu_pod("rlhf-2", "rlhf", 4, "8"))
         .await
         .unwrap();
-    let (status, body) = cluster
-        .probity
-        .call(
-            "POST",
-            "/v1/nodes/gpu-h1/block",
-            &json!({"reason": "kube e2e: NVLink errors"}),
-        )
-        .await;
-    assert_eq!(status, 200, "{body}");
+    cluster.block("gpu-h1", "kube e2e: NVLink errors").await;
     cluster.start_scheduler().await;
     let events = cluster
         .failed_scheduling(
@@ -150,15 +142,7 @@ async fn a_node_blocked_through_probitys_api_gets_no_new_pod_once_the_block_retu
             .await
             .unwrap();
     }
-    let (status, body) = cluster
-        .probity
-        .call(
-            "POST",
-            "/v1/nodes/gpu-a1/block",
-            &json!({"reason": "kube e2e: drain gpu-a1"}),
-        )
-        .await;
-    assert_eq!(status, 200, "{body}");
+    cluster.block("gpu-a1", "kube e2e: drain gpu-a1").await;
     // Every pod created after the block returned.
     for i in 0..6 {
         cluster

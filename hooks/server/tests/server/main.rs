@@ -19,6 +19,8 @@ mod net;
 mod placement;
 mod routes;
 mod stream;
+#[path = "../../../testsupport/tls_client.rs"]
+mod tls_client;
 
 use std::path::{Path, PathBuf};
 
