@@ -49,11 +49,42 @@ use serde_json::{Value, json};
 use crate::cluster::{ControlPlane, Probity, Scheduler, root};
 use crate::install::{gpu_pod, scheduler_config, test_values};
 
+/// CPU seconds (user + system) each of these processes has used, by command name.
+const PROCESSES: [&str; 5] = [
+    "kube-apiserver",
+    "kube-scheduler",
+    "etcd",
+    "probity",
+    "kube-controller",
+];
+
+fn cpu_seconds() -> Vec<f64> {
+    let ticks = 100.0; // USER_HZ on Linux
+    let mut out = vec![0.0; PROCESSES.len()];
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+            continue;
+        };
+        // pid (comm) state ... utime stime: fields 14 and 15, counted after the comm.
+        let Some((comm, rest)) = stat.split_once('(').and_then(|(_, r)| r.rsplit_once(')')) else {
+            continue;
+        };
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        if let Some(i) = PROCESSES.iter().position(|p| comm.starts_with(p)) {
+            let utime: f64 = fields[11].parse().unwrap_or(0.0);
+            let stime: f64 = fields[12].parse().unwrap_or(0.0);
+            out[i] += (utime + stime) / ticks;
+        }
+    }
+    out
+}
+
 struct Run {
+    cpu_per_pod: Vec<f64>,
     pods_per_second: f64,
     median_latency: Duration,
     p99_latency: Duration,
-    probity_seconds_per_pod: Option<f64>,
+    probity_seconds_per_pod: Vec<(String, f64)>,
 }
 
 fn node_names(n: usize) -> Vec<String> {
@@ -162,8 +193,20 @@ async fn schedule(plane: &ControlPlane, pods: usize) -> (Duration, Vec<Duration>
     (last - started, latencies)
 }
 
-fn summarize(pods: usize, total: Duration, latencies: &[Duration], probity: Option<f64>) -> Run {
+fn summarize(
+    pods: usize,
+    total: Duration,
+    latencies: &[Duration],
+    probity: Vec<(String, f64)>,
+    cpu: (Vec<f64>, Vec<f64>),
+) -> Run {
     Run {
+        cpu_per_pod: cpu
+            .1
+            .iter()
+            .zip(&cpu.0)
+            .map(|(a, b)| (a - b) / pods as f64)
+            .collect(),
         pods_per_second: pods as f64 / total.as_secs_f64(),
         median_latency: latencies[latencies.len() / 2],
         p99_latency: latencies[(latencies.len() * 99 / 100).min(latencies.len() - 1)],
@@ -181,8 +224,8 @@ fn scheduler_alone(plane: &ControlPlane) -> String {
     .to_string()
 }
 
-/// Seconds Probity's HTTP routes spent in all, from its histogram sums.
-async fn probity_busy_seconds(probity: &Probity) -> f64 {
+/// Seconds each of Probity's Kubernetes routes spent in all (its histogram sums).
+async fn probity_busy_seconds(probity: &Probity) -> Vec<(String, f64)> {
     let (_, metrics) = probity.call("GET", "/metrics", &Value::Null).await;
     metrics
         .as_str()
@@ -190,11 +233,34 @@ async fn probity_busy_seconds(probity: &Probity) -> f64 {
         .lines()
         .filter(|l| l.starts_with("probity_http_request_duration_seconds_sum{"))
         .filter(|l| l.contains("/v1/scheduler") || l.contains("/v1/admission"))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
+        .filter_map(|l| {
+            let (labels, value) = l.rsplit_once(' ')?;
+            let route = labels.split('"').nth(1)?.to_owned();
+            Some((route, value.parse::<f64>().ok()?))
+        })
+        .collect()
 }
 
-async fn run(pods: usize, nodes: usize, with_probity: bool) -> Run {
+/// Seconds per pod each route spent between two readings.
+fn per_pod(before: &[(String, f64)], after: &[(String, f64)], pods: usize) -> Vec<(String, f64)> {
+    after
+        .iter()
+        .map(|(route, total)| {
+            let earlier = before
+                .iter()
+                .find(|(r, _)| r == route)
+                .map_or(0.0, |(_, t)| *t);
+            (route.clone(), (total - earlier) / pods as f64)
+        })
+        .collect()
+}
+
+async fn run(
+    pods: usize,
+    nodes: usize,
+    with_probity: bool,
+    probity_values: &[(&str, &str)],
+) -> Run {
     let dir = tempfile::tempdir().unwrap();
     let plane = ControlPlane::start(dir.path()).await;
     plane.namespace("training").await;
@@ -206,6 +272,11 @@ async fn run(pods: usize, nodes: usize, with_probity: bool) -> Run {
         let no_nodes: Vec<(String, String, u32, String)> = Vec::new();
         let mut values = test_values(&plane, &probity, &no_nodes);
         values.push(("sidecar.enabled".into(), "false".into()));
+        values.extend(
+            probity_values
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string())),
+        );
         let manifests = plane.render_chart(&values);
         plane
             .cluster
@@ -217,14 +288,27 @@ async fn run(pods: usize, nodes: usize, with_probity: bool) -> Run {
         (Some(probity), scheduler, before)
     } else {
         let scheduler = Scheduler::start(&plane, &scheduler_alone(&plane)).await;
-        (None, scheduler, 0.0)
+        (None, scheduler, Vec::new())
     };
+    let cpu_before = cpu_seconds();
     let (total, latencies) = schedule(&plane, pods).await;
+    let cpu_after = cpu_seconds();
     let share = match &_probity {
-        Some(p) => Some((probity_busy_seconds(p).await - busy_before) / pods as f64),
-        None => None,
+        Some(p) => {
+            let (_, metrics) = p.call("GET", "/metrics", &Value::Null).await;
+            for line in metrics.as_str().unwrap().lines() {
+                if line.starts_with("probity_decision_cache_")
+                    || line.starts_with("probity_connections")
+                    || line.starts_with("probity_http_responses_total")
+                {
+                    eprintln!("{line}");
+                }
+            }
+            per_pod(&busy_before, &probity_busy_seconds(p).await, pods)
+        }
+        None => Vec::new(),
     };
-    summarize(pods, total, &latencies, share)
+    summarize(pods, total, &latencies, share, (cpu_before, cpu_after))
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
@@ -235,24 +319,53 @@ async fn main() {
         .collect();
     let pods = args.first().copied().unwrap_or(1000);
     let nodes = args.get(1).copied().unwrap_or(1000);
-    let alone = run(pods, nodes, false).await;
-    let probity = run(pods, nodes, true).await;
+    let alone = run(pods, nodes, false, &[]).await;
+    let probity = run(pods, nodes, true, &[]).await;
+    // What an operator can trade: no mutating webhook, no ranking by Probity.
+    let filter_only = run(
+        pods,
+        nodes,
+        true,
+        &[
+            ("webhook.mutate.enabled", "false"),
+            ("scheduler.extender.prioritize", "false"),
+        ],
+    )
+    .await;
+    let runs = [
+        ("scheduler alone", &alone),
+        ("with Probity", &probity),
+        ("filter only", &filter_only),
+    ];
     println!("{pods} pods onto {nodes} nodes through kube-scheduler v1.36.3");
-    for (label, r) in [("scheduler alone", &alone), ("with Probity", &probity)] {
+    for (label, r) in runs {
         println!(
             "{label:>16}: {:7.1} pods/s  latency median {:?}  p99 {:?}",
             r.pods_per_second, r.median_latency, r.p99_latency
         );
     }
+    for (label, r) in runs {
+        let cpu: Vec<String> = PROCESSES
+            .iter()
+            .zip(&r.cpu_per_pod)
+            .map(|(p, s)| format!("{p} {:.2}", s * 1000.0))
+            .collect();
+        println!("{label:>16}: CPU ms per pod: {}", cpu.join(", "));
+    }
     println!(
-        "ratio (with Probity / alone): {:.2}x",
-        probity.pods_per_second / alone.pods_per_second
+        "ratio (with Probity / alone): {:.2}x; filter only / alone: {:.2}x",
+        probity.pods_per_second / alone.pods_per_second,
+        filter_only.pods_per_second / alone.pods_per_second
     );
-    if let Some(per_pod) = probity.probity_seconds_per_pod {
+    for (label, r) in [("with Probity", &probity), ("filter only", &filter_only)] {
+        let total: f64 = r.probity_seconds_per_pod.iter().map(|(_, s)| s).sum();
         println!(
-            "Probity's routes per pod (webhooks + extender): {:.2} ms = {:.1}% of the median pod latency",
-            per_pod * 1000.0,
-            100.0 * per_pod / probity.median_latency.as_secs_f64()
+            "{label}: Probity's routes per pod: {:.2} ms in all = {:.1}% of the median pod latency",
+            total * 1000.0,
+            100.0 * total / r.median_latency.as_secs_f64()
         );
+        for (route, seconds) in &r.probity_seconds_per_pod {
+            println!("  {route:<28} {:7.2} ms", seconds * 1000.0);
+        }
     }
 }

@@ -1223,3 +1223,23 @@ fn the_namespace_is_rendered_first_and_only_when_asked() {
         NAMESPACE
     );
 }
+
+#[test]
+fn the_mutating_webhook_and_the_extenders_ranking_can_each_be_turned_off() {
+    let on = default_render();
+    assert_eq!(on.all("MutatingWebhookConfiguration").len(), 1);
+    let config = on.config_file("probity-scheduler-config", "scheduler-config.yaml");
+    assert_eq!(config["extenders"][0]["prioritizeVerb"], "prioritize");
+
+    let off = render(
+        &["{webhook: {mutate: {enabled: false}}, scheduler: {extender: {prioritize: false}}}"],
+        &[],
+    );
+    assert!(off.all("MutatingWebhookConfiguration").is_empty());
+    assert_eq!(off.all("ValidatingWebhookConfiguration").len(), 1);
+    let config = off.config_file("probity-scheduler-config", "scheduler-config.yaml");
+    let extender = &config["extenders"][0];
+    assert!(extender.get("prioritizeVerb").is_none(), "{extender}");
+    assert_eq!(extender["filterVerb"], "filter");
+    assert_eq!(extender["ignorable"], false);
+}
