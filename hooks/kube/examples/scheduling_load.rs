@@ -1,12 +1,13 @@
 //! Pods bound per second through the real kube-scheduler, with and without Probity.
 //!
-//! Two runs on fresh control planes (scripts/build-control-plane.sh; `PROBITY_KUBE_BIN`
+//! Three runs on fresh control planes (scripts/build-control-plane.sh; `PROBITY_KUBE_BIN`
 //! names its directory), each binding the same pods onto the same nodes:
 //!
 //! 1. the scheduler alone (no webhooks, no extender);
-//! 2. the chart's install: the validating and mutating webhooks and the extender, all
-//!    calling one `probity serve` (target/debug or target/release `probity`, beside this
-//!    example's binary) that holds every node's facts.
+//! 2. the chart's install with its defaults: the validating and mutating webhooks and the
+//!    extender (filter and prioritize), all calling one `probity serve` (`$PROBITY_BIN`,
+//!    else the `probity` of the same profile as this example) holding every node's facts;
+//! 3. the same without the mutating webhook and without prioritize.
 //!
 //! Throughput is pods from the first create to the last bind, per second; a pod's latency
 //! is from its create returning to its bind being seen (polled every 50 ms). Probity's
@@ -15,8 +16,9 @@
 //! they are not what is measured.
 //!
 //! ```sh
+//! cargo build --release -p probity-cli -p probity-kube --example scheduling_load
 //! PROBITY_KUBE_BIN=$(bash scripts/build-control-plane.sh) \
-//!   cargo run --release -p probity-kube --example scheduling_load -- 1000 1000
+//!   target/release/examples/scheduling_load 1000 1000
 //! ```
 
 #![allow(
