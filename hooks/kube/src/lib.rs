@@ -352,6 +352,23 @@ mod tests {
         assert!(err.starts_with("manifest document 1: "), "{err}");
     }
 
+    /// What `helm template` writes, cut at every byte: objects or an error, never a panic
+    /// (the fuzz target `manifests` runs the same functions on arbitrary bytes).
+    #[test]
+    fn manifests_cut_anywhere_parse_or_name_the_document() {
+        let text = "---\n# Source: probity/templates/a.yaml\napiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: a\n  namespace: ns\ndata:\n  k: \"v: [1\"\n---\napiVersion: apps/v1\nkind: Deployment\nmetadata: {name: d}\nspec:\n  template:\n    spec:\n      volumes: [{name: x, configMap: {name: a}}]\n";
+        assert_eq!(parse_manifests(text).unwrap().len(), 2);
+        for cut in (0..=text.len()).filter(|&i| text.is_char_boundary(i)) {
+            match parse_manifests(&text[..cut]) {
+                Ok(manifests) => {
+                    let _ = mounted_objects(&manifests, "default");
+                }
+                Err(KubeError::Manifest { document, .. }) => assert!(document >= 1),
+                Err(other) => panic!("cut at {cut}: {other}"),
+            }
+        }
+    }
+
     #[test]
     fn a_deployment_needs_its_volumes_env_and_account_but_not_optional_ones() {
         let text = r#"
