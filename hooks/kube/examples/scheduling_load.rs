@@ -270,16 +270,17 @@ async fn run(
     let names = node_names(nodes);
     add_nodes(&plane, &names).await;
     let (_probity, _scheduler, busy_before) = if with_probity {
-        let probity = Probity::start(&plane, &entities(&names, dir.path())).await;
+        let probity =
+            Probity::start_on(&plane, &entities(&names, dir.path()), services::free_port()).await;
         let no_nodes: Vec<(String, String, u32, String)> = Vec::new();
-        let mut values = test_values(&plane, &probity, &no_nodes);
+        let mut values = test_values(&plane.pki, &plane.kubeconfig, &probity.url(), &no_nodes);
         values.push(("sidecar.enabled".into(), "false".into()));
         values.extend(
             probity_values
                 .iter()
                 .map(|(k, v)| (k.to_string(), v.to_string())),
         );
-        let manifests = plane.render_chart(&values);
+        let manifests = cluster::render_chart(&values);
         plane
             .cluster
             .apply(&manifests, "probity-system", "probity-load")

@@ -73,7 +73,7 @@ async fn workloads_are_judged_at_creation_as_the_api_client_sees_it() {
 }
 
 /// The decisions in Probity's log (GET /v1/decisions).
-async fn recorded(cluster: &Installed) -> usize {
+async fn records(cluster: &Installed) -> Vec<Value> {
     let (status, body) = cluster
         .probity
         .call("GET", "/v1/decisions?limit=1000", &Value::Null)
@@ -82,7 +82,11 @@ async fn recorded(cluster: &Installed) -> usize {
     body["records"]
         .as_array()
         .unwrap_or_else(|| panic!("no records array: {body}"))
-        .len()
+        .clone()
+}
+
+async fn recorded(cluster: &Installed) -> usize {
+    records(cluster).await.len()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -106,7 +110,16 @@ async fn a_dry_run_create_is_judged_but_records_nothing() {
     // The same create for real is recorded: the count above can move.
     let (_, message) = refusal(pods.create(&PostParams::default(), &pod).await);
     assert!(message.contains(RATIO_MESSAGE), "{message}");
-    assert!(recorded(&cluster).await > before);
+    let after = records(&cluster).await;
+    assert!(after.len() > before);
+    // The apiserver presented the client certificate of the chart's admission
+    // configuration: the deny is recorded under its name, not as an anonymous address.
+    let deny = after
+        .iter()
+        .rev()
+        .find(|r| r["decision"]["decision"] == "deny")
+        .unwrap_or_else(|| panic!("no deny recorded: {after:?}"));
+    assert_eq!(deny["caller"], "cn:kube-apiserver-probity", "{deny}");
 }
 
 /// A loopback TCP proxy to `target` that holds each connection for `delay` before

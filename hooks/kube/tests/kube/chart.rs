@@ -8,7 +8,7 @@ use kube::api::{Api, PostParams};
 use probity_kube::{Manifest, mounted_objects};
 use serde_json::json;
 
-use crate::cluster::ControlPlane;
+use crate::cluster::{ControlPlane, render_chart};
 
 /// What the workloads need that the apiserver does not have, as `Kind namespace/name`.
 async fn missing(plane: &ControlPlane, manifests: &[Manifest]) -> Vec<String> {
@@ -77,7 +77,7 @@ async fn install_and_check(extra: &[(&str, &str)], operator_secrets: &[&str]) {
     let dir = tempfile::tempdir().unwrap();
     let plane = ControlPlane::start(dir.path()).await;
     plane.namespace("probity-system").await;
-    let manifests = plane.render_chart(&values(&plane, extra));
+    let manifests = render_chart(&values(&plane, extra));
     let applied = plane
         .cluster
         .apply(&manifests, "probity-system", "helm")

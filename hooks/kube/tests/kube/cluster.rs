@@ -153,7 +153,12 @@ pub struct ControlPlane {
 
 impl ControlPlane {
     pub async fn start(dir: &Path) -> ControlPlane {
-        let pki = Pki::new(dir);
+        ControlPlane::start_with(dir, Pki::new(dir), &[]).await
+    }
+
+    /// With `pki` made beforehand (so that files the apiserver reads can be signed by it)
+    /// and `extra_apiserver_args`.
+    pub async fn start_with(dir: &Path, pki: Pki, extra_apiserver_args: &[String]) -> ControlPlane {
         let (api_crt, api_key) = pki.issue(
             "apiserver",
             "kube-apiserver",
@@ -211,7 +216,8 @@ impl ControlPlane {
                 // Loopback is the only address here: nothing may point the `kubernetes`
                 // Service's endpoints at it.
                 .args(["--endpoint-reconciler-type", "none"])
-                .args(["--profiling=false", "--v=1"]),
+                .args(["--profiling=false", "--v=1"])
+                .args(extra_apiserver_args),
             &dir.join("kube-apiserver.log"),
         );
 
@@ -338,24 +344,24 @@ impl ControlPlane {
             })
             .unwrap_or_default()
     }
+}
 
-    /// `helm template` of the chart with `values` (`--set` pairs), parsed.
-    pub fn render_chart(&self, values: &[(String, String)]) -> Vec<Manifest> {
-        let mut helm = Command::new(kube_bin("helm"));
-        helm.args(["template", "probity"])
-            .arg(root().join("hooks/chart/probity"))
-            .args(["--namespace", "probity-system"]);
-        for (key, value) in values {
-            helm.arg("--set").arg(format!("{key}={value}"));
-        }
-        let out = helm.output().unwrap();
-        assert!(
-            out.status.success(),
-            "helm template: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        parse_manifests(&String::from_utf8(out.stdout).unwrap()).unwrap()
+/// `helm template` of the chart with `values` (`--set` pairs), parsed.
+pub fn render_chart(values: &[(String, String)]) -> Vec<Manifest> {
+    let mut helm = Command::new(kube_bin("helm"));
+    helm.args(["template", "probity"])
+        .arg(root().join("hooks/chart/probity"))
+        .args(["--namespace", "probity-system"]);
+    for (key, value) in values {
+        helm.arg("--set").arg(format!("{key}={value}"));
     }
+    let out = helm.output().unwrap();
+    assert!(
+        out.status.success(),
+        "helm template: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    parse_manifests(&String::from_utf8(out.stdout).unwrap()).unwrap()
 }
 
 /// A node object as a kubelet would register it: capacity, allocatable, labels, Ready.
@@ -530,7 +536,8 @@ pub struct Probity {
 }
 
 impl Probity {
-    pub async fn start(plane: &ControlPlane, entities: &Path) -> Probity {
+    /// On loopback port `port`, chosen beforehand (the chart names it).
+    pub async fn start_on(plane: &ControlPlane, entities: &Path, port: u16) -> Probity {
         let dir = plane.dir.join("probity");
         std::fs::create_dir_all(&dir).unwrap();
         let (crt, key) = plane.pki.issue(
@@ -550,7 +557,6 @@ impl Probity {
             std::os::unix::fs::PermissionsExt::from_mode(0o700),
         )
         .unwrap();
-        let port = free_port();
         let config = dir.join("probity-server.toml");
         std::fs::write(
             &config,

@@ -3,7 +3,7 @@
 //! server-side (its webhook configurations pointed at that Probity over TLS, with the test
 //! CA as caBundle), and kube-scheduler started with the chart's scheduler configuration.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
@@ -12,7 +12,8 @@ use probity_kube::Manifest;
 use serde_json::{Value, json};
 use tempfile::TempDir;
 
-use crate::cluster::{ControlPlane, Probity, Scheduler, root, until};
+use crate::cluster::{ControlPlane, Pki, Probity, Scheduler, render_chart, root, until};
+use crate::services::free_port;
 
 /// Namespaces the tests put workloads in (the webhooks select all but kube-system and
 /// probity-system).
@@ -27,29 +28,43 @@ pub struct Installed {
     _dir: TempDir,
 }
 
-/// The values an install on the test control plane sets: Probity at its loopback URL for
-/// both the webhooks and the extender, the test CA, no leader election.
+/// The values an install on the test control plane sets: Probity at `probity_url` for
+/// both the webhooks and the extender, the test CA, the scheduler and the apiserver with
+/// client certificates of the names the chart expects, no leader election.
 pub fn test_values(
-    plane: &ControlPlane,
-    probity: &Probity,
+    pki: &Pki,
+    kubeconfig: &Path,
+    probity_url: &str,
     nodes: &[(String, String, u32, String)],
 ) -> Vec<(String, String)> {
-    // The scheduler's client certificate, as the chart's clientAuth expects by name.
     let (scheduler_crt, scheduler_key) =
-        plane
-            .pki
-            .issue("scheduler-client", "kube-scheduler-probity", None, &[]);
+        pki.issue("scheduler-client", "kube-scheduler-probity", None, &[]);
+    let (apiserver_crt, apiserver_key) = pki.issue(
+        "apiserver-webhook-client",
+        "kube-apiserver-probity",
+        None,
+        &[],
+    );
     let mut values: Vec<(String, String)> = vec![
-        ("webhook.url".into(), probity.url()),
-        ("webhook.caBundle".into(), plane.pki.ca_bundle_base64()),
+        ("webhook.url".into(), probity_url.to_owned()),
+        ("webhook.caBundle".into(), pki.ca_bundle_base64()),
+        ("apiserver.configDir".into(), pki.dir.display().to_string()),
+        (
+            "apiserver.clientCert".into(),
+            apiserver_crt.display().to_string(),
+        ),
+        (
+            "apiserver.clientKey".into(),
+            apiserver_key.display().to_string(),
+        ),
         ("webhook.tls.mode".into(), "provided".into()),
         (
             "scheduler.extender.urlPrefix".into(),
-            format!("{}/v1/scheduler", probity.url()),
+            format!("{probity_url}/v1/scheduler"),
         ),
         (
             "scheduler.extender.tls.caFile".into(),
-            plane.pki.ca_file().display().to_string(),
+            pki.ca_file().display().to_string(),
         ),
         (
             "scheduler.extender.tls.certFile".into(),
@@ -61,7 +76,7 @@ pub fn test_values(
         ),
         (
             "scheduler.clientConnection.kubeconfig".into(),
-            plane.kubeconfig.display().to_string(),
+            kubeconfig.display().to_string(),
         ),
         ("scheduler.clientConnection.qps".into(), "500".into()),
         ("scheduler.clientConnection.burst".into(), "1000".into()),
@@ -121,17 +136,40 @@ impl Installed {
         extra_values: &[(String, String)],
     ) -> Installed {
         let dir = tempfile::tempdir().unwrap();
-        let plane = ControlPlane::start(dir.path()).await;
+        // Rendered before the apiserver starts: it reads the chart's admission
+        // configuration, which gives it a client certificate for Probity's webhook.
+        let pki = Pki::new(dir.path());
+        let probity_port = free_port();
+        let kubeconfig = dir.path().join("admin.kubeconfig");
+        let url = format!("https://127.0.0.1:{probity_port}");
+        let mut values = test_values(&pki, &kubeconfig, &url, nodes);
+        values.extend_from_slice(extra_values);
+        let manifests = render_chart(&values);
+        let admission = manifests
+            .iter()
+            .find(|m| m.kind() == "ConfigMap" && m.name().ends_with("-apiserver-admission"))
+            .expect("the chart renders the apiserver's admission configuration");
+        for (file, text) in admission.object["data"].as_object().unwrap() {
+            std::fs::write(dir.path().join(file), text.as_str().unwrap()).unwrap();
+        }
+        let admission_config = dir.path().join("admission-config.yaml");
+        let plane = ControlPlane::start_with(
+            dir.path(),
+            pki,
+            &[format!(
+                "--admission-control-config-file={}",
+                admission_config.display()
+            )],
+        )
+        .await;
+        assert_eq!(plane.kubeconfig, kubeconfig);
         for namespace in NAMESPACES {
             plane.namespace(namespace).await;
         }
         for (name, zone, gpus, model) in nodes {
             plane.add_node(name, zone, *gpus, model).await;
         }
-        let probity = Probity::start(&plane, &entities).await;
-        let mut values = test_values(&plane, &probity, nodes);
-        values.extend_from_slice(extra_values);
-        let manifests = plane.render_chart(&values);
+        let probity = Probity::start_on(&plane, &entities, probity_port).await;
         plane
             .cluster
             .apply(&manifests, "probity-system", "probity-test")
