@@ -13,12 +13,13 @@
 //! Manifests are untrusted text: each error names the document (counted from 1) and the
 //! object it was about.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::core::GroupVersionKind;
-use kube::discovery::Scope;
+use kube::discovery::{ApiCapabilities, ApiResource, Scope};
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -199,20 +200,31 @@ impl Cluster {
     ) -> Result<Vec<String>, KubeError> {
         let params = PatchParams::apply(field_manager).force();
         let mut applied = Vec::new();
+        // One discovery call per kind, not per object: a chart renders many of a kind.
+        let mut discovered: HashMap<(String, String), (ApiResource, ApiCapabilities)> =
+            HashMap::new();
         for manifest in manifests {
             let api_version = at(&manifest.object, "/apiVersion")
                 .as_str()
                 .unwrap_or_default();
-            let (group, version) = api_version.split_once('/').unwrap_or(("", api_version));
-            let gvk = GroupVersionKind::gvk(group, version, manifest.kind());
-            let (resource, capabilities) = kube::discovery::pinned_kind(&self.client, &gvk)
-                .await
-                .map_err(|source| KubeError::Discovery {
-                document: manifest.document,
-                api_version: api_version.to_owned(),
-                kind: manifest.kind().to_owned(),
-                source,
-            })?;
+            let key = (api_version.to_owned(), manifest.kind().to_owned());
+            let (resource, capabilities) = match discovered.get(&key) {
+                Some(known) => known.clone(),
+                None => {
+                    let (group, version) = api_version.split_once('/').unwrap_or(("", api_version));
+                    let gvk = GroupVersionKind::gvk(group, version, manifest.kind());
+                    let found = kube::discovery::pinned_kind(&self.client, &gvk)
+                        .await
+                        .map_err(|source| KubeError::Discovery {
+                            document: manifest.document,
+                            api_version: api_version.to_owned(),
+                            kind: manifest.kind().to_owned(),
+                            source,
+                        })?;
+                    discovered.insert(key, found.clone());
+                    found
+                }
+            };
             let (api, shown): (Api<DynamicObject>, String) = match capabilities.scope {
                 Scope::Namespaced => {
                     let namespace = manifest.namespace().unwrap_or(default_namespace);
