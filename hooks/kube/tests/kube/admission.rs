@@ -2,8 +2,6 @@
 //! Probity over TLS with the test CA as caBundle, and what the API client sees is the
 //! apiserver's answer.
 
-use std::time::Duration;
-
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use kube::api::{Api, PostParams};
@@ -122,19 +120,24 @@ async fn a_dry_run_create_is_judged_but_records_nothing() {
     assert_eq!(deny["caller"], "cn:kube-apiserver-probity", "{deny}");
 }
 
-/// A loopback TCP proxy to `target` that holds each connection for `delay` before
-/// forwarding a byte: a webhook slower than the apiserver's timeoutSeconds.
-async fn delaying_proxy(target: u16, delay: Duration) -> u16 {
+/// A loopback TCP proxy to `target` that holds each connection, forwarding nothing, until
+/// the test releases it: a webhook slower than the apiserver's timeoutSeconds, however
+/// long that is, with no clock in the test. Released, it forwards the late exchange.
+async fn holding_proxy(target: u16) -> (u16, tokio::sync::watch::Sender<bool>) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
+    let (release, released) = tokio::sync::watch::channel(false);
     tokio::spawn(async move {
         // Bounded: the apiserver retries a few times at most within one test.
         for _ in 0..64 {
             let Ok((mut inbound, _)) = listener.accept().await else {
                 return;
             };
+            let mut released = released.clone();
             tokio::spawn(async move {
-                tokio::time::sleep(delay).await;
+                if released.wait_for(|r| *r).await.is_err() {
+                    return;
+                }
                 if let Ok(mut outbound) =
                     tokio::net::TcpStream::connect(("127.0.0.1", target)).await
                 {
@@ -144,13 +147,13 @@ async fn delaying_proxy(target: u16, delay: Duration) -> u16 {
             });
         }
     });
-    port
+    (port, release)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_webhook_answer_slower_than_its_timeout_refuses_the_pod_and_an_unknown_kind_is_allowed() {
     let cluster = Installed::start().await;
-    let proxy = delaying_proxy(cluster.probity.port, Duration::from_secs(4)).await;
+    let (proxy, release) = holding_proxy(cluster.probity.port).await;
     let ca_bundle = cluster.plane.pki.ca_bundle_base64();
     let hooks = json!({
         "apiVersion": "admissionregistration.k8s.io/v1",
@@ -203,6 +206,8 @@ async fn a_webhook_answer_slower_than_its_timeout_refuses_the_pod_and_an_unknown
             .is_none(),
         "a pod whose webhook timed out exists"
     );
+    // The answer arrives after the apiserver gave up: it changes nothing.
+    release.send(true).unwrap();
 
     // Probity has no rule for a ConfigMap: `unknown_kinds = "allow"` admits it.
     let maps: Api<ConfigMap> = Api::namespaced(cluster.plane.client(), "training");

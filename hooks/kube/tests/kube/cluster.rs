@@ -13,11 +13,13 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
+use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
-use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams};
 use probity_kube::{Cluster, Manifest, parse_manifests};
 use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
 use rustls::pki_types::ServerName;
+use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -58,8 +60,10 @@ fn probity_bin() -> PathBuf {
     path
 }
 
-/// Polls `f` every 50 ms until it gives a value; panics naming `what` after `limit`.
-pub async fn until<T, F: Future<Output = Option<T>>>(
+/// Polls a readiness probe `f` every 50 ms until it gives a value; panics naming `what`
+/// after `limit`. Only for a process's readiness, which has no event to watch; state in
+/// the apiserver is waited for with `watch_until`.
+pub async fn poll_ready<T, F: Future<Output = Option<T>>>(
     what: &str,
     limit: Duration,
     mut f: impl FnMut() -> F,
@@ -75,6 +79,51 @@ pub async fn until<T, F: Future<Output = Option<T>>>(
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// Waits for the first object of `api` matching `params` for which `ready` gives a value:
+/// a list (it may be there already), then a watch from that list's resourceVersion, so
+/// each change is seen as the apiserver makes it. Panics naming `what` after `limit`.
+pub async fn watch_until<K, T>(
+    api: &Api<K>,
+    params: &WatchParams,
+    what: &str,
+    limit: Duration,
+    mut ready: impl FnMut(&K) -> Option<T>,
+) -> T
+where
+    K: Clone + DeserializeOwned + std::fmt::Debug,
+{
+    let wait = async {
+        loop {
+            let list_params = ListParams {
+                label_selector: params.label_selector.clone(),
+                field_selector: params.field_selector.clone(),
+                ..ListParams::default()
+            };
+            let list = api.list(&list_params).await.unwrap();
+            if let Some(v) = list.items.iter().find_map(&mut ready) {
+                return v;
+            }
+            let version = list.metadata.resource_version.unwrap_or_default();
+            let mut events = api.watch(params, &version).await.unwrap().boxed();
+            while let Some(event) = events.try_next().await.unwrap() {
+                match event {
+                    WatchEvent::Added(o) | WatchEvent::Modified(o) => {
+                        if let Some(v) = ready(&o) {
+                            return v;
+                        }
+                    }
+                    // Expired or compacted: list again.
+                    WatchEvent::Error(_) => break,
+                    WatchEvent::Deleted(_) | WatchEvent::Bookmark(_) => {}
+                }
+            }
+        }
+    };
+    tokio::time::timeout(limit, wait)
+        .await
+        .unwrap_or_else(|_| panic!("timed out after {limit:?} waiting for {what}"))
 }
 
 /// The test CA and the certificates it signed, as PEM files in the test's directory.
@@ -225,7 +274,7 @@ impl ControlPlane {
         write_kubeconfig(&kubeconfig, api_port, &pki, &admin_crt, &admin_key);
         let cluster = Cluster::from_kubeconfig(&kubeconfig).await.unwrap();
         let client = cluster.client().clone();
-        until("kube-apiserver /readyz", Duration::from_secs(120), || {
+        poll_ready("kube-apiserver /readyz", Duration::from_secs(120), || {
             let client = client.clone();
             apiserver.assert_running();
             async move {
@@ -284,13 +333,12 @@ impl ControlPlane {
     pub async fn wait_for_default_service_account(&self, namespace: &str) {
         let accounts: Api<k8s_openapi::api::core::v1::ServiceAccount> =
             Api::namespaced(self.client(), namespace);
-        until(
+        watch_until(
+            &accounts,
+            &WatchParams::default().fields("metadata.name=default"),
             &format!("the default ServiceAccount of {namespace}"),
             Duration::from_secs(60),
-            || {
-                let accounts = accounts.clone();
-                async move { accounts.get_opt("default").await.ok().flatten() }
-            },
+            |_| Some(()),
         )
         .await;
     }
@@ -316,15 +364,34 @@ impl ControlPlane {
     /// Where a pod is bound (`spec.nodeName`), once it is.
     pub async fn bound_node(&self, namespace: &str, pod: &str, limit: Duration) -> String {
         let pods: Api<Pod> = Api::namespaced(self.client(), namespace);
-        until(&format!("pod {namespace}/{pod} to be bound"), limit, || {
-            let pods = pods.clone();
-            async move {
-                pods.get(pod)
-                    .await
-                    .ok()
-                    .and_then(|p| p.spec.and_then(|s| s.node_name))
-            }
-        })
+        watch_until(
+            &pods,
+            &WatchParams::default().fields(&format!("metadata.name={pod}")),
+            &format!("pod {namespace}/{pod} to be bound"),
+            limit,
+            |p: &Pod| p.spec.as_ref().and_then(|s| s.node_name.clone()),
+        )
+        .await
+    }
+
+    /// Waits for an event about `object` in `namespace` whose message `matches`: the
+    /// message.
+    pub async fn event_about(
+        &self,
+        namespace: &str,
+        object: &str,
+        what: &str,
+        matches: impl Fn(&str) -> bool,
+    ) -> String {
+        let events: Api<k8s_openapi::api::core::v1::Event> =
+            Api::namespaced(self.client(), namespace);
+        watch_until(
+            &events,
+            &WatchParams::default().fields(&format!("involvedObject.name={object}")),
+            what,
+            Duration::from_secs(60),
+            |e: &k8s_openapi::api::core::v1::Event| e.message.clone().filter(|m| matches(m)),
+        )
         .await
     }
 
@@ -506,13 +573,13 @@ impl Scheduler {
             &plane.dir.join("kube-scheduler.log"),
         );
         let mut scheduler = Scheduler { proc };
-        let ca = plane.pki.ca_pem.clone();
+        let connector = tls_client(&plane.pki.ca_pem, None);
         // /readyz is open to anyone (the scheduler's always-allowed paths).
-        until("kube-scheduler /readyz", Duration::from_secs(60), || {
+        poll_ready("kube-scheduler /readyz", Duration::from_secs(60), || {
             scheduler.proc.assert_running();
-            let ca = ca.clone();
+            let connector = connector.clone();
             async move {
-                let (status, body) = https(port, &ca, None, "GET", "/readyz", "").await.ok()?;
+                let (status, body) = https(port, &connector, "GET", "/readyz", "").await.ok()?;
                 (status == 200 && body == "ok").then_some(())
             }
         })
@@ -530,8 +597,9 @@ pub struct Probity {
     config: PathBuf,
     entities: PathBuf,
     dir: PathBuf,
-    ca_pem: String,
-    admin: (String, String),
+    /// Trusts the test CA, with no client certificate (probes) and as the admin.
+    anonymous: tokio_rustls::TlsConnector,
+    admin: tokio_rustls::TlsConnector,
     proc: Option<Proc>,
 }
 
@@ -574,10 +642,13 @@ impl Probity {
             config,
             entities: entities.to_owned(),
             dir,
-            ca_pem: plane.pki.ca_pem.clone(),
-            admin: (
-                std::fs::read_to_string(admin_crt).unwrap(),
-                std::fs::read_to_string(admin_key).unwrap(),
+            anonymous: tls_client(&plane.pki.ca_pem, None),
+            admin: tls_client(
+                &plane.pki.ca_pem,
+                Some(&(
+                    std::fs::read_to_string(admin_crt).unwrap(),
+                    std::fs::read_to_string(admin_key).unwrap(),
+                )),
             ),
             proc: None,
         };
@@ -604,13 +675,13 @@ impl Probity {
             &self.dir.join("probity.log"),
         );
         self.proc = Some(proc);
-        until("probity /readyz", Duration::from_secs(60), || {
+        poll_ready("probity /readyz", Duration::from_secs(60), || {
             if let Some(p) = self.proc.as_mut() {
                 p.assert_running();
             }
-            let (port, ca) = (self.port, self.ca_pem.clone());
+            let (port, connector) = (self.port, self.anonymous.clone());
             async move {
-                let (status, _) = https(port, &ca, None, "GET", "/readyz", "").await.ok()?;
+                let (status, _) = https(port, &connector, "GET", "/readyz", "").await.ok()?;
                 (status == 200).then_some(())
             }
         })
@@ -628,16 +699,9 @@ impl Probity {
 
     /// One call to Probity's API as the test's admin; the status and the JSON body.
     pub async fn call(&self, method: &str, path: &str, body: &Value) -> (u16, Value) {
-        let (status, text) = https(
-            self.port,
-            &self.ca_pem,
-            Some(&self.admin),
-            method,
-            path,
-            &body.to_string(),
-        )
-        .await
-        .unwrap();
+        let (status, text) = https(self.port, &self.admin, method, path, &body.to_string())
+            .await
+            .unwrap();
         (
             status,
             serde_json::from_str(&text).unwrap_or(Value::String(text)),
@@ -645,17 +709,15 @@ impl Probity {
     }
 }
 
-/// One HTTP/1.1 request over TLS to 127.0.0.1:`port`, trusting `ca_pem`, with a client
-/// certificate when given: the status and the body.
+/// One HTTP/1.1 request over TLS to 127.0.0.1:`port` through `connector` (made once per
+/// client by `tls_client`): the status and the body.
 pub async fn https(
     port: u16,
-    ca_pem: &str,
-    identity: Option<&(String, String)>,
+    connector: &tokio_rustls::TlsConnector,
     method: &str,
     path: &str,
     body: &str,
 ) -> std::io::Result<(u16, String)> {
-    let connector = tls_client(ca_pem, identity);
     let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
     let mut tls = connector
         .connect(ServerName::try_from("127.0.0.1").unwrap().to_owned(), tcp)

@@ -12,7 +12,7 @@ use probity_kube::Manifest;
 use serde_json::{Value, json};
 use tempfile::TempDir;
 
-use crate::cluster::{ControlPlane, Pki, Probity, Scheduler, render_chart, root, until};
+use crate::cluster::{ControlPlane, Pki, Probity, Scheduler, render_chart, root};
 use crate::services::free_port;
 
 /// Namespaces the tests put workloads in (the webhooks select all but kube-system and
@@ -228,15 +228,15 @@ impl Installed {
 
     /// Waits for a FailedScheduling event about `pod` containing `text`: the events.
     pub async fn failed_scheduling(&self, namespace: &str, pod: &str, text: &str) -> Vec<String> {
-        until(
-            &format!("an event about {namespace}/{pod} saying {text:?}"),
-            Duration::from_secs(60),
-            || async {
-                let events = self.plane.events_about(namespace, pod).await;
-                events.iter().any(|e| e.contains(text)).then_some(events)
-            },
-        )
-        .await
+        self.plane
+            .event_about(
+                namespace,
+                pod,
+                &format!("an event about {namespace}/{pod} saying {text:?}"),
+                |m| m.contains(text),
+            )
+            .await;
+        self.plane.events_about(namespace, pod).await
     }
 
     pub fn pods(&self, namespace: &str) -> Api<Pod> {

@@ -5,31 +5,24 @@
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, ListParams};
+use kube::api::{Api, WatchParams};
 use serde_json::json;
 
-use crate::cluster::until;
+use crate::cluster::watch_until;
 use crate::install::{Installed, gpu_pod, refusal};
 
 /// The first pod matching `selector` in `namespace` that is bound: its name and node.
 async fn bound_pod(cluster: &Installed, namespace: &str, selector: &str, not: &str) -> String {
     let pods: Api<Pod> = cluster.pods(namespace);
-    until(
+    watch_until(
+        &pods,
+        &WatchParams::default().labels(selector),
         &format!("a bound pod {selector} in {namespace} other than {not:?}"),
         Duration::from_secs(60),
-        || {
-            let pods = pods.clone();
-            async move {
-                let list = pods
-                    .list(&ListParams::default().labels(selector))
-                    .await
-                    .ok()?;
-                list.items.into_iter().find_map(|p| {
-                    let name = p.metadata.name?;
-                    let bound = p.spec?.node_name.is_some();
-                    (bound && name != not).then_some(name)
-                })
-            }
+        |p: &Pod| {
+            let name = p.metadata.name.clone()?;
+            let bound = p.spec.as_ref()?.node_name.is_some();
+            (bound && name != not).then_some(name)
         },
     )
     .await
@@ -90,18 +83,15 @@ async fn with_probity_down_governed_pods_wait_while_system_and_probitys_own_pods
     bound_pod(&cluster, "probity-system", webhook_selector, &webhook_pod).await;
     bound_pod(&cluster, "kube-system", "app=dns", &dns_pod).await;
     // The scheduler has asked the extender for rlhf-2 and failed: it waits.
-    until(
-        "the scheduler to report the extender unreachable for rlhf-2",
-        Duration::from_secs(60),
-        || async {
-            let events = cluster.plane.events_about("training", "rlhf-2").await;
-            events
-                .iter()
-                .any(|e| e.contains("extender") || e.contains("connection refused"))
-                .then_some(())
-        },
-    )
-    .await;
+    cluster
+        .plane
+        .event_about(
+            "training",
+            "rlhf-2",
+            "the scheduler to report the extender unreachable for rlhf-2",
+            |e| e.contains("extender") || e.contains("connection refused"),
+        )
+        .await;
     let waiting = cluster.pods("training").get("rlhf-2").await.unwrap();
     assert_eq!(
         waiting.spec.unwrap().node_name,
