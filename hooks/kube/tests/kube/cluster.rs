@@ -13,7 +13,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
-use futures::{StreamExt, TryStreamExt};
+use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams};
 use probity_kube::{Cluster, Manifest, parse_manifests};
@@ -107,14 +107,15 @@ where
             }
             let version = list.metadata.resource_version.unwrap_or_default();
             let mut events = api.watch(params, &version).await.unwrap().boxed();
-            while let Some(event) = events.try_next().await.unwrap() {
+            // A watch the apiserver ends (expired, compacted, a connection reset under
+            // load) is followed by a new list: nothing between the two is missed.
+            while let Some(Ok(event)) = events.next().await {
                 match event {
                     WatchEvent::Added(o) | WatchEvent::Modified(o) => {
                         if let Some(v) = ready(&o) {
                             return v;
                         }
                     }
-                    // Expired or compacted: list again.
                     WatchEvent::Error(_) => break,
                     WatchEvent::Deleted(_) | WatchEvent::Bookmark(_) => {}
                 }
