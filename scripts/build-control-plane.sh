@@ -55,8 +55,14 @@ echo "build-control-plane: building helm ${helm_release}" >&2
   -o "$staging/bin/" helm.sh/helm/v4/cmd/helm)
 
 echo "built in $(($(date +%s) - started)) s on $(nproc) cores" > "$staging/complete"
-rm -rf "$out"
-mv "$staging" "$out"
-trap - EXIT
+# $out appears only whole (a rename of a finished build). Two builds at once: the second to
+# finish keeps the first's and drops its own; a build killed midway leaves only its
+# .building directory, never a half-filled $out.
+if mv -T "$staging" "$out" 2>/dev/null; then
+  trap - EXIT
+elif [ ! -f "$out/complete" ]; then
+  echo "build-control-plane: cannot move the build to $out" >&2
+  exit 1
+fi
 echo "build-control-plane: $(cat "$out/complete")" >&2
 echo "$out/bin"
