@@ -19,6 +19,7 @@ macro_rules! err_line {
 }
 
 mod agent;
+mod controller;
 mod integrity;
 mod keys;
 
@@ -86,6 +87,12 @@ enum Command {
     /// Run the node agent: collect this node's facts, decide comply, listen and elevate,
     /// carry out the obligations (see hooks/agent/probity-agent.toml).
     Agent(agent::AgentArgs),
+    /// Run the Kubernetes controller (blocked nodes tainted, released when unblocked),
+    /// or pause, resume, reset or dry-run it.
+    Controller {
+        #[command(subcommand)]
+        command: controller::ControllerCommand,
+    },
     /// Check, render or apply the node role's firewall baseline.
     Baseline {
         #[command(subcommand)]
@@ -340,6 +347,7 @@ fn run(cli: Cli) -> Result<u8> {
         Command::Serve(args) => serve(args),
         Command::Agent(args) => agent::agent(args),
         Command::Baseline { command } => agent::baseline(command),
+        Command::Controller { command } => controller::controller(command),
         Command::Check {
             dir,
             files,

@@ -13,6 +13,8 @@
 //! Manifests are untrusted text: each error names the document (counted from 1) and the
 //! object it was about.
 
+pub mod controller;
+
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
@@ -34,6 +36,13 @@ pub enum KubeError {
         /// Why it was refused.
         #[source]
         source: kube::config::KubeconfigError,
+    },
+    /// No kubeconfig was given and this is not a pod with a service account.
+    #[error("no kubeconfig given, and no in-cluster service account to use")]
+    InCluster {
+        /// Why the in-cluster configuration was refused.
+        #[source]
+        source: kube::config::InClusterError,
     },
     /// A client could not be built from a readable kubeconfig.
     #[error("client from kubeconfig {path}")]
@@ -180,6 +189,15 @@ impl Cluster {
             path: path.to_owned(),
             source,
         })?;
+        Ok(Cluster { client })
+    }
+
+    /// A client from the pod's own service account (the controller in the cluster).
+    pub fn in_cluster() -> Result<Cluster, KubeError> {
+        let path = PathBuf::from("/var/run/secrets/kubernetes.io/serviceaccount");
+        let config = kube::Config::incluster().map_err(|source| KubeError::InCluster { source })?;
+        let client =
+            kube::Client::try_from(config).map_err(|source| KubeError::Client { path, source })?;
         Ok(Cluster { client })
     }
 

@@ -46,7 +46,7 @@ pub fn kube_bin(name: &str) -> PathBuf {
 
 /// The `probity` binary: `$PROBITY_BIN`, else the one of this build (`cargo build
 /// --workspace` made it beside the test).
-fn probity_bin() -> PathBuf {
+pub fn probity_bin() -> PathBuf {
     if let Some(path) = std::env::var_os("PROBITY_BIN") {
         return PathBuf::from(path);
     }

@@ -18,6 +18,7 @@ mod tls_client;
 mod admission;
 mod chart;
 mod cluster;
+mod controller;
 mod install;
 mod outage;
 mod placement;

@@ -1,0 +1,233 @@
+//! `probity controller`: run the Kubernetes controller, or change its shared state.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use clap::{Args, Subcommand};
+use probity_kube::Cluster;
+use probity_kube::controller::{
+    self, BlockTaint, BreakerLimits, Controller, ControllerOptions, ProbityApi,
+};
+
+use crate::exit;
+
+#[derive(Subcommand)]
+pub enum ControllerCommand {
+    /// Make the cluster show Probity's blocks: taint blocked nodes, release unblocked
+    /// ones (one active replica per cluster, through a Lease).
+    Run(Box<RunArgs>),
+    /// Print the controller's shared state: pause, dry run, breaker, report (JSON).
+    Status(Target),
+    /// Stop acting (every replica) until `resume`.
+    Pause(Target),
+    /// Act again after `pause`.
+    Resume(Target),
+    /// Reset a tripped circuit breaker, with a fresh window.
+    Reset(Target),
+    /// Report what would be done, change nothing (`on`), or act again (`off`).
+    DryRun {
+        #[command(flatten)]
+        target: Target,
+        /// `on` or `off`.
+        #[arg(value_parser = ["on", "off"])]
+        mode: String,
+    },
+}
+
+/// Which cluster and which controller state.
+#[derive(Args)]
+pub struct Target {
+    /// The kubeconfig (default: the pod's service account).
+    #[arg(long, env = "KUBECONFIG")]
+    kubeconfig: Option<PathBuf>,
+    /// The namespace of the controller's Lease and state ConfigMap.
+    #[arg(long, default_value = "probity-system")]
+    namespace: String,
+    /// The Lease's name.
+    #[arg(long, default_value = "probity-controller")]
+    lease_name: String,
+    /// The state ConfigMap's name.
+    #[arg(long, default_value = "probity-controller-state")]
+    state_name: String,
+}
+
+#[derive(Args)]
+pub struct RunArgs {
+    #[command(flatten)]
+    target: Target,
+    /// Probity's API (`https://host:port`), whose blocklist the controller follows.
+    #[arg(long)]
+    probity_url: String,
+    /// The CA bundle that signed Probity's server certificate (PEM).
+    #[arg(long)]
+    probity_ca: PathBuf,
+    /// A client certificate to present to Probity (PEM), with --probity-key.
+    #[arg(long, requires = "probity_key")]
+    probity_cert: Option<PathBuf>,
+    /// The client certificate's key (PEM).
+    #[arg(long, requires = "probity_cert")]
+    probity_key: Option<PathBuf>,
+    /// This replica's name in the Lease and in Events (default: POD_NAME, else
+    /// hostname and process id).
+    #[arg(long, env = "POD_NAME")]
+    identity: Option<String>,
+    /// Seconds a lease holds without renewal.
+    #[arg(long, default_value_t = 15)]
+    lease_seconds: u64,
+    /// Milliseconds between reconcile passes.
+    #[arg(long, default_value_t = 500)]
+    interval_ms: u64,
+    /// Circuit breaker: most nodes newly tainted per window.
+    #[arg(long, default_value_t = 10)]
+    max_nodes: usize,
+    /// Circuit breaker: most nodes newly tainted per window in one pool, in percent of
+    /// the pool (at least one node).
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u8).range(1..=100))]
+    max_percent: u8,
+    /// Circuit breaker: the window, in seconds.
+    #[arg(long, default_value_t = 600)]
+    window_seconds: u64,
+    /// A node label whose values make pools for the breaker (repeat; default: the
+    /// Probity zone, the Kubernetes zone and the GPU model labels).
+    #[arg(long = "pool-label")]
+    pool_labels: Vec<String>,
+    /// The taint's key.
+    #[arg(long, default_value = "probity.io/blocked")]
+    taint_key: String,
+    /// The taint's effect: `NoSchedule`, or `NoExecute` (deletes the node's pods
+    /// without asking their disruption budgets: an explicit opt-in).
+    #[arg(long, default_value = "NoSchedule", value_parser = ["NoSchedule", "NoExecute"])]
+    taint_effect: String,
+    /// Report what would be done, change nothing (whatever the shared state says).
+    #[arg(long)]
+    dry_run: bool,
+    /// Serve /metrics and /healthz here (e.g. 127.0.0.1:9102).
+    #[arg(long)]
+    metrics_listen: Option<SocketAddr>,
+    /// `text` or `json` log lines.
+    #[arg(long, default_value = "text", value_parser = ["text", "json"])]
+    log_format: String,
+}
+
+impl Target {
+    fn options(&self) -> ControllerOptions {
+        ControllerOptions {
+            namespace: self.namespace.clone(),
+            lease_name: self.lease_name.clone(),
+            state_name: self.state_name.clone(),
+            ..ControllerOptions::default()
+        }
+    }
+
+    async fn cluster(&self) -> Result<Cluster> {
+        Ok(match &self.kubeconfig {
+            Some(path) => Cluster::from_kubeconfig(path).await?,
+            None => Cluster::in_cluster()?,
+        })
+    }
+}
+
+pub fn controller(command: ControllerCommand) -> Result<u8> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    runtime.block_on(async move {
+        match command {
+            ControllerCommand::Run(args) => run(*args).await,
+            ControllerCommand::Status(target) => {
+                let cluster = target.cluster().await?;
+                let state = controller::status(cluster.client().clone(), &target.options()).await?;
+                crate::out::line(serde_json::to_string_pretty(&state)?)?;
+                Ok(exit::ALLOW)
+            }
+            ControllerCommand::Pause(target) => change(&target, |s| s.paused = true).await,
+            ControllerCommand::Resume(target) => change(&target, |s| s.paused = false).await,
+            ControllerCommand::Reset(target) => change(&target, |s| s.breaker.reset()).await,
+            ControllerCommand::DryRun { target, mode } => {
+                let on = mode == "on";
+                change(&target, move |s| {
+                    s.dry_run = on;
+                    if !on {
+                        s.would.clear();
+                    }
+                })
+                .await
+            }
+        }
+    })
+}
+
+async fn change(target: &Target, change: impl Fn(&mut controller::ControlState)) -> Result<u8> {
+    let cluster = target.cluster().await?;
+    let state = controller::command(cluster.client().clone(), &target.options(), change).await?;
+    crate::out::line(format_args!(
+        "paused: {}, dry run: {}, breaker: {}",
+        state.paused,
+        state.dry_run,
+        match &state.breaker.tripped {
+            Some(trip) => format!("tripped ({})", trip.reason),
+            None => "closed".into(),
+        }
+    ))?;
+    Ok(exit::ALLOW)
+}
+
+async fn run(args: RunArgs) -> Result<u8> {
+    probity_server::init_logging(&probity_server::LogConfig {
+        format: if args.log_format == "json" {
+            probity_server::LogFormat::Json
+        } else {
+            probity_server::LogFormat::Text
+        },
+        ..probity_server::LogConfig::default()
+    });
+    let read = |path: &PathBuf| {
+        std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))
+    };
+    let ca = read(&args.probity_ca)?;
+    let identity_files = match (&args.probity_cert, &args.probity_key) {
+        (Some(cert), Some(key)) => Some((read(cert)?, read(key)?)),
+        _ => None,
+    };
+    let probity = ProbityApi::new(
+        &args.probity_url,
+        &ca,
+        identity_files
+            .as_ref()
+            .map(|(c, k)| (c.as_slice(), k.as_slice())),
+    )?;
+    let cluster = args.target.cluster().await?;
+    let identity = args.identity.clone().unwrap_or_else(|| {
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+        format!("{}-{}", host.trim(), std::process::id())
+    });
+    let mut options = args.target.options();
+    options.identity = identity;
+    options.lease_duration = Duration::from_secs(args.lease_seconds.max(1));
+    options.interval = Duration::from_millis(args.interval_ms.max(10));
+    options.limits = BreakerLimits {
+        max_nodes: args.max_nodes,
+        max_percent: args.max_percent,
+        window_secs: args.window_seconds,
+    };
+    if !args.pool_labels.is_empty() {
+        options.pool_labels = args.pool_labels.clone();
+    }
+    options.dry_run = args.dry_run;
+    let taint = BlockTaint {
+        key: args.taint_key.clone(),
+        effect: args.taint_effect.clone(),
+    };
+    let controller = Controller::new(cluster.client().clone(), probity, taint, options);
+    if let Some(addr) = args.metrics_listen {
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("cannot listen on {addr} for metrics"))?;
+        tokio::spawn(controller::metrics::serve(listener, controller.metrics()));
+    }
+    controller.run(probity_server::shutdown_signal()).await;
+    Ok(exit::ALLOW)
+}

@@ -1,0 +1,70 @@
+//! How a cluster manager carries out what Probity decided: one trait, one
+//! implementation per manager (Kubernetes here; Slurm is the next).
+
+use std::future::Future;
+
+use super::plan::BlockMark;
+
+/// What an action changed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// The cluster changed.
+    Done,
+    /// It already was as asked (an action already taken is not taken twice).
+    Unchanged,
+}
+
+impl Outcome {
+    /// The outcome's name in reports and metrics.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Done => "done",
+            Outcome::Unchanged => "unchanged",
+        }
+    }
+}
+
+/// A workload's pod, as a reader names itself.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodRef {
+    /// Its namespace.
+    pub namespace: String,
+    /// Its name.
+    pub name: String,
+    /// Its uid, so a pod recreated under the same name is not the one meant.
+    pub uid: Option<String>,
+}
+
+/// The levers a cluster manager gives Probity.
+///
+/// Each call is idempotent: asked again for a state already reached it answers
+/// [`Outcome::Unchanged`] and changes nothing. An implementation only ever removes what
+/// it set itself.
+pub trait Actuator {
+    /// The manager's error.
+    type Error: std::error::Error + Send + Sync + 'static;
+
+    /// Keeps new work off a node and marks it with the block record acted on.
+    fn block_node(
+        &self,
+        node: &str,
+        block: &BlockMark,
+    ) -> impl Future<Output = Result<Outcome, Self::Error>> + Send;
+
+    /// Undoes [`Actuator::block_node`]: removes what it set, nothing else.
+    /// `taint_added` says whether the block added the node's taint.
+    fn release_node(
+        &self,
+        node: &str,
+        taint_added: bool,
+    ) -> impl Future<Output = Result<Outcome, Self::Error>> + Send;
+
+    /// Stops one workload's pod the way the manager allows (Kubernetes: an eviction, so
+    /// disruption budgets hold). `dry_run` asks the manager to check without acting.
+    fn stop_pod(
+        &self,
+        pod: &PodRef,
+        reason: &str,
+        dry_run: bool,
+    ) -> impl Future<Output = Result<Outcome, Self::Error>> + Send;
+}

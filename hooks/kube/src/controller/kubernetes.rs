@@ -1,0 +1,272 @@
+//! The [`Actuator`] for Kubernetes: a Probity-owned taint and annotation on the Node,
+//! an Event for each change, evictions through `policy/v1`.
+//!
+//! Taints are a list the apiserver merges as a whole, so every change is a merge patch
+//! carrying the `resourceVersion` it was computed from: a node someone else changed in
+//! between is read again, and their taints and cordon are written back exactly as found.
+
+use k8s_openapi::api::core::v1::{Node, Pod, Taint};
+use kube::api::{Api, DeleteParams, EvictParams, Patch, PatchParams, PostParams, Preconditions};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::{Client, Resource};
+use serde_json::json;
+
+use super::actuate::{Actuator, Outcome, PodRef};
+use super::plan::{AppliedMark, BlockMark};
+use super::ControllerError;
+
+/// The annotation naming the block record a node's taint stands for.
+pub const BLOCK_ANNOTATION: &str = "probity.io/block";
+
+/// Most times a node change is computed again after a conflicting write.
+const CONFLICT_RETRIES: usize = 5;
+
+/// Probity's taint: its key and effect (the settings `block_taint_key` and
+/// `block_taint_effect`; the default policies exempt pods that tolerate it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BlockTaint {
+    /// The taint's key.
+    pub key: String,
+    /// `NoSchedule` (the default) or `NoExecute` (deletes running pods without asking
+    /// their disruption budgets: an explicit opt-in).
+    pub effect: String,
+}
+
+impl Default for BlockTaint {
+    fn default() -> Self {
+        Self {
+            key: "probity.io/blocked".into(),
+            effect: "NoSchedule".into(),
+        }
+    }
+}
+
+impl BlockTaint {
+    fn matches(&self, taint: &Taint) -> bool {
+        taint.key == self.key && taint.effect == self.effect
+    }
+}
+
+/// A change of a node: Probity's annotation (None removes it) and, when they change,
+/// the whole list of its taints.
+struct NodeChange {
+    annotation: Option<String>,
+    taints: Option<Vec<Taint>>,
+}
+
+/// Reads Probity's annotation from a node, if it set one (and it still parses).
+pub fn applied_mark(node: &Node) -> Option<AppliedMark> {
+    let text = node.metadata.annotations.as_ref()?.get(BLOCK_ANNOTATION)?;
+    serde_json::from_str(text).ok()
+}
+
+/// Kubernetes' levers.
+#[derive(Clone)]
+pub struct KubeActuator {
+    client: Client,
+    taint: BlockTaint,
+    recorder: Recorder,
+}
+
+impl KubeActuator {
+    /// An actuator over `client`, reporting Events as `instance` of `probity-controller`.
+    pub fn new(client: Client, taint: BlockTaint, instance: &str) -> Self {
+        let recorder = Recorder::new(
+            client.clone(),
+            Reporter {
+                controller: "probity-controller".into(),
+                instance: Some(instance.to_owned()),
+            },
+        );
+        Self {
+            client,
+            taint,
+            recorder,
+        }
+    }
+
+    /// The taint it sets.
+    pub fn taint(&self) -> &BlockTaint {
+        &self.taint
+    }
+
+    async fn event(&self, node: &Node, type_: EventType, reason: &str, action: &str, note: String) {
+        let event = Event {
+            type_,
+            reason: reason.into(),
+            note: Some(note),
+            action: action.into(),
+            secondary: None,
+        };
+        // An Event is a courtesy to whoever looks at the node; the taint and the
+        // controller's report are the record, so a refused Event is only logged.
+        if let Err(error) = self.recorder.publish(&event, &node.object_ref(&())).await {
+            tracing::warn!(node = node.metadata.name.as_deref().unwrap_or(""), %error, "publishing an Event failed");
+        }
+    }
+
+    /// Reads the node, computes its change and writes it with the read's
+    /// `resourceVersion`, again after a conflict.
+    async fn change_node(
+        &self,
+        name: &str,
+        change: impl Fn(&Node) -> Option<NodeChange>,
+    ) -> Result<Option<Node>, ControllerError> {
+        let nodes: Api<Node> = Api::all(self.client.clone());
+        for _ in 0..CONFLICT_RETRIES {
+            let node = nodes
+                .get(name)
+                .await
+                .map_err(|source| ControllerError::kube(format!("reading node {name}"), source))?;
+            let Some(change) = change(&node) else {
+                return Ok(None);
+            };
+            let mut spec = serde_json::Map::new();
+            if let Some(taints) = change.taints {
+                spec.insert("taints".into(), json!(taints));
+            }
+            let patch = json!({
+                "metadata": {
+                    "resourceVersion": node.metadata.resource_version,
+                    "annotations": {BLOCK_ANNOTATION: change.annotation},
+                },
+                "spec": spec,
+            });
+            match nodes
+                .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+            {
+                Ok(node) => return Ok(Some(node)),
+                Err(kube::Error::Api(status)) if status.code == 409 => continue,
+                Err(source) => {
+                    return Err(ControllerError::kube(format!("changing node {name}"), source));
+                }
+            }
+        }
+        Err(ControllerError::Conflict(name.to_owned()))
+    }
+}
+
+impl Actuator for KubeActuator {
+    type Error = ControllerError;
+
+    async fn block_node(&self, name: &str, block: &BlockMark) -> Result<Outcome, ControllerError> {
+        let taint = self.taint.clone();
+        let changed = self
+            .change_node(name, |node| {
+                let taints = node
+                    .spec
+                    .as_ref()
+                    .and_then(|s| s.taints.clone())
+                    .unwrap_or_default();
+                let has_taint = taints.iter().any(|t| taint.matches(t));
+                let previous = applied_mark(node);
+                if has_taint && previous.as_ref().is_some_and(|p| p.block == *block) {
+                    return None;
+                }
+                // Whether Probity added the taint is decided once, at the first block:
+                // a taint found already there is someone else's and stays on release.
+                let taint_added = previous.map_or(!has_taint, |p| p.taint_added);
+                let mut taints = taints;
+                if !has_taint {
+                    taints.push(Taint {
+                        key: taint.key.clone(),
+                        effect: taint.effect.clone(),
+                        value: None,
+                        time_added: None,
+                    });
+                }
+                let mark = AppliedMark {
+                    block: block.clone(),
+                    taint_added,
+                };
+                Some(NodeChange {
+                    annotation: Some(serde_json::to_string(&mark).unwrap_or_default()),
+                    taints: Some(taints),
+                })
+            })
+            .await?;
+        let Some(node) = changed else {
+            return Ok(Outcome::Unchanged);
+        };
+        self.event(
+            &node,
+            EventType::Warning,
+            "ProbityBlocked",
+            "Taint",
+            format!(
+                "blocked by Probity ({}), since {}; taint {}:{}",
+                block.reason, block.since, self.taint.key, self.taint.effect
+            ),
+        )
+        .await;
+        Ok(Outcome::Done)
+    }
+
+    async fn release_node(&self, name: &str, taint_added: bool) -> Result<Outcome, ControllerError> {
+        let taint = self.taint.clone();
+        let changed = self
+            .change_node(name, |node| {
+                let taints = node
+                    .spec
+                    .as_ref()
+                    .and_then(|s| s.taints.clone())
+                    .unwrap_or_default();
+                let has_mark = node
+                    .metadata
+                    .annotations
+                    .as_ref()
+                    .is_some_and(|a| a.contains_key(BLOCK_ANNOTATION));
+                let has_taint = taints.iter().any(|t| taint.matches(t));
+                let remove_taint = taint_added && has_taint;
+                if !has_mark && !remove_taint {
+                    return None;
+                }
+                Some(NodeChange {
+                    annotation: None,
+                    taints: remove_taint
+                        .then(|| taints.iter().filter(|t| !taint.matches(t)).cloned().collect()),
+                })
+            })
+            .await?;
+        let Some(node) = changed else {
+            return Ok(Outcome::Unchanged);
+        };
+        self.event(
+            &node,
+            EventType::Normal,
+            "ProbityReleased",
+            "Untaint",
+            "released by Probity: the node is no longer blocked".into(),
+        )
+        .await;
+        Ok(Outcome::Done)
+    }
+
+    async fn stop_pod(&self, pod: &PodRef, reason: &str, dry_run: bool) -> Result<Outcome, ControllerError> {
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), &pod.namespace);
+        let params = EvictParams {
+            delete_options: Some(DeleteParams {
+                dry_run,
+                preconditions: pod.uid.clone().map(|uid| Preconditions {
+                    uid: Some(uid),
+                    resource_version: None,
+                }),
+                ..DeleteParams::default()
+            }),
+            post_options: PostParams {
+                dry_run,
+                field_manager: None,
+            },
+        };
+        let what = format!("evicting pod {}/{} ({reason})", pod.namespace, pod.name);
+        match pods.evict(&pod.name, &params).await {
+            Ok(_) => Ok(Outcome::Done),
+            Err(kube::Error::Api(status)) if status.code == 404 => Ok(Outcome::Unchanged),
+            Err(kube::Error::Api(status)) if status.code == 429 => {
+                Err(ControllerError::Disrupted { what, message: status.message.clone() })
+            }
+            Err(source) => Err(ControllerError::kube(what, source)),
+        }
+    }
+}

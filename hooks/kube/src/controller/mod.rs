@@ -1,0 +1,442 @@
+//! `probity controller`: Probity's hands in Kubernetes.
+//!
+//! Probity's blocklist is the truth of which nodes are blocked; the controller makes
+//! the cluster show it: a blocked node gets Probity's taint and an annotation naming
+//! the block record, and loses both when unblocked. It is level-triggered: every pass
+//! compares the blocklist with the nodes as they are, so a restart, a missed event or a
+//! manual edit converges to the same state, and a node already as asked is left alone.
+//!
+//! Code map:
+//! - [`plan`] — one pass decided without I/O: steps, breaker admissions, tombstones;
+//! - [`breaker`] — the circuit breaker (nodes and pool shares per window);
+//! - [`actuate`] — the [`Actuator`] trait, one implementation per cluster manager;
+//! - [`kubernetes`] — Kubernetes' implementation (taint, annotation, Event, eviction);
+//! - [`lease`] — one active replica through a `coordination.k8s.io` Lease;
+//! - [`shared`] — the pause, the dry run, the breaker and the report in a ConfigMap;
+//! - [`source`] — Probity's API (`GET /v1/nodes/blocked`);
+//! - [`metrics`] — counters and the `/metrics` endpoint.
+//!
+//! Safety rules (the anchors' worst bugs came from acting at scale or on stale state):
+//! nothing is acted on unless this replica holds the lease; a pass that cannot read
+//! Probity, the nodes or the shared state acts on nothing (an unreadable blocklist is
+//! never an empty one); the breaker's admissions are written to the shared state
+//! before the cluster is touched; a block record not newer than the node's last
+//! release is stale; only what Probity set is ever removed.
+
+pub mod actuate;
+pub mod breaker;
+pub mod kubernetes;
+pub mod lease;
+pub mod metrics;
+pub mod plan;
+pub mod shared;
+pub mod source;
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Node;
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client};
+
+pub use actuate::{Actuator, Outcome, PodRef};
+pub use breaker::BreakerLimits;
+pub use kubernetes::{BLOCK_ANNOTATION, BlockTaint, KubeActuator};
+pub use plan::{ActionRecord, ControlState};
+pub use shared::SharedControl;
+pub use source::ProbityApi;
+
+use plan::{NodeView, Step};
+
+/// What went wrong in the controller.
+#[derive(Debug, thiserror::Error)]
+pub enum ControllerError {
+    /// A call to the apiserver failed.
+    #[error("{what}")]
+    Kube {
+        /// What was being done.
+        what: String,
+        /// The apiserver's or the client's error.
+        #[source]
+        source: Box<kube::Error>,
+    },
+    /// Probity's API could not be read.
+    #[error("{what} on Probity: {reason}")]
+    Probity {
+        /// The request.
+        what: String,
+        /// Why it failed.
+        reason: String,
+    },
+    /// The TLS material for Probity's API is unusable.
+    #[error("TLS for Probity's API: {0}")]
+    Tls(String),
+    /// The shared state does not parse.
+    #[error("the controller state in ConfigMap {name} is unreadable: {reason}")]
+    State {
+        /// The ConfigMap.
+        name: String,
+        /// Why.
+        reason: String,
+    },
+    /// An object kept changing under every write.
+    #[error("{0} changed under every attempt to write it")]
+    Conflict(String),
+    /// An eviction was refused for now (a disruption budget): it is retried, never
+    /// turned into a delete.
+    #[error("{what}: refused for now: {message}")]
+    Disrupted {
+        /// The eviction.
+        what: String,
+        /// The apiserver's message.
+        message: String,
+    },
+}
+
+impl ControllerError {
+    pub(crate) fn kube(what: impl Into<String>, source: kube::Error) -> Self {
+        ControllerError::Kube {
+            what: what.into(),
+            source: Box::new(source),
+        }
+    }
+}
+
+/// How a controller runs.
+#[derive(Debug, Clone)]
+pub struct ControllerOptions {
+    /// The namespace of its Lease and its state ConfigMap.
+    pub namespace: String,
+    /// The Lease's name.
+    pub lease_name: String,
+    /// The state ConfigMap's name.
+    pub state_name: String,
+    /// This replica's name in the Lease and in Events.
+    pub identity: String,
+    /// How long a lease holds without renewal.
+    pub lease_duration: Duration,
+    /// Time between passes.
+    pub interval: Duration,
+    /// The circuit breaker's limits.
+    pub limits: BreakerLimits,
+    /// Node labels whose values make pools for the breaker (a zone, a GPU model).
+    pub pool_labels: Vec<String>,
+    /// Report only, whatever the shared state says.
+    pub dry_run: bool,
+}
+
+impl Default for ControllerOptions {
+    fn default() -> Self {
+        Self {
+            namespace: "probity-system".into(),
+            lease_name: "probity-controller".into(),
+            state_name: "probity-controller-state".into(),
+            identity: "probity-controller".into(),
+            lease_duration: Duration::from_secs(15),
+            interval: Duration::from_millis(500),
+            limits: BreakerLimits::default(),
+            pool_labels: vec![
+                "topology.probity.io/zone".into(),
+                "topology.kubernetes.io/zone".into(),
+                "nvidia.com/gpu.product".into(),
+            ],
+            dry_run: false,
+        }
+    }
+}
+
+/// The controller: one per process, one active per cluster.
+pub struct Controller {
+    options: ControllerOptions,
+    probity: ProbityApi,
+    actuator: KubeActuator,
+    lease: lease::LeaseLock,
+    shared: SharedControl,
+    nodes: Store<Node>,
+    metrics: Arc<metrics::Metrics>,
+    client: Client,
+}
+
+impl Controller {
+    /// A controller acting through `client` on what `probity` reports.
+    pub fn new(
+        client: Client,
+        probity: ProbityApi,
+        taint: BlockTaint,
+        options: ControllerOptions,
+    ) -> Self {
+        let lease = lease::LeaseLock::new(
+            Api::namespaced(client.clone(), &options.namespace),
+            &options.lease_name,
+            &options.identity,
+            options.lease_duration,
+        );
+        let shared = SharedControl::new(
+            Api::namespaced(client.clone(), &options.namespace),
+            &options.state_name,
+        );
+        let (nodes, _writer) = reflector::store();
+        Self {
+            actuator: KubeActuator::new(client.clone(), taint, &options.identity),
+            options,
+            probity,
+            lease,
+            shared,
+            nodes,
+            metrics: Arc::default(),
+            client,
+        }
+    }
+
+    /// Its metrics (served by [`metrics::serve`]).
+    pub fn metrics(&self) -> Arc<metrics::Metrics> {
+        self.metrics.clone()
+    }
+
+    /// Runs until `shutdown` completes, then gives the lease up.
+    pub async fn run(mut self, shutdown: impl Future<Output = ()>) {
+        let (store, writer) = reflector::store();
+        self.nodes = store;
+        let watch = reflector::reflector(
+            writer,
+            watcher(Api::<Node>::all(self.client.clone()), watcher::Config::default()),
+        )
+        .default_backoff()
+        .applied_objects()
+        .for_each(|_| futures::future::ready(()));
+        let watch = tokio::spawn(watch);
+        let mut ticks = tokio::time::interval(self.options.interval);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        tokio::pin!(shutdown);
+        loop {
+            tokio::select! {
+                () = &mut shutdown => break,
+                _ = ticks.tick() => self.tick().await,
+            }
+        }
+        watch.abort();
+        self.lease.release().await;
+        self.metrics.set_leader(false);
+    }
+
+    async fn tick(&self) {
+        if self.lease.renewal_due() {
+            match self.lease.try_hold().await {
+                Ok(leads) => {
+                    if leads && !self.metrics.is_leader() {
+                        tracing::info!(identity = self.lease.identity(), "holding the lease: acting");
+                    }
+                }
+                Err(error) => {
+                    self.metrics.error();
+                    tracing::warn!(error = %error_chain(&error), "the lease could not be renewed");
+                }
+            }
+        }
+        let leads = self.lease.leads();
+        self.metrics.set_leader(leads);
+        if !leads || self.nodes.wait_until_ready().await.is_err() {
+            return;
+        }
+        if let Err(error) = self.pass().await {
+            self.metrics.error();
+            tracing::warn!(error = %error_chain(&error), "reconcile pass failed: nothing acted on");
+        }
+    }
+
+    /// One reconcile pass.
+    async fn pass(&self) -> Result<(), ControllerError> {
+        let blocks = self.probity.blocks().await?;
+        let read = self.shared.load().await?;
+        let nodes = self.node_views();
+        let now = unix_now();
+        let mut state = read.state.clone();
+        let dry_run = self.options.dry_run || state.dry_run;
+        self.metrics.pass();
+        if dry_run {
+            let mut simulated = state.clone();
+            let steps = plan::plan(&blocks, &nodes, &mut simulated, &self.options.limits, now);
+            let would: Vec<ActionRecord> = steps
+                .iter()
+                .map(|step| record(step, now, "would", describe(step)))
+                .collect();
+            self.metrics.set_modes(state.breaker.tripped.is_some(), state.paused, true);
+            if state.would.iter().map(strip_time).ne(would.iter().map(strip_time)) {
+                for step in &steps {
+                    tracing::info!(node = step.node(), action = step.kind(), detail = describe(step), "dry run: would act");
+                }
+                state.would = would;
+                self.shared.store(&read, &state).await?;
+            }
+            return Ok(());
+        }
+        let was_tripped = state.breaker.tripped.is_some();
+        let steps = plan::plan(&blocks, &nodes, &mut state, &self.options.limits, now);
+        state.would.clear();
+        // Refusals and stale records are reported once, not on every pass.
+        let notes: Vec<ActionRecord> = steps
+            .iter()
+            .filter_map(|step| {
+                let outcome = match step {
+                    Step::Refused { .. } => "refused",
+                    Step::Stale { .. } => "stale",
+                    _ => return None,
+                };
+                let note = record(step, now, outcome, describe(step));
+                let known = state.report.iter().any(|r| {
+                    r.node == note.node && r.outcome == note.outcome && r.detail == note.detail
+                });
+                (!known).then_some(note)
+            })
+            .collect();
+        for note in &notes {
+            tracing::warn!(node = note.node, outcome = note.outcome, detail = note.detail, "block not acted on");
+            self.metrics.action(&note.action, &note.outcome);
+        }
+        state.record(notes);
+        if let (false, Some(trip)) = (was_tripped, &state.breaker.tripped) {
+            tracing::error!(node = trip.node, reason = trip.reason, "circuit breaker tripped: no new block is acted on until `probity controller reset`");
+        }
+        self.metrics
+            .set_modes(state.breaker.tripped.is_some(), state.paused, false);
+        if state != read.state && !self.shared.store(&read, &state).await? {
+            // Someone (an operator's command, another replica) wrote in between: plan
+            // again on the next pass, from what they wrote.
+            return Ok(());
+        }
+        let mut done = Vec::new();
+        for step in &steps {
+            let result = match step {
+                Step::Block { node, block } | Step::Refresh { node, block } => {
+                    self.actuator.block_node(node, block).await
+                }
+                Step::Release { node, applied } => {
+                    self.actuator.release_node(node, applied.taint_added).await
+                }
+                Step::Refused { .. } | Step::Stale { .. } => continue,
+            };
+            let note = match result {
+                Ok(outcome) => {
+                    if let (Step::Block { block, .. }, Outcome::Done) = (step, outcome) {
+                        self.metrics
+                            .lag(now.saturating_sub(block.since) as f64);
+                    }
+                    tracing::info!(node = step.node(), action = step.kind(), outcome = outcome.as_str(), "acted");
+                    record(step, now, outcome.as_str(), describe(step))
+                }
+                Err(error) => {
+                    self.metrics.error();
+                    let error = error_chain(&error);
+                    tracing::warn!(node = step.node(), action = step.kind(), %error, "action failed");
+                    record(step, now, "failed", error)
+                }
+            };
+            self.metrics.action(&note.action, &note.outcome);
+            done.push(note);
+        }
+        if !done.is_empty() {
+            self.shared.update(|s| s.record(done.clone())).await?;
+        }
+        Ok(())
+    }
+
+    fn node_views(&self) -> Vec<NodeView> {
+        let mut views: Vec<NodeView> = self
+            .nodes
+            .state()
+            .iter()
+            .filter_map(|node| {
+                let name = node.metadata.name.clone()?;
+                let labels = node.metadata.labels.as_ref();
+                let pools = self
+                    .options
+                    .pool_labels
+                    .iter()
+                    .filter_map(|label| {
+                        let value = labels?.get(label)?;
+                        Some((label.clone(), value.clone()))
+                    })
+                    .collect();
+                Some(NodeView {
+                    name,
+                    applied: kubernetes::applied_mark(node),
+                    pools,
+                })
+            })
+            .collect();
+        views.sort_by(|a, b| a.name.cmp(&b.name));
+        views
+    }
+}
+
+fn record(step: &Step, at: u64, outcome: &str, detail: String) -> ActionRecord {
+    ActionRecord {
+        at,
+        node: step.node().to_owned(),
+        action: step.kind().to_owned(),
+        outcome: outcome.to_owned(),
+        detail,
+    }
+}
+
+fn strip_time(record: &ActionRecord) -> (&str, &str, &str, &str) {
+    (&record.node, &record.action, &record.outcome, &record.detail)
+}
+
+fn describe(step: &Step) -> String {
+    match step {
+        Step::Block { block, .. } | Step::Refresh { block, .. } => {
+            format!("{} (since {})", block.reason, block.since)
+        }
+        Step::Release { applied, .. } => format!(
+            "unblocked; was {} (since {})",
+            applied.block.reason, applied.block.since
+        ),
+        Step::Refused { trip, .. } => format!(
+            "circuit breaker (tripped at {} by {}): {}",
+            trip.at, trip.node, trip.reason
+        ),
+        Step::Stale { block, released, .. } => format!(
+            "block since {} is not newer than the release of the block since {released}",
+            block.since
+        ),
+    }
+}
+
+/// An error and its causes on one line.
+pub fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut cause = error.source();
+    while let Some(c) = cause {
+        text.push_str(": ");
+        text.push_str(&c.to_string());
+        cause = c.source();
+    }
+    text
+}
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// What an operator sees of the controller: its state as the cluster holds it.
+pub async fn status(client: Client, options: &ControllerOptions) -> Result<ControlState, ControllerError> {
+    let shared = SharedControl::new(Api::namespaced(client, &options.namespace), &options.state_name);
+    Ok(shared.load().await?.state)
+}
+
+/// Changes the controller's shared state as an operator asked (pause, resume, reset,
+/// dry run on or off); the active replica follows from its next pass.
+pub async fn command(
+    client: Client,
+    options: &ControllerOptions,
+    change: impl Fn(&mut ControlState),
+) -> Result<ControlState, ControllerError> {
+    let shared = SharedControl::new(Api::namespaced(client, &options.namespace), &options.state_name);
+    shared.update(change).await
+}

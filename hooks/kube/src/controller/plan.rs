@@ -1,0 +1,348 @@
+//! One reconcile pass, decided without I/O: what Probity's blocklist asks, what the
+//! nodes carry, and what the breaker, the pause and the tombstones allow.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use super::breaker::{BreakerLimits, BreakerState, Pool, Trip};
+
+/// Most action records the report keeps (oldest dropped first).
+pub const MAX_REPORT: usize = 200;
+
+/// A block as Probity's blocklist holds it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BlockMark {
+    /// What blocked the node first (a policy id, an operator's note).
+    pub reason: String,
+    /// When it was first blocked, in Unix seconds: the block record's revision.
+    pub since: u64,
+}
+
+/// What the controller finds on a node it set itself (its annotation).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AppliedMark {
+    /// The block record acted on.
+    #[serde(flatten)]
+    pub block: BlockMark,
+    /// Whether Probity added the taint (false: it was there already, and stays on release).
+    #[serde(rename = "taintAdded")]
+    pub taint_added: bool,
+}
+
+/// A node as the plan sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeView {
+    /// The Node's name.
+    pub name: String,
+    /// Probity's annotation, if it set one.
+    pub applied: Option<AppliedMark>,
+    /// The pools the node belongs to.
+    pub pools: Vec<Pool>,
+}
+
+/// One step of a plan.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Step {
+    /// Taint the node and mark it.
+    Block {
+        /// The node.
+        node: String,
+        /// The record acted on.
+        block: BlockMark,
+    },
+    /// The node stays tainted; its mark names a newer record.
+    Refresh {
+        /// The node.
+        node: String,
+        /// The record acted on.
+        block: BlockMark,
+    },
+    /// Remove what Probity set.
+    Release {
+        /// The node.
+        node: String,
+        /// What Probity had set.
+        applied: AppliedMark,
+    },
+    /// A block the breaker refused.
+    Refused {
+        /// The node.
+        node: String,
+        /// Why.
+        trip: Trip,
+    },
+    /// A block record not newer than the node's last release: not acted on.
+    Stale {
+        /// The node.
+        node: String,
+        /// The record.
+        block: BlockMark,
+        /// The revision of the block last released.
+        released: u64,
+    },
+}
+
+impl Step {
+    /// The node it is about.
+    pub fn node(&self) -> &str {
+        match self {
+            Step::Block { node, .. }
+            | Step::Refresh { node, .. }
+            | Step::Release { node, .. }
+            | Step::Refused { node, .. }
+            | Step::Stale { node, .. } => node,
+        }
+    }
+
+    /// The action's name in reports and metrics.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Step::Block { .. } | Step::Refused { .. } | Step::Stale { .. } => "block",
+            Step::Refresh { .. } => "refresh",
+            Step::Release { .. } => "release",
+        }
+    }
+}
+
+/// One action, as the report keeps it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ActionRecord {
+    /// When, in Unix seconds.
+    pub at: u64,
+    /// The node.
+    pub node: String,
+    /// `block`, `refresh` or `release`.
+    pub action: String,
+    /// `done`, `unchanged`, `failed`, `refused` (the breaker), `stale`, or `would` (dry run).
+    pub outcome: String,
+    /// The block's reason, the breaker's, or the error.
+    pub detail: String,
+}
+
+/// The controller's state in the cluster's shared state (a ConfigMap): the pause, the
+/// dry run, the breaker, the tombstones and the report. Every replica reads it afresh
+/// on each pass, so a failover or an operator's command takes effect at the next one.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ControlState {
+    /// Acts on nothing while set.
+    #[serde(default)]
+    pub paused: bool,
+    /// Records what it would do, changes nothing.
+    #[serde(default, rename = "dryRun")]
+    pub dry_run: bool,
+    /// The circuit breaker.
+    #[serde(default)]
+    pub breaker: BreakerState,
+    /// Per node, the revision (`since`) of the last block released: a record not newer
+    /// is stale (a lagging replica, a replayed event) and never acted on.
+    #[serde(default)]
+    pub tombstones: BTreeMap<String, u64>,
+    /// The last actions taken, refused or failed, oldest first.
+    #[serde(default)]
+    pub report: Vec<ActionRecord>,
+    /// In a dry run: what the last pass would have done.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub would: Vec<ActionRecord>,
+}
+
+impl ControlState {
+    /// Appends records to the report, keeping the newest [`MAX_REPORT`].
+    pub fn record(&mut self, records: impl IntoIterator<Item = ActionRecord>) {
+        self.report.extend(records);
+        let excess = self.report.len().saturating_sub(MAX_REPORT);
+        self.report.drain(..excess);
+    }
+}
+
+/// Plans one pass: the steps, with the breaker's admissions and the tombstones of the
+/// releases already written into `state` (which is written back before anything acts,
+/// so a crash after acting never forgets what the breaker counted). A paused controller
+/// plans nothing. Blocks of nodes the cluster does not have are left alone.
+pub fn plan(
+    blocks: &BTreeMap<String, BlockMark>,
+    nodes: &[NodeView],
+    state: &mut ControlState,
+    limits: &BreakerLimits,
+    now: u64,
+) -> Vec<Step> {
+    if state.paused {
+        return Vec::new();
+    }
+    let mut pool_sizes: BTreeMap<Pool, usize> = BTreeMap::new();
+    for node in nodes {
+        for pool in &node.pools {
+            *pool_sizes.entry(pool.clone()).or_default() += 1;
+        }
+    }
+    let mut steps = Vec::new();
+    for node in nodes {
+        let wanted = blocks.get(&node.name);
+        match (wanted, &node.applied) {
+            (Some(block), applied) => {
+                if let Some(&released) = state.tombstones.get(&node.name)
+                    && block.since <= released
+                {
+                    steps.push(Step::Stale {
+                        node: node.name.clone(),
+                        block: block.clone(),
+                        released,
+                    });
+                    continue;
+                }
+                match applied {
+                    Some(applied) if applied.block == *block => {}
+                    Some(_) => steps.push(Step::Refresh {
+                        node: node.name.clone(),
+                        block: block.clone(),
+                    }),
+                    None => match state.breaker.admit(
+                        limits,
+                        &node.name,
+                        &node.pools,
+                        &pool_sizes,
+                        now,
+                    ) {
+                        Ok(()) => steps.push(Step::Block {
+                            node: node.name.clone(),
+                            block: block.clone(),
+                        }),
+                        Err(trip) => steps.push(Step::Refused {
+                            node: node.name.clone(),
+                            trip,
+                        }),
+                    },
+                }
+            }
+            (None, Some(applied)) => {
+                let released = state.tombstones.entry(node.name.clone()).or_default();
+                *released = (*released).max(applied.block.since);
+                steps.push(Step::Release {
+                    node: node.name.clone(),
+                    applied: applied.clone(),
+                });
+            }
+            (None, None) => {}
+        }
+    }
+    // Tombstones of nodes the cluster no longer has are forgotten with them.
+    state
+        .tombstones
+        .retain(|name, _| nodes.iter().any(|n| &n.name == name));
+    steps
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(name: &str, applied: Option<(&str, u64)>) -> NodeView {
+        NodeView {
+            name: name.into(),
+            applied: applied.map(|(reason, since)| AppliedMark {
+                block: mark(reason, since),
+                taint_added: true,
+            }),
+            pools: vec![("zone".into(), "a".into())],
+        }
+    }
+
+    fn mark(reason: &str, since: u64) -> BlockMark {
+        BlockMark {
+            reason: reason.into(),
+            since,
+        }
+    }
+
+    fn limits() -> BreakerLimits {
+        BreakerLimits {
+            max_nodes: 2,
+            max_percent: 100,
+            window_secs: 600,
+        }
+    }
+
+    #[test]
+    fn blocks_what_is_blocked_releases_what_is_not_and_leaves_the_rest() {
+        let blocks = BTreeMap::from([("n1".into(), mark("r", 10)), ("n2".into(), mark("r", 11))]);
+        let nodes = [
+            node("n1", None),
+            node("n2", Some(("r", 11))),
+            node("n3", Some(("r", 5))),
+            node("n4", None),
+        ];
+        let mut state = ControlState::default();
+        let steps = plan(&blocks, &nodes, &mut state, &limits(), 100);
+        assert_eq!(
+            steps,
+            vec![
+                Step::Block {
+                    node: "n1".into(),
+                    block: mark("r", 10)
+                },
+                Step::Release {
+                    node: "n3".into(),
+                    applied: AppliedMark {
+                        block: mark("r", 5),
+                        taint_added: true
+                    }
+                },
+            ]
+        );
+        assert_eq!(state.tombstones.get("n3"), Some(&5));
+        assert_eq!(state.breaker.admitted.len(), 1);
+    }
+
+    #[test]
+    fn a_block_not_newer_than_the_last_release_is_stale() {
+        let mut state = ControlState::default();
+        state.tombstones.insert("n1".into(), 10);
+        let blocks = BTreeMap::from([("n1".into(), mark("r", 10))]);
+        let steps = plan(&blocks, &[node("n1", None)], &mut state, &limits(), 100);
+        assert!(matches!(&steps[..], [Step::Stale { released: 10, .. }]));
+        // A block made after the release is acted on.
+        let blocks = BTreeMap::from([("n1".into(), mark("r", 11))]);
+        let steps = plan(&blocks, &[node("n1", None)], &mut state, &limits(), 100);
+        assert!(matches!(&steps[..], [Step::Block { .. }]));
+    }
+
+    #[test]
+    fn the_breaker_refuses_past_its_limit() {
+        let blocks: BTreeMap<String, BlockMark> = (1..=4)
+            .map(|i| (format!("n{i}"), mark("r", 10)))
+            .collect();
+        let nodes: Vec<NodeView> = (1..=4).map(|i| node(&format!("n{i}"), None)).collect();
+        let mut state = ControlState::default();
+        let steps = plan(&blocks, &nodes, &mut state, &limits(), 100);
+        let kinds: Vec<bool> = steps
+            .iter()
+            .map(|s| matches!(s, Step::Block { .. }))
+            .collect();
+        assert_eq!(kinds, [true, true, false, false]);
+        assert!(state.breaker.tripped.is_some());
+    }
+
+    #[test]
+    fn paused_plans_nothing() {
+        let blocks = BTreeMap::from([("n1".into(), mark("r", 10))]);
+        let mut state = ControlState {
+            paused: true,
+            ..ControlState::default()
+        };
+        assert!(plan(&blocks, &[node("n1", None)], &mut state, &limits(), 1).is_empty());
+    }
+
+    #[test]
+    fn the_report_keeps_the_newest_records() {
+        let mut state = ControlState::default();
+        state.record((0..MAX_REPORT as u64 + 5).map(|at| ActionRecord {
+            at,
+            node: "n".into(),
+            action: "block".into(),
+            outcome: "done".into(),
+            detail: String::new(),
+        }));
+        assert_eq!(state.report.len(), MAX_REPORT);
+        assert_eq!(state.report.first().map(|r| r.at), Some(5));
+    }
+}

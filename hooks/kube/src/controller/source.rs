@@ -1,0 +1,133 @@
+//! What the controller reads from Probity: the blocklist, over Probity's API
+//! (`GET /v1/nodes/blocked`), with the server's certificate checked against a CA and,
+//! when given, a client certificate.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http_body_util::{BodyExt, Empty, Limited};
+use hyper::body::Bytes;
+use hyper_rustls::HttpsConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use serde::Deserialize;
+
+use super::ControllerError;
+use super::plan::BlockMark;
+
+/// Largest answer read from Probity (a blocklist of every node of a large cluster fits
+/// many times over).
+const MAX_ANSWER_BYTES: usize = 32 * 1024 * 1024;
+
+/// How long one request to Probity may take.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Probity's API, as the controller calls it.
+#[derive(Clone)]
+pub struct ProbityApi {
+    client: Client<HttpsConnector<HttpConnector>, Empty<Bytes>>,
+    base: String,
+}
+
+#[derive(Deserialize)]
+struct Blocked {
+    nodes: BTreeMap<String, BlockMark>,
+}
+
+impl ProbityApi {
+    /// A client of the server at `base_url` (`https://host:port`), trusting `ca_pem`,
+    /// presenting `identity` (certificate chain and key, PEM) when given.
+    pub fn new(
+        base_url: &str,
+        ca_pem: &[u8],
+        identity: Option<(&[u8], &[u8])>,
+    ) -> Result<Self, ControllerError> {
+        let tls = |reason: String| ControllerError::Tls(reason);
+        let mut roots = rustls::RootCertStore::empty();
+        for cert in CertificateDer::pem_slice_iter(ca_pem) {
+            let cert = cert.map_err(|e| tls(format!("the CA bundle: {e}")))?;
+            roots
+                .add(cert)
+                .map_err(|e| tls(format!("the CA bundle: {e}")))?;
+        }
+        if roots.is_empty() {
+            return Err(tls("the CA bundle holds no certificate".into()));
+        }
+        let builder = rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .map_err(|e| tls(e.to_string()))?
+        .with_root_certificates(roots);
+        let config = match identity {
+            None => builder.with_no_client_auth(),
+            Some((chain, key)) => {
+                let chain = CertificateDer::pem_slice_iter(chain)
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(|e| tls(format!("the client certificate: {e}")))?;
+                let key = PrivateKeyDer::from_pem_slice(key)
+                    .map_err(|e| tls(format!("the client key: {e}")))?;
+                builder
+                    .with_client_auth_cert(chain, key)
+                    .map_err(|e| tls(format!("the client certificate: {e}")))?
+            }
+        };
+        let connector = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(config)
+            .https_only()
+            .enable_http1()
+            .build();
+        Ok(Self {
+            client: Client::builder(TokioExecutor::new()).build(connector),
+            base: base_url.trim_end_matches('/').to_owned(),
+        })
+    }
+
+    /// The nodes Probity's blocklist holds now, with the record of each.
+    pub async fn blocks(&self) -> Result<BTreeMap<String, BlockMark>, ControllerError> {
+        let body = self.get("/v1/nodes/blocked").await?;
+        let blocked: Blocked = serde_json::from_slice(&body).map_err(|e| ControllerError::Probity {
+            what: "GET /v1/nodes/blocked".into(),
+            reason: format!("the answer is not a blocklist: {e}"),
+        })?;
+        Ok(blocked.nodes)
+    }
+
+    async fn get(&self, path: &str) -> Result<Bytes, ControllerError> {
+        let what = format!("GET {path}");
+        let fail = |reason: String| ControllerError::Probity {
+            what: what.clone(),
+            reason,
+        };
+        let uri: hyper::Uri = format!("{}{path}", self.base)
+            .parse()
+            .map_err(|e| fail(format!("bad URL: {e}")))?;
+        tokio::time::timeout(REQUEST_TIMEOUT, async {
+            let response = self
+                .client
+                .get(uri)
+                .await
+                .map_err(|e| fail(super::error_chain(&e)))?;
+            let status = response.status();
+            let body = Limited::new(response.into_body(), MAX_ANSWER_BYTES)
+                .collect()
+                .await
+                .map_err(|e| fail(format!("reading the answer: {e}")))?
+                .to_bytes();
+            if !status.is_success() {
+                return Err(fail(format!(
+                    "answered {status}: {}",
+                    String::from_utf8_lossy(body.get(..512).unwrap_or(&body))
+                )));
+            }
+            Ok(body)
+        })
+        .await
+        .map_err(|_| fail(format!("no answer within {} s", REQUEST_TIMEOUT.as_secs())))?
+    }
+}
+

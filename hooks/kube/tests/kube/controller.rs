@@ -1,0 +1,476 @@
+//! `probity controller` against the real control plane: blocks in Probity become taints,
+//! unblocks remove only what Probity set, and nothing acts at scale by mistake (the
+//! breaker, the pause, the dry run, one active replica, no duplicate after a restart).
+
+use std::process::Command;
+use std::time::Duration;
+
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{ConfigMap, Node};
+use k8s_openapi::api::events::v1::Event as EventV1;
+use kube::api::{Api, ListParams, Patch, PatchParams, WatchParams};
+use serde_json::{Value, json};
+
+use crate::cluster::{ControlPlane, Probity, probity_bin, root, watch_until};
+use crate::services::{Proc, free_port};
+
+const NAMESPACE: &str = "probity-system";
+const TAINT: &str = "probity.io/blocked";
+const WAIT: Duration = Duration::from_secs(60);
+
+struct Harness {
+    plane: ControlPlane,
+    probity: Probity,
+    _dir: tempfile::TempDir,
+}
+
+impl Harness {
+    async fn start(nodes: &[&str]) -> Harness {
+        let dir = tempfile::tempdir().unwrap();
+        let plane = ControlPlane::start(dir.path()).await;
+        plane.namespace(NAMESPACE).await;
+        for node in nodes {
+            plane.add_node(node, "zone-a", 8, "NVIDIA-A100-SXM4-80GB").await;
+        }
+        let probity = Probity::start_on(
+            &plane,
+            &root().join("testdata/entities/cluster.json"),
+            free_port(),
+        )
+        .await;
+        Harness {
+            plane,
+            probity,
+            _dir: dir,
+        }
+    }
+
+    /// `probity controller run` as `identity`, with a short lease and `extra` flags. The
+    /// breaker's pool share is opened to 100% (its default, 10% of a pool but at least a
+    /// node, would stop the second block in these small pools); the breaker's own test
+    /// sets its limits.
+    fn controller(&self, identity: &str, extra: &[&str]) -> Proc {
+        let mut command = Command::new(probity_bin());
+        command
+            .args(["controller", "run", "--kubeconfig"])
+            .arg(&self.plane.kubeconfig)
+            .args(["--probity-url", &self.probity.url(), "--probity-ca"])
+            .arg(self.plane.pki.ca_file())
+            .args(["--namespace", NAMESPACE, "--identity", identity])
+            .args(["--lease-seconds", "2", "--interval-ms", "100"])
+            .args(["--max-percent", "100"])
+            .args(extra);
+        Proc::spawn(
+            "probity controller",
+            &mut command,
+            &self.plane.dir.join(format!("controller-{identity}.log")),
+        )
+    }
+
+    /// `probity controller <args>` to completion; its standard output.
+    fn command(&self, args: &[&str]) -> String {
+        let out = Command::new(probity_bin())
+            .arg("controller")
+            .args(args)
+            .arg("--kubeconfig")
+            .arg(&self.plane.kubeconfig)
+            .args(["--namespace", NAMESPACE])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "probity controller {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    }
+
+    async fn block(&self, node: &str, reason: &str) {
+        let (status, body) = self
+            .probity
+            .call(
+                "POST",
+                &format!("/v1/nodes/{node}/block"),
+                &json!({ "reason": reason }),
+            )
+            .await;
+        assert_eq!(status, 200, "{body}");
+    }
+
+    async fn unblock(&self, node: &str) {
+        let (status, body) = self
+            .probity
+            .call("POST", &format!("/v1/nodes/{node}/unblock"), &json!({}))
+            .await;
+        assert_eq!(status, 200, "{body}");
+    }
+
+    fn nodes(&self) -> Api<Node> {
+        Api::all(self.plane.client())
+    }
+
+    /// Waits until node `name` satisfies `ready`; the node.
+    async fn node_until(&self, name: &str, what: &str, ready: impl Fn(&Node) -> bool) -> Node {
+        watch_until(
+            &self.nodes(),
+            &WatchParams::default().fields(&format!("metadata.name={name}")),
+            &format!("node {name}: {what}"),
+            WAIT,
+            |n: &Node| ready(n).then(|| n.clone()),
+        )
+        .await
+    }
+
+    /// Waits until the controller's shared state satisfies `ready`; the state.
+    async fn state_until(&self, what: &str, ready: impl Fn(&Value) -> bool) -> Value {
+        let maps: Api<ConfigMap> = Api::namespaced(self.plane.client(), NAMESPACE);
+        watch_until(
+            &maps,
+            &WatchParams::default().fields("metadata.name=probity-controller-state"),
+            what,
+            WAIT,
+            |m: &ConfigMap| {
+                let text = m.data.as_ref()?.get("state")?;
+                let state: Value = serde_json::from_str(text).ok()?;
+                ready(&state).then_some(state)
+            },
+        )
+        .await
+    }
+
+    /// The controller's Events about node `name`: (reason, reporting instance).
+    async fn events(&self, name: &str) -> Vec<(String, String)> {
+        let events: Api<EventV1> = Api::all(self.plane.client());
+        let list = events.list(&ListParams::default()).await.unwrap();
+        list.items
+            .into_iter()
+            .filter(|e| e.reporting_controller.as_deref() == Some("probity-controller"))
+            .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
+            .map(|e| {
+                (
+                    e.reason.unwrap_or_default(),
+                    e.reporting_instance.unwrap_or_default(),
+                )
+            })
+            .collect()
+    }
+
+    async fn lease_holder(&self) -> Option<String> {
+        let leases: Api<Lease> = Api::namespaced(self.plane.client(), NAMESPACE);
+        leases
+            .get_opt("probity-controller")
+            .await
+            .unwrap()
+            .and_then(|l| l.spec?.holder_identity)
+    }
+}
+
+fn has_taint(node: &Node, key: &str) -> bool {
+    taints(node).iter().any(|(k, _)| k == key)
+}
+
+fn taints(node: &Node) -> Vec<(String, String)> {
+    node.spec
+        .as_ref()
+        .and_then(|s| s.taints.as_ref())
+        .map(|t| t.iter().map(|t| (t.key.clone(), t.effect.clone())).collect())
+        .unwrap_or_default()
+}
+
+fn annotation(node: &Node) -> Option<Value> {
+    let text = node.metadata.annotations.as_ref()?.get("probity.io/block")?;
+    serde_json::from_str(text).ok()
+}
+
+fn outcomes(state: &Value, outcome: &str) -> Vec<String> {
+    state["report"]
+        .as_array()
+        .map(|r| {
+            r.iter()
+                .filter(|r| r["outcome"] == outcome)
+                .filter_map(|r| r["node"].as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_block_taints_the_node_and_an_unblock_removes_only_what_probity_set() {
+    let h = Harness::start(&["gpu-1", "gpu-2", "gpu-3"]).await;
+    // Someone else's taint and cordon on gpu-1; an operator's own probity.io/blocked
+    // taint already on gpu-3.
+    h.nodes()
+        .patch(
+            "gpu-1",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"unschedulable": true, "taints": [
+                {"key": "example.com/maintenance", "effect": "NoSchedule"}]}})),
+        )
+        .await
+        .unwrap();
+    h.nodes()
+        .patch(
+            "gpu-3",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"taints": [{"key": TAINT, "effect": "NoSchedule"}]}})),
+        )
+        .await
+        .unwrap();
+    let _controller = h.controller("c1", &[]);
+
+    h.block("gpu-1", "bad checkpoint read").await;
+    h.block("gpu-3", "operator").await;
+    let node = h
+        .node_until("gpu-1", "Probity's taint", |n| has_taint(n, TAINT))
+        .await;
+    let mark = annotation(&node).unwrap();
+    assert_eq!(mark["reason"], "bad checkpoint read");
+    assert_eq!(mark["taintAdded"], true);
+    assert!(has_taint(&node, "example.com/maintenance"), "{:?}", taints(&node));
+    assert_eq!(node.spec.as_ref().unwrap().unschedulable, Some(true));
+    let gpu3 = h
+        .node_until("gpu-3", "Probity's annotation", |n| annotation(n).is_some())
+        .await;
+    assert_eq!(annotation(&gpu3).unwrap()["taintAdded"], false);
+    assert_eq!(taints(&gpu3), [(TAINT.to_owned(), "NoSchedule".to_owned())]);
+    assert!(
+        h.events("gpu-1")
+            .await
+            .iter()
+            .any(|(reason, _)| reason == "ProbityBlocked")
+    );
+
+    h.unblock("gpu-1").await;
+    h.unblock("gpu-3").await;
+    let node = h
+        .node_until("gpu-1", "Probity's taint gone", |n| !has_taint(n, TAINT))
+        .await;
+    assert!(annotation(&node).is_none());
+    assert_eq!(
+        taints(&node),
+        [("example.com/maintenance".to_owned(), "NoSchedule".to_owned())]
+    );
+    assert_eq!(node.spec.as_ref().unwrap().unschedulable, Some(true));
+    // The taint Probity found on gpu-3 is the operator's: it stays.
+    let gpu3 = h
+        .node_until("gpu-3", "Probity's annotation gone", |n| annotation(n).is_none())
+        .await;
+    assert_eq!(taints(&gpu3), [(TAINT.to_owned(), "NoSchedule".to_owned())]);
+    assert!(taints(&h.nodes().get("gpu-2").await.unwrap()).is_empty());
+    let state = h
+        .state_until("both releases reported", |s| {
+            outcomes(s, "done").iter().filter(|n| *n == "gpu-1").count() == 2
+        })
+        .await;
+    assert!(outcomes(&state, "done").contains(&"gpu-3".to_owned()));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_breaker_trips_at_its_threshold_and_reports_the_rest_until_reset() {
+    let names = ["gpu-1", "gpu-2", "gpu-3", "gpu-4", "gpu-5", "gpu-6"];
+    let h = Harness::start(&names).await;
+    let _controller = h.controller("c1", &["--max-nodes", "2", "--max-percent", "100"]);
+    for node in &names[..5] {
+        h.block(node, "mass failure").await;
+    }
+    let state = h
+        .state_until("two blocks done, three refused", |s| {
+            outcomes(s, "done").len() == 2 && outcomes(s, "refused").len() == 3
+        })
+        .await;
+    assert!(state["breaker"]["tripped"]["reason"]
+        .as_str()
+        .unwrap()
+        .contains("limit 2"));
+    let tainted: Vec<String> = h
+        .nodes()
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .filter(|n| has_taint(n, TAINT))
+        .filter_map(|n| n.metadata.name.clone())
+        .collect();
+    assert_eq!(tainted, outcomes(&state, "done"));
+    let status: Value = serde_json::from_str(&h.command(&["status"])).unwrap();
+    assert!(status["breaker"]["tripped"].is_object(), "{status}");
+
+    // Releases are never held back by a tripped breaker.
+    h.unblock(&tainted[0]).await;
+    h.node_until(&tainted[0], "released while tripped", |n| !has_taint(n, TAINT))
+        .await;
+
+    // A reset opens a fresh window: two more, then it trips again.
+    let out = h.command(&["reset"]);
+    assert!(out.contains("breaker: closed"), "{out}");
+    let state = h
+        .state_until("two more blocks after the reset", |s| {
+            outcomes(s, "done").len() == 5 && s["breaker"]["tripped"].is_object()
+        })
+        .await;
+    let blocked_now = h
+        .nodes()
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .filter(|n| has_taint(n, TAINT))
+        .count();
+    assert_eq!(blocked_now, 3, "{state}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_the_lease_holder_acts_and_another_replica_takes_over_when_it_dies() {
+    let h = Harness::start(&["gpu-1", "gpu-2"]).await;
+    let mut first = h.controller("first", &[]);
+    h.block("gpu-1", "first block").await;
+    h.node_until("gpu-1", "tainted by the first replica", |n| has_taint(n, TAINT))
+        .await;
+    assert_eq!(h.lease_holder().await.as_deref(), Some("first"));
+    let _second = h.controller("second", &[]);
+    // The second replica waits: the lease stays with the first while it renews.
+    first.assert_running();
+    assert_eq!(h.lease_holder().await.as_deref(), Some("first"));
+
+    drop(first); // SIGKILL: no lease release, the second waits out the lease.
+    h.block("gpu-2", "second block").await;
+    h.node_until("gpu-2", "tainted by the second replica", |n| has_taint(n, TAINT))
+        .await;
+    assert_eq!(h.lease_holder().await.as_deref(), Some("second"));
+    let gpu1 = h.events("gpu-1").await;
+    assert_eq!(
+        gpu1,
+        [("ProbityBlocked".to_owned(), "first".to_owned())],
+        "one action on gpu-1, by the leader"
+    );
+    let gpu2 = h.events("gpu-2").await;
+    assert_eq!(gpu2, [("ProbityBlocked".to_owned(), "second".to_owned())]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dry_run_reports_what_it_would_do_and_changes_nothing() {
+    let h = Harness::start(&["gpu-1", "gpu-2", "gpu-3"]).await;
+    let out = h.command(&["dry-run", "on"]);
+    assert!(out.contains("dry run: true"), "{out}");
+    let _controller = h.controller("c1", &["--max-nodes", "1", "--max-percent", "100"]);
+    h.block("gpu-1", "dry").await;
+    h.block("gpu-2", "dry").await;
+    let state = h
+        .state_until("the would-be actions", |s| {
+            s["would"].as_array().is_some_and(|w| w.len() == 2)
+        })
+        .await;
+    let would: Vec<(String, String)> = state["would"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| {
+            (
+                w["node"].as_str().unwrap().to_owned(),
+                w["detail"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    assert_eq!(would[0].0, "gpu-1");
+    assert!(would[0].1.starts_with("dry"), "{would:?}");
+    // The breaker's limit is in the report, and nothing was counted against it.
+    assert!(would[1].1.contains("circuit breaker"), "{would:?}");
+    assert!(state["breaker"]["tripped"].is_null(), "{state}");
+    for node in ["gpu-1", "gpu-2"] {
+        let node = h.nodes().get(node).await.unwrap();
+        assert!(taints(&node).is_empty());
+        assert!(annotation(&node).is_none());
+    }
+    assert!(h.events("gpu-1").await.is_empty());
+
+    // Off: the same plan is carried out.
+    h.command(&["dry-run", "off"]);
+    h.node_until("gpu-1", "tainted once the dry run is off", |n| has_taint(n, TAINT))
+        .await;
+    h.state_until("gpu-2 refused by the breaker", |s| {
+        outcomes(s, "refused") == ["gpu-2"]
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_controller_acts_once_and_catches_up_with_what_changed_while_down() {
+    let h = Harness::start(&["gpu-1", "gpu-2"]).await;
+    let controller = h.controller("c1", &[]);
+    h.block("gpu-1", "before the restart").await;
+    h.node_until("gpu-1", "tainted", |n| has_taint(n, TAINT)).await;
+    drop(controller);
+
+    // While it is down: gpu-1 unblocked, gpu-2 blocked.
+    h.unblock("gpu-1").await;
+    h.block("gpu-2", "while down").await;
+    let _controller = h.controller("c2", &[]);
+    h.node_until("gpu-1", "released after the restart", |n| !has_taint(n, TAINT))
+        .await;
+    h.node_until("gpu-2", "tainted after the restart", |n| has_taint(n, TAINT))
+        .await;
+    let state = h
+        .state_until("gpu-1's release reported", |s| {
+            s["tombstones"]["gpu-1"].is_u64()
+        })
+        .await;
+    // One block of gpu-1 (before), one release (after); never a second block.
+    let mut gpu1: Vec<String> = h.events("gpu-1").await.into_iter().map(|e| e.0).collect();
+    gpu1.sort();
+    assert_eq!(gpu1, ["ProbityBlocked", "ProbityReleased"], "{state}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_controller_acts_on_nothing_until_resumed() {
+    let h = Harness::start(&["gpu-1"]).await;
+    let metrics_port = free_port();
+    let _controller = h.controller(
+        "c1",
+        &["--metrics-listen", &format!("127.0.0.1:{metrics_port}")],
+    );
+    let out = h.command(&["pause"]);
+    assert!(out.contains("paused: true"), "{out}");
+    h.block("gpu-1", "while paused").await;
+    // Passes go on while paused (the metrics count them): wait for several after the
+    // block, then nothing may have changed.
+    let passes = |text: &str| -> Option<u64> {
+        text.lines()
+            .find_map(|l| l.strip_prefix("probity_controller_passes_total "))
+            .and_then(|v| v.trim().parse().ok())
+    };
+    let start = metrics_passes(metrics_port, &passes).await;
+    crate::cluster::poll_ready("five passes while paused", WAIT, || async {
+        let now = metrics_passes(metrics_port, &passes).await;
+        (now >= start + 5).then_some(())
+    })
+    .await;
+    assert!(taints(&h.nodes().get("gpu-1").await.unwrap()).is_empty());
+    let text = metrics_text(metrics_port).await;
+    assert!(text.contains("probity_controller_paused 1"), "{text}");
+
+    h.command(&["resume"]);
+    h.node_until("gpu-1", "tainted once resumed", |n| has_taint(n, TAINT))
+        .await;
+}
+
+async fn metrics_text(port: u16) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let Ok(mut tcp) = tokio::net::TcpStream::connect(("127.0.0.1", port)).await else {
+        return String::new();
+    };
+    let _ = tcp
+        .write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .await;
+    let mut out = String::new();
+    let _ = tcp.read_to_string(&mut out).await;
+    out
+}
+
+async fn metrics_passes(port: u16, passes: &impl Fn(&str) -> Option<u64>) -> u64 {
+    crate::cluster::poll_ready("the controller's metrics", WAIT, || async {
+        passes(&metrics_text(port).await)
+    })
+    .await
+}
