@@ -19,6 +19,7 @@ mod net;
 mod placement;
 mod routes;
 mod stream;
+mod tolerations;
 #[path = "../../../testsupport/tls_client.rs"]
 mod tls_client;
 
