@@ -206,7 +206,7 @@ mod tests {
         let err = |t: Value| tolerations(&json!({"tolerations": t})).unwrap_err().to_string();
         assert_eq!(err(json!("all")), "tolerations is not a list");
         assert_eq!(
-            err(json!([{}, {"key": "a", "operator": "Sometimes"}])),
+            err(json!([{"operator": "Exists"}, {"key": "a", "operator": "Sometimes"}])),
             "tolerations[1]: operator \"Sometimes\" is not Exists or Equal"
         );
         assert_eq!(
