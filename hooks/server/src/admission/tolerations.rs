@@ -66,7 +66,8 @@ pub(super) fn tolerations(spec: &Value) -> Result<Vec<Value>, TolerationError> {
     }
     let mut records = BTreeSet::new();
     for (index, t) in list.iter().enumerate() {
-        let record = toleration(t).map_err(|problem| TolerationError::Invalid { index, problem })?;
+        let record =
+            toleration(t).map_err(|problem| TolerationError::Invalid { index, problem })?;
         records.insert(record);
     }
     Ok(records
@@ -203,7 +204,11 @@ mod tests {
 
     #[test]
     fn malformed_tolerations_are_refused_naming_which() {
-        let err = |t: Value| tolerations(&json!({"tolerations": t})).unwrap_err().to_string();
+        let err = |t: Value| {
+            tolerations(&json!({"tolerations": t}))
+                .unwrap_err()
+                .to_string()
+        };
         assert_eq!(err(json!("all")), "tolerations is not a list");
         assert_eq!(
             err(json!([{"operator": "Exists"}, {"key": "a", "operator": "Sometimes"}])),
@@ -238,11 +243,17 @@ mod tests {
         // Untrusted text is cut short in the message.
         assert_eq!(
             err(json!([{"key": "k".repeat(100_000) + "!"}])),
-            format!("tolerations[0]: key {:?} is not a label key", "k".repeat(80) + "...")
+            format!(
+                "tolerations[0]: key {:?} is not a label key",
+                "k".repeat(80) + "..."
+            )
         );
         assert_eq!(
             err(json!([{"key": "a", "value": "v".repeat(64)}])),
-            format!("tolerations[0]: value {:?} is not a label value", "v".repeat(64))
+            format!(
+                "tolerations[0]: value {:?} is not a label value",
+                "v".repeat(64)
+            )
         );
         let many: Vec<Value> = (0..=MAX_TOLERATIONS)
             .map(|i| json!({"key": format!("k{i}"), "operator": "Exists"}))

@@ -19,9 +19,9 @@ mod net;
 mod placement;
 mod routes;
 mod stream;
-mod tolerations;
 #[path = "../../../testsupport/tls_client.rs"]
 mod tls_client;
+mod tolerations;
 
 use std::path::{Path, PathBuf};
 

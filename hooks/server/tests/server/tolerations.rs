@@ -71,7 +71,10 @@ fn state_with_store(tmp: &tempfile::TempDir) -> (AppState, Arc<StateStore>) {
 }
 
 fn message(r: &Value) -> String {
-    r["status"]["message"].as_str().unwrap_or_default().to_owned()
+    r["status"]["message"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned()
 }
 
 #[tokio::test]
@@ -89,7 +92,11 @@ async fn a_binding_of_a_pod_tolerating_the_block_taint_to_a_blocked_node_is_allo
     assert!(!r.to_string().contains("node-level rules only"), "{r}");
 
     // Tolerating every taint (Exists, no key) is tolerating Probity's.
-    let r = validate(&s, &admitted("cni-x1", "uid-2", json!([{"operator": "Exists"}]))).await;
+    let r = validate(
+        &s,
+        &admitted("cni-x1", "uid-2", json!([{"operator": "Exists"}])),
+    )
+    .await;
     assert_eq!(r["allowed"], true, "{r}");
     let r = validate(&s, &binding("cni-x1", "uid-2", "gpu-blocked")).await;
     assert_eq!(r["allowed"], true, "{r}");
@@ -204,7 +211,10 @@ async fn the_extender_and_the_affinity_let_a_tolerating_pod_onto_a_blocked_node(
     );
     let (status, out) = filter(agent_pod("c", "u", json!({"key": "x"}))).await;
     assert_eq!(status, StatusCode::BAD_REQUEST, "{out}");
-    assert!(out.to_string().contains("tolerations is not a list"), "{out}");
+    assert!(
+        out.to_string().contains("tolerations is not a list"),
+        "{out}"
+    );
 
     // The mutating webhook's affinity names the blocked node only for the pod that
     // does not tolerate it.
