@@ -18,6 +18,7 @@
 //! | `@convert("ports")` | a list of ports and `"FROM-TO"` ranges, expanded into a `Set<Long>` |
 //! | `@convert("port_sources")` | a table `"tcp/PORT" = ["10.0.0.0/8"]`, into a `Set<String>` of `"tcp/PORT 10.0.0.0/8"` |
 //! | `@includes("rlhfClass")` | a set that must hold another attribute's value (a default gets it added) |
+//! | `@oneOf("NoSchedule NoExecute")` | the only values a string (or each string of a set) may take, separated by spaces |
 //!
 //! The value's shape comes from the attribute's type: a `Long` from an integer, a
 //! `String` from a non-empty string, a `Bool` from a boolean, an entity reference from
@@ -128,6 +129,8 @@ struct SettingAttr {
     scale: Option<i64>,
     convert: Option<Conversion>,
     includes: Option<String>,
+    /// `@oneOf`: the values a string may take.
+    one_of: Option<Vec<String>>,
     default: Option<(String, Json)>,
 }
 
@@ -392,6 +395,24 @@ impl SettingsSchema {
                             }
                         },
                     };
+                    let one_of = annotation(attr_decl, "oneOf").map(|list| {
+                        list.split_whitespace()
+                            .map(str::to_owned)
+                            .collect::<Vec<_>>()
+                    });
+                    let strings = matches!(&ty, AttrType::String)
+                        || matches!(&ty, AttrType::Set(e) if **e == AttrType::String);
+                    if let Some(list) = &one_of
+                        && (list.is_empty() || !strings || convert.is_some())
+                    {
+                        problem(
+                            Some("@oneOf"),
+                            format!(
+                                "{at}: @oneOf needs a String or Set<String> read as it stands, and at least one value"
+                            ),
+                        );
+                        continue;
+                    }
                     let mut setting = SettingAttr {
                         attr: attr.clone(),
                         path,
@@ -403,6 +424,7 @@ impl SettingsSchema {
                         scale,
                         convert,
                         includes: annotation(attr_decl, "includes").map(str::to_owned),
+                        one_of,
                         default: None,
                     };
                     if let Some(text) = annotation(attr_decl, "default") {

@@ -136,6 +136,23 @@ impl SettingAttr {
             }
             (AttrType::String, DeValue::String(s)) => {
                 non_empty(key, s, v.span(), source)?;
+                if let Some(allowed) = &self.one_of
+                    && !allowed.iter().any(|a| a == s.as_ref())
+                {
+                    let why = self
+                        .why
+                        .as_deref()
+                        .map(|w| format!(" ({w})"))
+                        .unwrap_or_default();
+                    return Err(source.at(
+                        v.span(),
+                        format!(
+                            "{key} must be one of {}, found {:?}{why}",
+                            allowed.join(", "),
+                            s.as_ref()
+                        ),
+                    ));
+                }
                 Ok(json!(s.as_ref()))
             }
             (AttrType::Bool, DeValue::Boolean(b)) => Ok(json!(b)),

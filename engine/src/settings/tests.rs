@@ -336,3 +336,50 @@ fn any_text_gives_settings_or_a_located_error() {
         }
     }
 }
+
+/// The block taint's effect: NoSchedule or NoExecute only (a typo would taint nothing
+/// and exempt no pod), with its default when the key is absent.
+#[test]
+fn a_string_outside_its_one_of_list_is_refused_where_it_stands() {
+    let s = parse(DEFAULT).unwrap();
+    let attr = |s: &Settings, a: &str| s.attr("Settings", "active", a).cloned().unwrap();
+    assert_eq!(attr(&s, "blockTaintKey"), json!("probity.io/blocked"));
+    assert_eq!(attr(&s, "blockTaintEffect"), json!("NoSchedule"));
+    let absent = DEFAULT.replace("block_taint_effect = \"NoSchedule\"\n", "");
+    assert_ne!(absent, DEFAULT);
+    assert_eq!(
+        attr(&parse(&absent).unwrap(), "blockTaintEffect"),
+        json!("NoSchedule")
+    );
+    let text = DEFAULT.replace(
+        "block_taint_effect = \"NoSchedule\"",
+        "block_taint_effect = \"PreferNoSchedule\"",
+    );
+    let err = parse(&text).unwrap_err();
+    assert_eq!(
+        err.message,
+        "kubernetes.block_taint_effect must be one of NoSchedule, NoExecute, found \"PreferNoSchedule\" (a PreferNoSchedule taint would not keep Kubernetes from placing any pod there)"
+    );
+    assert_eq!(err.line, line_of(&text, "block_taint_effect"));
+    let text = DEFAULT.replace(
+        "block_taint_effect = \"NoSchedule\"",
+        "block_taint_effect = \"NoExecute\"",
+    );
+    assert_eq!(
+        attr(&parse(&text).unwrap(), "blockTaintEffect"),
+        json!("NoExecute")
+    );
+    // @oneOf on a number is a schema problem, named.
+    let bad = SCHEMA.replace(
+        "  @toml(\"placement.prefer_headroom_c\")",
+        "  @oneOf(\"1 2\") @toml(\"placement.prefer_headroom_c\")",
+    );
+    assert_ne!(bad, SCHEMA);
+    let problems = schema_of(&bad).unwrap_err();
+    assert!(
+        problems.iter().any(|p| p
+            .message
+            .contains("@oneOf needs a String or Set<String> read as it stands")),
+        "{problems:?}"
+    );
+}

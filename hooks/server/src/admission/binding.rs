@@ -72,6 +72,8 @@ pub(super) fn validate_binding(
                 (Some(_), None) => "this binding names no pod uid".to_owned(),
                 (None, _) => format!("no facts of pod {pod_name} were remembered at its admission"),
             };
+            // No tolerations either: a pod whose facts are unknown tolerates nothing,
+            // so a blocked node refuses it (security.blocked-node).
             let pod = json!({
                 "metadata": object.get("metadata").cloned().unwrap_or_else(|| json!({})),
                 "spec": {"containers": [], "nodeName": node},

@@ -13,6 +13,7 @@ mod affinity;
 mod binding;
 mod quantity;
 mod requests;
+mod tolerations;
 mod update;
 mod validation;
 mod workload;

@@ -3,6 +3,7 @@
 use serde_json::{Map, Value, json};
 
 use super::requests::pod_requests;
+use super::tolerations::tolerations;
 use crate::AppState;
 
 /// Where a kind keeps its pod spec (and the metadata carrying its labels).
@@ -111,6 +112,7 @@ pub(super) fn workload(
     };
     let containers = spec.get("containers").and_then(Value::as_array);
     let total = pod_requests(spec, cfg)?;
+    let tolerations = tolerations(spec).map_err(|e| e.to_string())?;
     let image = containers
         .and_then(|c| c.first())
         .and_then(|c| c.get("image"))
@@ -128,6 +130,9 @@ pub(super) fn workload(
         "cpuMillis": total.cpu_millis,
         "gpuMemoryMiB": gpu_memory,
         "image": image,
+        // Always set (empty when none), so that only a workload no webhook
+        // translated lacks it.
+        "tolerations": tolerations,
     });
     let id = match naming {
         WorkloadId::Review => {

@@ -21,6 +21,7 @@ mod routes;
 mod stream;
 #[path = "../../../testsupport/tls_client.rs"]
 mod tls_client;
+mod tolerations;
 
 use std::path::{Path, PathBuf};
 

@@ -638,6 +638,8 @@ fn renamed_placement_state(dir: &Path) -> probity_server::AppState {
     };
     rename(&dir.join("placement/scheduling.cedar"));
     rename(&dir.join("thermal/thermal.cedar"));
+    // Its exemption for pods tolerating the block taint names the action too.
+    rename(&dir.join("security/blocklist.cedar"));
     let schema = dir.join("probity.cedarschema");
     let text = std::fs::read_to_string(&schema).unwrap();
     let edited = text
