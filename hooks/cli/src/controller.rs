@@ -7,9 +7,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
 use probity_kube::Cluster;
-use probity_kube::controller::{
-    self, BlockTaint, BreakerLimits, Controller, ControllerOptions, ProbityApi,
-};
+use probity_kube::controller::{self, BreakerLimits, Controller, ControllerOptions, ProbityApi};
 
 use crate::exit;
 
@@ -93,13 +91,6 @@ pub struct RunArgs {
     /// Probity zone, the Kubernetes zone and the GPU model labels).
     #[arg(long = "pool-label")]
     pool_labels: Vec<String>,
-    /// The taint's key.
-    #[arg(long, default_value = "probity.io/blocked")]
-    taint_key: String,
-    /// The taint's effect: `NoSchedule`, or `NoExecute` (deletes the node's pods
-    /// without asking their disruption budgets: an explicit opt-in).
-    #[arg(long, default_value = "NoSchedule", value_parser = ["NoSchedule", "NoExecute"])]
-    taint_effect: String,
     /// Report what would be done, change nothing (whatever the shared state says).
     #[arg(long)]
     dry_run: bool,
@@ -217,11 +208,7 @@ async fn run(args: RunArgs) -> Result<u8> {
         options.pool_labels = args.pool_labels.clone();
     }
     options.dry_run = args.dry_run;
-    let taint = BlockTaint {
-        key: args.taint_key.clone(),
-        effect: args.taint_effect.clone(),
-    };
-    let controller = Controller::new(cluster.client().clone(), probity, taint, options);
+    let controller = Controller::new(cluster.client().clone(), probity, options);
     if let Some(addr) = args.metrics_listen {
         let listener = tokio::net::TcpListener::bind(addr)
             .await

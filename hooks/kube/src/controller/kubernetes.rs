@@ -11,9 +11,9 @@ use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::{Client, Resource};
 use serde_json::json;
 
+use super::ControllerError;
 use super::actuate::{Actuator, Outcome, PodRef};
 use super::plan::{AppliedMark, BlockMark};
-use super::ControllerError;
 
 /// The annotation naming the block record a node's taint stands for.
 pub const BLOCK_ANNOTATION: &str = "probity.io/block";
@@ -42,6 +42,32 @@ impl Default for BlockTaint {
 }
 
 impl BlockTaint {
+    /// Refuses a taint Kubernetes would refuse or that would keep nothing off the node.
+    pub fn check(&self) -> Result<(), String> {
+        let (prefix, name) = self.key.rsplit_once('/').unwrap_or(("", &self.key));
+        let name_ok = !name.is_empty()
+            && name.len() <= 63
+            && name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+            && name.starts_with(|c: char| c.is_ascii_alphanumeric())
+            && name.ends_with(|c: char| c.is_ascii_alphanumeric());
+        let prefix_ok = prefix.len() <= 253
+            && prefix
+                .chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '-' | '.'));
+        if !(name_ok && prefix_ok) || (self.key.contains('/') && prefix.is_empty()) {
+            return Err(format!("{:?} is not a taint key", self.key));
+        }
+        if !matches!(self.effect.as_str(), "NoSchedule" | "NoExecute") {
+            return Err(format!(
+                "taint effect {:?}: only NoSchedule or NoExecute keep work off a blocked node",
+                self.effect
+            ));
+        }
+        Ok(())
+    }
+
     fn matches(&self, taint: &Taint) -> bool {
         taint.key == self.key && taint.effect == self.effect
     }
@@ -52,6 +78,37 @@ impl BlockTaint {
 struct NodeChange {
     annotation: Option<String>,
     taints: Option<Vec<Taint>>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::BlockTaint;
+
+    #[test]
+    fn a_taint_kubernetes_would_refuse_or_that_keeps_nothing_off_is_refused() {
+        let taint = |key: &str, effect: &str| BlockTaint {
+            key: key.into(),
+            effect: effect.into(),
+        };
+        assert!(taint("probity.io/blocked", "NoSchedule").check().is_ok());
+        assert!(taint("blocked", "NoExecute").check().is_ok());
+        for key in [
+            "",
+            "/blocked",
+            "probity.io/",
+            "Probity.IO/x",
+            "a b",
+            "x/-y",
+            &"k".repeat(64),
+        ] {
+            let err = taint(key, "NoSchedule").check().unwrap_err();
+            assert!(err.contains("not a taint key"), "{key}: {err}");
+        }
+        let err = taint("probity.io/blocked", "PreferNoSchedule")
+            .check()
+            .unwrap_err();
+        assert!(err.contains("only NoSchedule or NoExecute"), "{err}");
+    }
 }
 
 /// Reads Probity's annotation from a node, if it set one (and it still parses).
@@ -88,6 +145,14 @@ impl KubeActuator {
     /// The taint it sets.
     pub fn taint(&self) -> &BlockTaint {
         &self.taint
+    }
+
+    /// The same actuator setting `taint` (Probity's settings name it, and may change).
+    pub fn with_taint(&self, taint: BlockTaint) -> KubeActuator {
+        KubeActuator {
+            taint,
+            ..self.clone()
+        }
     }
 
     async fn event(&self, node: &Node, type_: EventType, reason: &str, action: &str, note: String) {
@@ -139,7 +204,10 @@ impl KubeActuator {
                 Ok(node) => return Ok(Some(node)),
                 Err(kube::Error::Api(status)) if status.code == 409 => continue,
                 Err(source) => {
-                    return Err(ControllerError::kube(format!("changing node {name}"), source));
+                    return Err(ControllerError::kube(
+                        format!("changing node {name}"),
+                        source,
+                    ));
                 }
             }
         }
@@ -203,7 +271,11 @@ impl Actuator for KubeActuator {
         Ok(Outcome::Done)
     }
 
-    async fn release_node(&self, name: &str, taint_added: bool) -> Result<Outcome, ControllerError> {
+    async fn release_node(
+        &self,
+        name: &str,
+        taint_added: bool,
+    ) -> Result<Outcome, ControllerError> {
         let taint = self.taint.clone();
         let changed = self
             .change_node(name, |node| {
@@ -224,8 +296,13 @@ impl Actuator for KubeActuator {
                 }
                 Some(NodeChange {
                     annotation: None,
-                    taints: remove_taint
-                        .then(|| taints.iter().filter(|t| !taint.matches(t)).cloned().collect()),
+                    taints: remove_taint.then(|| {
+                        taints
+                            .iter()
+                            .filter(|t| !taint.matches(t))
+                            .cloned()
+                            .collect()
+                    }),
                 })
             })
             .await?;
@@ -243,7 +320,12 @@ impl Actuator for KubeActuator {
         Ok(Outcome::Done)
     }
 
-    async fn stop_pod(&self, pod: &PodRef, reason: &str, dry_run: bool) -> Result<Outcome, ControllerError> {
+    async fn stop_pod(
+        &self,
+        pod: &PodRef,
+        reason: &str,
+        dry_run: bool,
+    ) -> Result<Outcome, ControllerError> {
         let pods: Api<Pod> = Api::namespaced(self.client.clone(), &pod.namespace);
         let params = EvictParams {
             delete_options: Some(DeleteParams {
@@ -264,7 +346,10 @@ impl Actuator for KubeActuator {
             Ok(_) => Ok(Outcome::Done),
             Err(kube::Error::Api(status)) if status.code == 404 => Ok(Outcome::Unchanged),
             Err(kube::Error::Api(status)) if status.code == 429 => {
-                Err(ControllerError::Disrupted { what, message: status.message.clone() })
+                Err(ControllerError::Disrupted {
+                    what,
+                    message: status.message.clone(),
+                })
             }
             Err(source) => Err(ControllerError::kube(what, source)),
         }

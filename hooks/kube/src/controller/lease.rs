@@ -146,9 +146,10 @@ impl LeaseLock {
                 observed.renewed = None;
                 Ok(false)
             }
-            Err(e) => {
-                Err(ControllerError::kube(format!("writing lease {}", self.name), e))
-            }
+            Err(e) => Err(ControllerError::kube(
+                format!("writing lease {}", self.name),
+                e,
+            )),
         }
     }
 
@@ -162,7 +163,10 @@ impl LeaseLock {
             && spec.holder_identity.as_deref() == Some(self.identity.as_str())
         {
             spec.holder_identity = None;
-            let _ = self.api.replace(&self.name, &PostParams::default(), &lease).await;
+            let _ = self
+                .api
+                .replace(&self.name, &PostParams::default(), &lease)
+                .await;
         }
         let mut observed = self.observed.lock().unwrap_or_else(|p| p.into_inner());
         observed.renewed = None;

@@ -161,13 +161,9 @@ pub struct Controller {
 }
 
 impl Controller {
-    /// A controller acting through `client` on what `probity` reports.
-    pub fn new(
-        client: Client,
-        probity: ProbityApi,
-        taint: BlockTaint,
-        options: ControllerOptions,
-    ) -> Self {
+    /// A controller acting through `client` on what `probity` reports, with the taint
+    /// Probity's settings name.
+    pub fn new(client: Client, probity: ProbityApi, options: ControllerOptions) -> Self {
         let lease = lease::LeaseLock::new(
             Api::namespaced(client.clone(), &options.namespace),
             &options.lease_name,
@@ -180,7 +176,7 @@ impl Controller {
         );
         let (nodes, _writer) = reflector::store();
         Self {
-            actuator: KubeActuator::new(client.clone(), taint, &options.identity),
+            actuator: KubeActuator::new(client.clone(), BlockTaint::default(), &options.identity),
             options,
             probity,
             lease,
@@ -202,7 +198,10 @@ impl Controller {
         self.nodes = store;
         let watch = reflector::reflector(
             writer,
-            watcher(Api::<Node>::all(self.client.clone()), watcher::Config::default()),
+            watcher(
+                Api::<Node>::all(self.client.clone()),
+                watcher::Config::default(),
+            ),
         )
         .default_backoff()
         .applied_objects()
@@ -227,7 +226,10 @@ impl Controller {
             match self.lease.try_hold().await {
                 Ok(leads) => {
                     if leads && !self.metrics.is_leader() {
-                        tracing::info!(identity = self.lease.identity(), "holding the lease: acting");
+                        tracing::info!(
+                            identity = self.lease.identity(),
+                            "holding the lease: acting"
+                        );
                     }
                 }
                 Err(error) => {
@@ -250,6 +252,7 @@ impl Controller {
     /// One reconcile pass.
     async fn pass(&self) -> Result<(), ControllerError> {
         let blocks = self.probity.blocks().await?;
+        let actuator = self.actuator.with_taint(self.probity.block_taint().await?);
         let read = self.shared.load().await?;
         let nodes = self.node_views();
         let now = unix_now();
@@ -263,10 +266,21 @@ impl Controller {
                 .iter()
                 .map(|step| record(step, now, "would", describe(step)))
                 .collect();
-            self.metrics.set_modes(state.breaker.tripped.is_some(), state.paused, true);
-            if state.would.iter().map(strip_time).ne(would.iter().map(strip_time)) {
+            self.metrics
+                .set_modes(state.breaker.tripped.is_some(), state.paused, true);
+            if state
+                .would
+                .iter()
+                .map(strip_time)
+                .ne(would.iter().map(strip_time))
+            {
                 for step in &steps {
-                    tracing::info!(node = step.node(), action = step.kind(), detail = describe(step), "dry run: would act");
+                    tracing::info!(
+                        node = step.node(),
+                        action = step.kind(),
+                        detail = describe(step),
+                        "dry run: would act"
+                    );
                 }
                 state.would = would;
                 self.shared.store(&read, &state).await?;
@@ -293,12 +307,21 @@ impl Controller {
             })
             .collect();
         for note in &notes {
-            tracing::warn!(node = note.node, outcome = note.outcome, detail = note.detail, "block not acted on");
+            tracing::warn!(
+                node = note.node,
+                outcome = note.outcome,
+                detail = note.detail,
+                "block not acted on"
+            );
             self.metrics.action(&note.action, &note.outcome);
         }
         state.record(notes);
         if let (false, Some(trip)) = (was_tripped, &state.breaker.tripped) {
-            tracing::error!(node = trip.node, reason = trip.reason, "circuit breaker tripped: no new block is acted on until `probity controller reset`");
+            tracing::error!(
+                node = trip.node,
+                reason = trip.reason,
+                "circuit breaker tripped: no new block is acted on until `probity controller reset`"
+            );
         }
         self.metrics
             .set_modes(state.breaker.tripped.is_some(), state.paused, false);
@@ -311,20 +334,24 @@ impl Controller {
         for step in &steps {
             let result = match step {
                 Step::Block { node, block } | Step::Refresh { node, block } => {
-                    self.actuator.block_node(node, block).await
+                    actuator.block_node(node, block).await
                 }
                 Step::Release { node, applied } => {
-                    self.actuator.release_node(node, applied.taint_added).await
+                    actuator.release_node(node, applied.taint_added).await
                 }
                 Step::Refused { .. } | Step::Stale { .. } => continue,
             };
             let note = match result {
                 Ok(outcome) => {
                     if let (Step::Block { block, .. }, Outcome::Done) = (step, outcome) {
-                        self.metrics
-                            .lag(now.saturating_sub(block.since) as f64);
+                        self.metrics.lag(now.saturating_sub(block.since) as f64);
                     }
-                    tracing::info!(node = step.node(), action = step.kind(), outcome = outcome.as_str(), "acted");
+                    tracing::info!(
+                        node = step.node(),
+                        action = step.kind(),
+                        outcome = outcome.as_str(),
+                        "acted"
+                    );
                     record(step, now, outcome.as_str(), describe(step))
                 }
                 Err(error) => {
@@ -383,7 +410,12 @@ fn record(step: &Step, at: u64, outcome: &str, detail: String) -> ActionRecord {
 }
 
 fn strip_time(record: &ActionRecord) -> (&str, &str, &str, &str) {
-    (&record.node, &record.action, &record.outcome, &record.detail)
+    (
+        &record.node,
+        &record.action,
+        &record.outcome,
+        &record.detail,
+    )
 }
 
 fn describe(step: &Step) -> String {
@@ -399,7 +431,9 @@ fn describe(step: &Step) -> String {
             "circuit breaker (tripped at {} by {}): {}",
             trip.at, trip.node, trip.reason
         ),
-        Step::Stale { block, released, .. } => format!(
+        Step::Stale {
+            block, released, ..
+        } => format!(
             "block since {} is not newer than the release of the block since {released}",
             block.since
         ),
@@ -425,8 +459,14 @@ fn unix_now() -> u64 {
 }
 
 /// What an operator sees of the controller: its state as the cluster holds it.
-pub async fn status(client: Client, options: &ControllerOptions) -> Result<ControlState, ControllerError> {
-    let shared = SharedControl::new(Api::namespaced(client, &options.namespace), &options.state_name);
+pub async fn status(
+    client: Client,
+    options: &ControllerOptions,
+) -> Result<ControlState, ControllerError> {
+    let shared = SharedControl::new(
+        Api::namespaced(client, &options.namespace),
+        &options.state_name,
+    );
     Ok(shared.load().await?.state)
 }
 
@@ -437,6 +477,9 @@ pub async fn command(
     options: &ControllerOptions,
     change: impl Fn(&mut ControlState),
 ) -> Result<ControlState, ControllerError> {
-    let shared = SharedControl::new(Api::namespaced(client, &options.namespace), &options.state_name);
+    let shared = SharedControl::new(
+        Api::namespaced(client, &options.namespace),
+        &options.state_name,
+    );
     shared.update(change).await
 }

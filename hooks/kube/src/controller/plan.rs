@@ -196,22 +196,21 @@ pub fn plan(
                         node: node.name.clone(),
                         block: block.clone(),
                     }),
-                    None => match state.breaker.admit(
-                        limits,
-                        &node.name,
-                        &node.pools,
-                        &pool_sizes,
-                        now,
-                    ) {
-                        Ok(()) => steps.push(Step::Block {
-                            node: node.name.clone(),
-                            block: block.clone(),
-                        }),
-                        Err(trip) => steps.push(Step::Refused {
-                            node: node.name.clone(),
-                            trip,
-                        }),
-                    },
+                    None => {
+                        match state
+                            .breaker
+                            .admit(limits, &node.name, &node.pools, &pool_sizes, now)
+                        {
+                            Ok(()) => steps.push(Step::Block {
+                                node: node.name.clone(),
+                                block: block.clone(),
+                            }),
+                            Err(trip) => steps.push(Step::Refused {
+                                node: node.name.clone(),
+                                trip,
+                            }),
+                        }
+                    }
                 }
             }
             (None, Some(applied)) => {
@@ -308,9 +307,8 @@ mod tests {
 
     #[test]
     fn the_breaker_refuses_past_its_limit() {
-        let blocks: BTreeMap<String, BlockMark> = (1..=4)
-            .map(|i| (format!("n{i}"), mark("r", 10)))
-            .collect();
+        let blocks: BTreeMap<String, BlockMark> =
+            (1..=4).map(|i| (format!("n{i}"), mark("r", 10))).collect();
         let nodes: Vec<NodeView> = (1..=4).map(|i| node(&format!("n{i}"), None)).collect();
         let mut state = ControlState::default();
         let steps = plan(&blocks, &nodes, &mut state, &limits(), 100);

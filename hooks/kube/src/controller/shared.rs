@@ -42,11 +42,10 @@ impl SharedControl {
     /// state does not parse is an error, never a default: acting on a forgotten
     /// breaker or pause would be acting by mistake.
     pub async fn load(&self) -> Result<Versioned, ControllerError> {
-        let found = self
-            .api
-            .get_opt(&self.name)
-            .await
-            .map_err(|e| ControllerError::kube(format!("reading ConfigMap {}", self.name), e))?;
+        let found =
+            self.api.get_opt(&self.name).await.map_err(|e| {
+                ControllerError::kube(format!("reading ConfigMap {}", self.name), e)
+            })?;
         let Some(map) = found else {
             return Ok(Versioned {
                 state: ControlState::default(),
@@ -70,7 +69,11 @@ impl SharedControl {
 
     /// Writes `state` over the version read; `Ok(false)` when someone wrote in between
     /// (the caller reads again and plans again).
-    pub async fn store(&self, read: &Versioned, state: &ControlState) -> Result<bool, ControllerError> {
+    pub async fn store(
+        &self,
+        read: &Versioned,
+        state: &ControlState,
+    ) -> Result<bool, ControllerError> {
         let text = serde_json::to_string(state).map_err(|e| ControllerError::State {
             name: self.name.clone(),
             reason: e.to_string(),
@@ -90,12 +93,19 @@ impl SharedControl {
         };
         let written = match read.version {
             None => self.api.create(&PostParams::default(), &map).await,
-            Some(_) => self.api.replace(&self.name, &PostParams::default(), &map).await,
+            Some(_) => {
+                self.api
+                    .replace(&self.name, &PostParams::default(), &map)
+                    .await
+            }
         };
         match written {
             Ok(_) => Ok(true),
             Err(kube::Error::Api(status)) if status.code == 409 => Ok(false),
-            Err(e) => Err(ControllerError::kube(format!("writing ConfigMap {}", self.name), e)),
+            Err(e) => Err(ControllerError::kube(
+                format!("writing ConfigMap {}", self.name),
+                e,
+            )),
         }
     }
 

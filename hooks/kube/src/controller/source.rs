@@ -17,6 +17,7 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use serde::Deserialize;
 
 use super::ControllerError;
+use super::kubernetes::BlockTaint;
 use super::plan::BlockMark;
 
 /// Largest answer read from Probity (a blocklist of every node of a large cluster fits
@@ -90,11 +91,45 @@ impl ProbityApi {
     /// The nodes Probity's blocklist holds now, with the record of each.
     pub async fn blocks(&self) -> Result<BTreeMap<String, BlockMark>, ControllerError> {
         let body = self.get("/v1/nodes/blocked").await?;
-        let blocked: Blocked = serde_json::from_slice(&body).map_err(|e| ControllerError::Probity {
-            what: "GET /v1/nodes/blocked".into(),
-            reason: format!("the answer is not a blocklist: {e}"),
-        })?;
+        let blocked: Blocked =
+            serde_json::from_slice(&body).map_err(|e| ControllerError::Probity {
+                what: "GET /v1/nodes/blocked".into(),
+                reason: format!("the answer is not a blocklist: {e}"),
+            })?;
         Ok(blocked.nodes)
+    }
+
+    /// The taint Probity's settings name for blocked nodes (`Settings::"active"`'s
+    /// `blockTaintKey` and `blockTaintEffect`, from `[kubernetes]` in probity.toml): the
+    /// one the default policies let tolerating pods past, so the controller and the
+    /// webhook never disagree about it.
+    pub async fn block_taint(&self) -> Result<BlockTaint, ControllerError> {
+        const PATH: &str = "/v1/entities/Settings/active";
+        let body = self.get(PATH).await?;
+        let fail = |reason: String| ControllerError::Probity {
+            what: format!("GET {PATH}"),
+            reason,
+        };
+        let settings: serde_json::Value =
+            serde_json::from_slice(&body).map_err(|e| fail(format!("not an entity: {e}")))?;
+        let attr = |name: &str| {
+            settings
+                .get("attrs")
+                .and_then(|a| a.get(name))
+                .and_then(serde_json::Value::as_str)
+                .map(str::to_owned)
+                .ok_or_else(|| {
+                    fail(format!(
+                        "the settings have no {name} (policies older than the controller?)"
+                    ))
+                })
+        };
+        let taint = BlockTaint {
+            key: attr("blockTaintKey")?,
+            effect: attr("blockTaintEffect")?,
+        };
+        taint.check().map_err(fail)?;
+        Ok(taint)
     }
 
     async fn get(&self, path: &str) -> Result<Bytes, ControllerError> {
@@ -130,4 +165,3 @@ impl ProbityApi {
         .map_err(|_| fail(format!("no answer within {} s", REQUEST_TIMEOUT.as_secs())))?
     }
 }
-

@@ -298,11 +298,13 @@ impl ControlPlane {
                 .args(["--leader-elect=false", "--v=1"])
                 // No kubelet reports here: the node lifecycle controller would taint every
                 // node NotReady. On: service accounts (and their tokens), the owners that
-                // recreate pods, the garbage collector, disruption budgets, namespaces.
+                // recreate pods, the garbage collector, disruption budgets, namespaces,
+                // DaemonSets (which read taints to choose their nodes).
                 .args([
                     "--controllers",
                     "serviceaccount-token-controller,serviceaccount-controller,\
                      replicaset-controller,deployment-controller,job-controller,\
+                     daemonset-controller,\
                      garbage-collector-controller,disruption-controller,namespace-controller",
                 ])
                 .arg("--service-account-private-key-file")

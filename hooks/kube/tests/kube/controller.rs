@@ -5,13 +5,15 @@
 use std::process::Command;
 use std::time::Duration;
 
+use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{ConfigMap, Node};
+use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod};
 use k8s_openapi::api::events::v1::Event as EventV1;
-use kube::api::{Api, ListParams, Patch, PatchParams, WatchParams};
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams, WatchParams};
 use serde_json::{Value, json};
 
 use crate::cluster::{ControlPlane, Probity, probity_bin, root, watch_until};
+use crate::install::{Installed, test_nodes};
 use crate::services::{Proc, free_port};
 
 const NAMESPACE: &str = "probity-system";
@@ -30,7 +32,9 @@ impl Harness {
         let plane = ControlPlane::start(dir.path()).await;
         plane.namespace(NAMESPACE).await;
         for node in nodes {
-            plane.add_node(node, "zone-a", 8, "NVIDIA-A100-SXM4-80GB").await;
+            plane
+                .add_node(node, "zone-a", 8, "NVIDIA-A100-SXM4-80GB")
+                .await;
         }
         let probity = Probity::start_on(
             &plane,
@@ -45,28 +49,8 @@ impl Harness {
         }
     }
 
-    /// `probity controller run` as `identity`, with a short lease and `extra` flags. The
-    /// breaker's pool share is opened to 100% (its default, 10% of a pool but at least a
-    /// node, would stop the second block in these small pools); the breaker's own test
-    /// sets its limits.
     fn controller(&self, identity: &str, extra: &[&str]) -> Proc {
-        let mut command = Command::new(probity_bin());
-        command
-            .args(["controller", "run", "--kubeconfig"])
-            .arg(&self.plane.kubeconfig)
-            .args(["--probity-url", &self.probity.url(), "--probity-ca"])
-            .arg(self.plane.pki.ca_file())
-            .args(["--namespace", NAMESPACE, "--identity", identity])
-            .args(["--lease-seconds", "2", "--interval-ms", "100"])
-            .args(extra);
-        if !extra.contains(&"--max-percent") {
-            command.args(["--max-percent", "100"]);
-        }
-        Proc::spawn(
-            "probity controller",
-            &mut command,
-            &self.plane.dir.join(format!("controller-{identity}.log")),
-        )
+        start_controller(&self.plane, &self.probity, identity, extra)
     }
 
     /// `probity controller <args>` to completion; its standard output.
@@ -167,6 +151,35 @@ impl Harness {
     }
 }
 
+/// `probity controller run` as `identity` against `plane` and `probity`, with a short
+/// lease and `extra` flags. The breaker's pool share is opened to 100% (its default, 10%
+/// of a pool but at least a node, would stop the second block in these small pools); the
+/// breaker's own test sets its limits.
+pub fn start_controller(
+    plane: &ControlPlane,
+    probity: &Probity,
+    identity: &str,
+    extra: &[&str],
+) -> Proc {
+    let mut command = Command::new(probity_bin());
+    command
+        .args(["controller", "run", "--kubeconfig"])
+        .arg(&plane.kubeconfig)
+        .args(["--probity-url", &probity.url(), "--probity-ca"])
+        .arg(plane.pki.ca_file())
+        .args(["--namespace", NAMESPACE, "--identity", identity])
+        .args(["--lease-seconds", "2", "--interval-ms", "100"])
+        .args(extra);
+    if !extra.contains(&"--max-percent") {
+        command.args(["--max-percent", "100"]);
+    }
+    Proc::spawn(
+        "probity controller",
+        &mut command,
+        &plane.dir.join(format!("controller-{identity}.log")),
+    )
+}
+
 fn has_taint(node: &Node, key: &str) -> bool {
     taints(node).iter().any(|(k, _)| k == key)
 }
@@ -175,12 +188,20 @@ fn taints(node: &Node) -> Vec<(String, String)> {
     node.spec
         .as_ref()
         .and_then(|s| s.taints.as_ref())
-        .map(|t| t.iter().map(|t| (t.key.clone(), t.effect.clone())).collect())
+        .map(|t| {
+            t.iter()
+                .map(|t| (t.key.clone(), t.effect.clone()))
+                .collect()
+        })
         .unwrap_or_default()
 }
 
 fn annotation(node: &Node) -> Option<Value> {
-    let text = node.metadata.annotations.as_ref()?.get("probity.io/block")?;
+    let text = node
+        .metadata
+        .annotations
+        .as_ref()?
+        .get("probity.io/block")?;
     serde_json::from_str(text).ok()
 }
 
@@ -228,7 +249,11 @@ async fn a_block_taints_the_node_and_an_unblock_removes_only_what_probity_set() 
     let mark = annotation(&node).unwrap();
     assert_eq!(mark["reason"], "bad checkpoint read");
     assert_eq!(mark["taintAdded"], true);
-    assert!(has_taint(&node, "example.com/maintenance"), "{:?}", taints(&node));
+    assert!(
+        has_taint(&node, "example.com/maintenance"),
+        "{:?}",
+        taints(&node)
+    );
     assert_eq!(node.spec.as_ref().unwrap().unschedulable, Some(true));
     let gpu3 = h
         .node_until("gpu-3", "Probity's annotation", |n| annotation(n).is_some())
@@ -250,12 +275,17 @@ async fn a_block_taints_the_node_and_an_unblock_removes_only_what_probity_set() 
     assert!(annotation(&node).is_none());
     assert_eq!(
         taints(&node),
-        [("example.com/maintenance".to_owned(), "NoSchedule".to_owned())]
+        [(
+            "example.com/maintenance".to_owned(),
+            "NoSchedule".to_owned()
+        )]
     );
     assert_eq!(node.spec.as_ref().unwrap().unschedulable, Some(true));
     // The taint Probity found on gpu-3 is the operator's: it stays.
     let gpu3 = h
-        .node_until("gpu-3", "Probity's annotation gone", |n| annotation(n).is_none())
+        .node_until("gpu-3", "Probity's annotation gone", |n| {
+            annotation(n).is_none()
+        })
         .await;
     assert_eq!(taints(&gpu3), [(TAINT.to_owned(), "NoSchedule".to_owned())]);
     assert!(taints(&h.nodes().get("gpu-2").await.unwrap()).is_empty());
@@ -280,10 +310,12 @@ async fn the_breaker_trips_at_its_threshold_and_reports_the_rest_until_reset() {
             outcomes(s, "done").len() == 2 && outcomes(s, "refused").len() == 3
         })
         .await;
-    assert!(state["breaker"]["tripped"]["reason"]
-        .as_str()
-        .unwrap()
-        .contains("limit 2"));
+    assert!(
+        state["breaker"]["tripped"]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("limit 2")
+    );
     let tainted: Vec<String> = h
         .nodes()
         .list(&ListParams::default())
@@ -300,8 +332,10 @@ async fn the_breaker_trips_at_its_threshold_and_reports_the_rest_until_reset() {
 
     // Releases are never held back by a tripped breaker.
     h.unblock(&tainted[0]).await;
-    h.node_until(&tainted[0], "released while tripped", |n| !has_taint(n, TAINT))
-        .await;
+    h.node_until(&tainted[0], "released while tripped", |n| {
+        !has_taint(n, TAINT)
+    })
+    .await;
 
     // A reset opens a fresh window: two more, then it trips again.
     let out = h.command(&["reset"]);
@@ -328,8 +362,10 @@ async fn only_the_lease_holder_acts_and_another_replica_takes_over_when_it_dies(
     let h = Harness::start(&["gpu-1", "gpu-2"]).await;
     let mut first = h.controller("first", &[]);
     h.block("gpu-1", "first block").await;
-    h.node_until("gpu-1", "tainted by the first replica", |n| has_taint(n, TAINT))
-        .await;
+    h.node_until("gpu-1", "tainted by the first replica", |n| {
+        has_taint(n, TAINT)
+    })
+    .await;
     assert_eq!(h.lease_holder().await.as_deref(), Some("first"));
     let _second = h.controller("second", &[]);
     // The second replica waits: the lease stays with the first while it renews.
@@ -338,8 +374,10 @@ async fn only_the_lease_holder_acts_and_another_replica_takes_over_when_it_dies(
 
     drop(first); // SIGKILL: no lease release, the second waits out the lease.
     h.block("gpu-2", "second block").await;
-    h.node_until("gpu-2", "tainted by the second replica", |n| has_taint(n, TAINT))
-        .await;
+    h.node_until("gpu-2", "tainted by the second replica", |n| {
+        has_taint(n, TAINT)
+    })
+    .await;
     assert_eq!(h.lease_holder().await.as_deref(), Some("second"));
     let gpu1 = h.events("gpu-1").await;
     assert_eq!(
@@ -389,8 +427,10 @@ async fn a_dry_run_reports_what_it_would_do_and_changes_nothing() {
 
     // Off: the same plan is carried out.
     h.command(&["dry-run", "off"]);
-    h.node_until("gpu-1", "tainted once the dry run is off", |n| has_taint(n, TAINT))
-        .await;
+    h.node_until("gpu-1", "tainted once the dry run is off", |n| {
+        has_taint(n, TAINT)
+    })
+    .await;
     h.state_until("gpu-2 refused by the breaker", |s| {
         outcomes(s, "refused") == ["gpu-2"]
     })
@@ -402,21 +442,28 @@ async fn a_restarted_controller_acts_once_and_catches_up_with_what_changed_while
     let h = Harness::start(&["gpu-1", "gpu-2"]).await;
     let controller = h.controller("c1", &[]);
     h.block("gpu-1", "before the restart").await;
-    h.node_until("gpu-1", "tainted", |n| has_taint(n, TAINT)).await;
+    h.node_until("gpu-1", "tainted", |n| has_taint(n, TAINT))
+        .await;
     // Stopped once the block is reported (a crash between the taint and the report
     // loses the report line and the Event, never the taint).
-    h.state_until("gpu-1's block reported", |s| outcomes(s, "done") == ["gpu-1"])
-        .await;
+    h.state_until("gpu-1's block reported", |s| {
+        outcomes(s, "done") == ["gpu-1"]
+    })
+    .await;
     drop(controller);
 
     // While it is down: gpu-1 unblocked, gpu-2 blocked.
     h.unblock("gpu-1").await;
     h.block("gpu-2", "while down").await;
     let _controller = h.controller("c2", &[]);
-    h.node_until("gpu-1", "released after the restart", |n| !has_taint(n, TAINT))
-        .await;
-    h.node_until("gpu-2", "tainted after the restart", |n| has_taint(n, TAINT))
-        .await;
+    h.node_until("gpu-1", "released after the restart", |n| {
+        !has_taint(n, TAINT)
+    })
+    .await;
+    h.node_until("gpu-2", "tainted after the restart", |n| {
+        has_taint(n, TAINT)
+    })
+    .await;
     let state = h
         .state_until("gpu-1's release reported", |s| {
             s["tombstones"]["gpu-1"].is_u64()
@@ -479,4 +526,99 @@ async fn metrics_passes(port: u16, passes: &impl Fn(&str) -> Option<u64>) -> u64
         passes(&metrics_text(port).await)
     })
     .await
+}
+
+/// A blocked node runs what tolerates Probity's taint (its own agents) and nothing else:
+/// the taint, the webhook's binding check and the extender agree, through the pods'
+/// tolerations as a fact of the default block policy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_daemonset_tolerating_probitys_taint_runs_on_a_blocked_node_and_one_that_does_not_is_kept_off()
+ {
+    let cluster = Installed::start().await;
+    let _controller = start_controller(&cluster.plane, &cluster.probity, "c1", &[]);
+    let nodes: Api<Node> = Api::all(cluster.plane.client());
+    watch_until(
+        &nodes,
+        &WatchParams::default().fields("metadata.name=gpu-blocked"),
+        "gpu-blocked tainted",
+        WAIT,
+        |n: &Node| has_taint(n, TAINT).then_some(()),
+    )
+    .await;
+    let daemonsets: Api<DaemonSet> = Api::namespaced(cluster.plane.client(), "training");
+    for (name, tolerations) in [
+        ("node-agent", json!([{"key": TAINT, "operator": "Exists"}])),
+        ("plain-agent", json!([])),
+    ] {
+        let ds: DaemonSet = serde_json::from_value(json!({
+            "metadata": {"name": name},
+            "spec": {
+                "selector": {"matchLabels": {"app": name}},
+                "template": {
+                    "metadata": {"labels": {"app": name}},
+                    "spec": {
+                        "tolerations": tolerations,
+                        "containers": [{"name": "agent", "image": "agent:1",
+                            "resources": {"requests": {"cpu": "100m"}}}]
+                    }
+                }
+            }
+        }))
+        .unwrap();
+        daemonsets
+            .create(&PostParams::default(), &ds)
+            .await
+            .unwrap();
+    }
+    // The tolerating agent's pod for gpu-blocked is made and bound there: the binding
+    // passed Probity's webhook.
+    let pods = cluster.pods("training");
+    let bound = watch_until(
+        &pods,
+        &WatchParams::default().labels("app=node-agent"),
+        "node-agent's pod bound to gpu-blocked",
+        WAIT,
+        |p: &Pod| (p.spec.as_ref()?.node_name.as_deref() == Some("gpu-blocked")).then(|| p.clone()),
+    )
+    .await;
+    assert!(bound.metadata.name.unwrap().starts_with("node-agent-"));
+    // The other agent runs on every node but the blocked one: the DaemonSet controller
+    // reads the taint and makes no pod for it.
+    let node_count = test_nodes().len();
+    let targets = watch_until(
+        &daemonsets,
+        &WatchParams::default().fields("metadata.name=plain-agent"),
+        "plain-agent's desired pods counted",
+        WAIT,
+        |d: &DaemonSet| {
+            let status = d.status.as_ref()?;
+            (status.desired_number_scheduled > 0 && status.observed_generation.is_some())
+                .then_some(status.desired_number_scheduled)
+        },
+    )
+    .await;
+    assert_eq!(targets as usize, node_count - 1);
+    let plain = pods
+        .list(&ListParams::default().labels("app=plain-agent"))
+        .await
+        .unwrap();
+    for pod in &plain.items {
+        let spec = serde_json::to_value(&pod.spec).unwrap();
+        assert_ne!(spec["nodeName"], "gpu-blocked");
+        // The DaemonSet controller names its node in matchFields; Probity's mutating
+        // webhook adds its own terms beside it.
+        let terms = &spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+            ["nodeSelectorTerms"];
+        for term in terms.as_array().unwrap() {
+            for field in term["matchFields"].as_array().into_iter().flatten() {
+                assert!(
+                    !field["values"]
+                        .as_array()
+                        .unwrap()
+                        .contains(&json!("gpu-blocked")),
+                    "{spec}"
+                );
+            }
+        }
+    }
 }
