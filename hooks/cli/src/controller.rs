@@ -94,6 +94,10 @@ pub struct RunArgs {
     /// Report what would be done, change nothing (whatever the shared state says).
     #[arg(long)]
     dry_run: bool,
+    /// Delete a pod whose evictions a disruption budget has refused for this many
+    /// seconds (default: never; keep retrying with back-off and reporting).
+    #[arg(long)]
+    evict_escalate_after_seconds: Option<u64>,
     /// Serve /metrics and /healthz here (e.g. 127.0.0.1:9102).
     #[arg(long)]
     metrics_listen: Option<SocketAddr>,
@@ -208,6 +212,7 @@ async fn run(args: RunArgs) -> Result<u8> {
         options.pool_labels = args.pool_labels.clone();
     }
     options.dry_run = args.dry_run;
+    options.evict_escalation = args.evict_escalate_after_seconds.map(Duration::from_secs);
     let controller = Controller::new(cluster.client().clone(), probity, options);
     if let Some(addr) = args.metrics_listen {
         let listener = tokio::net::TcpListener::bind(addr)

@@ -59,6 +59,21 @@ pub trait Actuator {
         taint_added: bool,
     ) -> impl Future<Output = Result<Outcome, Self::Error>> + Send;
 
+    /// The pods a drain of `node` stops (not a DaemonSet's, not a mirror pod, not one
+    /// already terminating).
+    fn node_pods(
+        &self,
+        node: &str,
+    ) -> impl Future<Output = Result<Vec<PodRef>, Self::Error>> + Send;
+
+    /// Deletes a pod outright: only as the operator's escalation after evictions were
+    /// refused past a timeout.
+    fn delete_pod(
+        &self,
+        pod: &PodRef,
+        reason: &str,
+    ) -> impl Future<Output = Result<Outcome, Self::Error>> + Send;
+
     /// Stops one workload's pod the way the manager allows (Kubernetes: an eviction, so
     /// disruption budgets hold). `dry_run` asks the manager to check without acting.
     fn stop_pod(

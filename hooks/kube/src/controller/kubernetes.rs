@@ -6,7 +6,9 @@
 //! between is read again, and their taints and cordon are written back exactly as found.
 
 use k8s_openapi::api::core::v1::{Node, Pod, Taint};
-use kube::api::{Api, DeleteParams, EvictParams, Patch, PatchParams, PostParams, Preconditions};
+use kube::api::{
+    Api, DeleteParams, EvictParams, ListParams, Patch, PatchParams, PostParams, Preconditions,
+};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::{Client, Resource};
 use serde_json::json;
@@ -218,6 +220,61 @@ impl KubeActuator {
 impl Actuator for KubeActuator {
     type Error = ControllerError;
 
+    async fn node_pods(&self, node: &str) -> Result<Vec<PodRef>, ControllerError> {
+        let pods: Api<Pod> = Api::all(self.client.clone());
+        let list = pods
+            .list(&ListParams::default().fields(&format!("spec.nodeName={node}")))
+            .await
+            .map_err(|e| ControllerError::kube(format!("listing the pods on node {node}"), e))?;
+        Ok(list
+            .items
+            .into_iter()
+            .filter(|pod| {
+                let meta = &pod.metadata;
+                // As a drain does: a DaemonSet's pod belongs to its node (and tolerates
+                // what it must), a mirror pod is the kubelet's, a terminating one is going.
+                let daemon = meta
+                    .owner_references
+                    .iter()
+                    .flatten()
+                    .any(|o| o.kind == "DaemonSet");
+                let mirror = meta
+                    .annotations
+                    .as_ref()
+                    .is_some_and(|a| a.contains_key("kubernetes.io/config.mirror"));
+                !daemon && !mirror && meta.deletion_timestamp.is_none()
+            })
+            .filter_map(|pod| {
+                Some(PodRef {
+                    namespace: pod.metadata.namespace?,
+                    name: pod.metadata.name?,
+                    uid: pod.metadata.uid,
+                })
+            })
+            .collect())
+    }
+
+    async fn delete_pod(&self, pod: &PodRef, reason: &str) -> Result<Outcome, ControllerError> {
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), &pod.namespace);
+        let params = DeleteParams {
+            preconditions: pod.uid.clone().map(|uid| Preconditions {
+                uid: Some(uid),
+                resource_version: None,
+            }),
+            ..DeleteParams::default()
+        };
+        match pods.delete(&pod.name, &params).await {
+            Ok(_) => Ok(Outcome::Done),
+            Err(kube::Error::Api(status)) if matches!(status.code, 404 | 409) => {
+                Ok(Outcome::Unchanged)
+            }
+            Err(e) => Err(ControllerError::kube(
+                format!("deleting pod {}/{} ({reason})", pod.namespace, pod.name),
+                e,
+            )),
+        }
+    }
+
     async fn block_node(&self, name: &str, block: &BlockMark) -> Result<Outcome, ControllerError> {
         let taint = self.taint.clone();
         let changed = self
@@ -247,6 +304,7 @@ impl Actuator for KubeActuator {
                 let mark = AppliedMark {
                     block: block.clone(),
                     taint_added,
+                    effect: Some(taint.effect.clone()),
                 };
                 Some(NodeChange {
                     annotation: Some(serde_json::to_string(&mark).unwrap_or_default()),
@@ -344,7 +402,11 @@ impl Actuator for KubeActuator {
         let what = format!("evicting pod {}/{} ({reason})", pod.namespace, pod.name);
         match pods.evict(&pod.name, &params).await {
             Ok(_) => Ok(Outcome::Done),
-            Err(kube::Error::Api(status)) if status.code == 404 => Ok(Outcome::Unchanged),
+            // Gone, or another pod now has the name (the uid precondition failed): the
+            // pod that read is not running any more.
+            Err(kube::Error::Api(status)) if matches!(status.code, 404 | 409) => {
+                Ok(Outcome::Unchanged)
+            }
             Err(kube::Error::Api(status)) if status.code == 429 => {
                 Err(ControllerError::Disrupted {
                     what,

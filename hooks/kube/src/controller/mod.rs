@@ -45,7 +45,7 @@ use kube::{Api, Client};
 pub use actuate::{Actuator, Outcome, PodRef};
 pub use breaker::BreakerLimits;
 pub use kubernetes::{BLOCK_ANNOTATION, BlockTaint, KubeActuator};
-pub use plan::{ActionRecord, ControlState};
+pub use plan::{ActionRecord, BlockMark, ControlState, ReaderPod};
 pub use shared::SharedControl;
 pub use source::ProbityApi;
 
@@ -126,6 +126,9 @@ pub struct ControllerOptions {
     pub pool_labels: Vec<String>,
     /// Report only, whatever the shared state says.
     pub dry_run: bool,
+    /// Delete a pod whose evictions were refused (a disruption budget) for this long;
+    /// `None` (the default): never delete, keep retrying and reporting.
+    pub evict_escalation: Option<Duration>,
 }
 
 impl Default for ControllerOptions {
@@ -144,6 +147,7 @@ impl Default for ControllerOptions {
                 "nvidia.com/gpu.product".into(),
             ],
             dry_run: false,
+            evict_escalation: None,
         }
     }
 }
@@ -252,7 +256,7 @@ impl Controller {
     /// One reconcile pass.
     async fn pass(&self) -> Result<(), ControllerError> {
         let blocks = self.probity.blocks().await?;
-        let actuator = self.actuator.with_taint(self.probity.block_taint().await?);
+        let settings_taint = self.probity.block_taint().await?;
         let read = self.shared.load().await?;
         let nodes = self.node_views();
         let now = unix_now();
@@ -283,7 +287,25 @@ impl Controller {
                     );
                 }
                 state.would = would;
-                self.shared.store(&read, &state).await?;
+                if !self.shared.store(&read, &state).await? {
+                    return Ok(());
+                }
+                // The stops it would make, asked of the apiserver as dry-run evictions
+                // (`dryRun=All`): a disruption budget's refusal shows here too.
+                let mut scratch = state.clone();
+                let mut seen = Vec::new();
+                for step in &steps {
+                    if let Step::StopWork { node, block } = step {
+                        let actuator = self.actuator.with_taint(settings_taint.clone());
+                        let (_, records) = self
+                            .stop_work(&actuator, node, block, &mut scratch, now, true)
+                            .await;
+                        seen.extend(records);
+                    }
+                }
+                if !seen.is_empty() {
+                    self.shared.update(|s| s.record(seen.clone())).await?;
+                }
             }
             return Ok(());
         }
@@ -331,13 +353,57 @@ impl Controller {
             return Ok(());
         }
         let mut done = Vec::new();
+        let mut stops = state.clone();
+        let mut stopped = Vec::new();
         for step in &steps {
             let result = match step {
-                Step::Block { node, block } | Step::Refresh { node, block } => {
-                    actuator.block_node(node, block).await
+                Step::Block { block, .. } | Step::Refresh { block, .. } => {
+                    let taint = BlockTaint {
+                        key: settings_taint.key.clone(),
+                        effect: block
+                            .taint_effect
+                            .clone()
+                            .unwrap_or_else(|| settings_taint.effect.clone()),
+                    };
+                    match taint.check() {
+                        Ok(()) => {
+                            self.actuator
+                                .with_taint(taint)
+                                .block_node(step.node(), block)
+                                .await
+                        }
+                        Err(reason) => Err(ControllerError::Probity {
+                            what: format!("the block record of {}", step.node()),
+                            reason,
+                        }),
+                    }
                 }
                 Step::Release { node, applied } => {
-                    actuator.release_node(node, applied.taint_added).await
+                    let taint = BlockTaint {
+                        key: settings_taint.key.clone(),
+                        effect: applied
+                            .effect
+                            .clone()
+                            .unwrap_or_else(|| settings_taint.effect.clone()),
+                    };
+                    self.actuator
+                        .with_taint(taint)
+                        .release_node(node, applied.taint_added)
+                        .await
+                }
+                Step::StopWork { node, block } => {
+                    let actuator = self.actuator.with_taint(settings_taint.clone());
+                    let (complete, records) = self
+                        .stop_work(&actuator, node, block, &mut stops, now, false)
+                        .await;
+                    for record in &records {
+                        self.metrics.action(&record.action, &record.outcome);
+                    }
+                    done.extend(records);
+                    if complete {
+                        stopped.push((node.clone(), block.since));
+                    }
+                    continue;
                 }
                 Step::Refused { .. } | Step::Stale { .. } => continue,
             };
@@ -364,10 +430,129 @@ impl Controller {
             self.metrics.action(&note.action, &note.outcome);
             done.push(note);
         }
-        if !done.is_empty() {
-            self.shared.update(|s| s.record(done.clone())).await?;
+        if !done.is_empty() || stops.stopping != state.stopping {
+            self.shared
+                .update(|s| {
+                    s.record(done.clone());
+                    s.stopped.extend(stopped.iter().cloned());
+                    s.stopping = stops.stopping.clone();
+                })
+                .await?;
         }
         Ok(())
+    }
+
+    /// Stops the work the block record names: its reader's pod, then (`stop = "node"`)
+    /// every pod a drain stops, by eviction. An eviction refused for now is retried with
+    /// back-off (in `state.stopping`) and turned into a delete only past the operator's
+    /// escalation timeout. Answers whether every pod is stopped, and the records.
+    async fn stop_work(
+        &self,
+        actuator: &KubeActuator,
+        node: &str,
+        block: &BlockMark,
+        state: &mut ControlState,
+        now: u64,
+        dry_run: bool,
+    ) -> (bool, Vec<ActionRecord>) {
+        let note = |outcome: &str, detail: String| ActionRecord {
+            at: now,
+            node: node.to_owned(),
+            action: "stop".into(),
+            outcome: if dry_run {
+                "would".into()
+            } else {
+                outcome.into()
+            },
+            detail,
+        };
+        let mut pods: Vec<PodRef> = block
+            .reader
+            .iter()
+            .map(|r| PodRef {
+                namespace: r.namespace.clone(),
+                name: r.name.clone(),
+                uid: r.uid.clone(),
+            })
+            .collect();
+        match block.stop.as_deref() {
+            Some("reader") => {}
+            Some("node") => match actuator.node_pods(node).await {
+                Ok(on_node) => {
+                    for pod in on_node {
+                        if !pods
+                            .iter()
+                            .any(|p| p.namespace == pod.namespace && p.name == pod.name)
+                        {
+                            pods.push(pod);
+                        }
+                    }
+                }
+                Err(error) => return (false, vec![note("failed", error_chain(&error))]),
+            },
+            other => {
+                // A stop this controller does not know is reported once and not acted on:
+                // guessing would be acting by mistake.
+                let detail = format!("unknown stop {other:?} in the block record: nothing stopped");
+                return (true, vec![note("failed", detail)]);
+            }
+        }
+        let reason = format!("Probity blocked node {node}: {}", block.reason);
+        let mut complete = true;
+        let mut records = Vec::new();
+        for pod in &pods {
+            let key = format!("{}/{}", pod.namespace, pod.name);
+            if !dry_run && state.stopping.get(&key).is_some_and(|b| b.next > now) {
+                complete = false;
+                continue;
+            }
+            match actuator.stop_pod(pod, &reason, dry_run).await {
+                Ok(outcome) => {
+                    state.stopping.remove(&key);
+                    let what = match outcome {
+                        Outcome::Done => "evicted",
+                        Outcome::Unchanged => "already gone",
+                    };
+                    records.push(note(outcome.as_str(), format!("{key} {what}")));
+                }
+                Err(ControllerError::Disrupted { message, .. }) => {
+                    let backoff = plan::Backoff::refused(state.stopping.get(&key), now);
+                    let escalate = self
+                        .options
+                        .evict_escalation
+                        .is_some_and(|limit| now.saturating_sub(backoff.first) >= limit.as_secs());
+                    if escalate && !dry_run {
+                        state.stopping.remove(&key);
+                        let record = match actuator.delete_pod(pod, &reason).await {
+                            Ok(_) => note(
+                                "escalated",
+                                format!("{key} deleted: evictions refused since {}", backoff.first),
+                            ),
+                            Err(error) => {
+                                complete = false;
+                                note("failed", error_chain(&error))
+                            }
+                        };
+                        records.push(record);
+                    } else {
+                        complete = false;
+                        records.push(note(
+                            "disrupted",
+                            format!(
+                                "{key}: eviction refused ({message}); retried at {}",
+                                backoff.next
+                            ),
+                        ));
+                        state.stopping.insert(key, backoff);
+                    }
+                }
+                Err(error) => {
+                    complete = false;
+                    records.push(note("failed", error_chain(&error)));
+                }
+            }
+        }
+        (complete, records)
     }
 
     fn node_views(&self) -> Vec<NodeView> {
@@ -430,6 +615,11 @@ fn describe(step: &Step) -> String {
         Step::Refused { trip, .. } => format!(
             "circuit breaker (tripped at {} by {}): {}",
             trip.at, trip.node, trip.reason
+        ),
+        Step::StopWork { block, .. } => format!(
+            "stop {} (block since {})",
+            block.stop.as_deref().unwrap_or(""),
+            block.since
         ),
         Step::Stale {
             block, released, ..

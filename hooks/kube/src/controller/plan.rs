@@ -17,6 +17,46 @@ pub struct BlockMark {
     pub reason: String,
     /// When it was first blocked, in Unix seconds: the block record's revision.
     pub since: u64,
+    /// The pod that read the data that failed verification, when the block came from
+    /// such a read and the reader named itself.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reader: Option<ReaderPod>,
+    /// What the block's policy says to stop: `reader` (the reading pod) or `node`
+    /// (the reading pod first, then every pod on the node).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop: Option<String>,
+    /// The taint effect the block's policy opted into (`NoExecute`), else the settings'.
+    #[serde(
+        default,
+        rename = "taintEffect",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub taint_effect: Option<String>,
+}
+
+/// A pod as a reader names itself in a verified read.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReaderPod {
+    /// Its namespace.
+    pub namespace: String,
+    /// Its name.
+    pub name: String,
+    /// Its uid, when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uid: Option<String>,
+}
+
+impl BlockMark {
+    /// A block with no reader, no stop and the settings' taint.
+    pub fn new(reason: impl Into<String>, since: u64) -> Self {
+        Self {
+            reason: reason.into(),
+            since,
+            reader: None,
+            stop: None,
+            taint_effect: None,
+        }
+    }
 }
 
 /// What the controller finds on a node it set itself (its annotation).
@@ -28,6 +68,9 @@ pub struct AppliedMark {
     /// Whether Probity added the taint (false: it was there already, and stays on release).
     #[serde(rename = "taintAdded")]
     pub taint_added: bool,
+    /// The taint's effect as set (a policy may have opted into `NoExecute`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub effect: Option<String>,
 }
 
 /// A node as the plan sees it.
@@ -81,6 +124,13 @@ pub enum Step {
         /// The revision of the block last released.
         released: u64,
     },
+    /// Stop the node's work as the block record says (once it is tainted).
+    StopWork {
+        /// The node.
+        node: String,
+        /// The record whose stop it carries out.
+        block: BlockMark,
+    },
 }
 
 impl Step {
@@ -91,7 +141,8 @@ impl Step {
             | Step::Refresh { node, .. }
             | Step::Release { node, .. }
             | Step::Refused { node, .. }
-            | Step::Stale { node, .. } => node,
+            | Step::Stale { node, .. }
+            | Step::StopWork { node, .. } => node,
         }
     }
 
@@ -101,6 +152,7 @@ impl Step {
             Step::Block { .. } | Step::Refused { .. } | Step::Stale { .. } => "block",
             Step::Refresh { .. } => "refresh",
             Step::Release { .. } => "release",
+            Step::StopWork { .. } => "stop",
         }
     }
 }
@@ -141,9 +193,40 @@ pub struct ControlState {
     /// The last actions taken, refused or failed, oldest first.
     #[serde(default)]
     pub report: Vec<ActionRecord>,
+    /// Per node, the revision (`since`) of the block whose work was stopped: a block's
+    /// work is stopped once.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub stopped: BTreeMap<String, u64>,
+    /// Evictions refused for now (a disruption budget), by `namespace/name`: retried
+    /// with back-off, and deleted only past the operator's escalation timeout.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub stopping: BTreeMap<String, Backoff>,
     /// In a dry run: what the last pass would have done.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub would: Vec<ActionRecord>,
+}
+
+/// An eviction being retried.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Backoff {
+    /// The first attempt, in Unix seconds.
+    pub first: u64,
+    /// Attempts so far.
+    pub attempts: u32,
+    /// No attempt before this, in Unix seconds.
+    pub next: u64,
+}
+
+impl Backoff {
+    /// After one more refused attempt at `now`: the wait doubles, up to a minute.
+    pub fn refused(previous: Option<&Backoff>, now: u64) -> Backoff {
+        let attempts = previous.map_or(0, |b| b.attempts).saturating_add(1);
+        Backoff {
+            first: previous.map_or(now, |b| b.first),
+            attempts,
+            next: now + (1u64 << attempts.min(6)).min(60),
+        }
+    }
 }
 
 impl ControlState {
@@ -224,10 +307,12 @@ pub fn plan(
             (None, None) => {}
         }
     }
-    // Tombstones of nodes the cluster no longer has are forgotten with them.
+    // Tombstones of nodes the cluster no longer has are forgotten with them, and
+    // stops of blocks no longer in force.
     state
         .tombstones
         .retain(|name, _| nodes.iter().any(|n| &n.name == name));
+    state.stopped.retain(|name, _| blocks.contains_key(name));
     steps
 }
 
@@ -241,16 +326,14 @@ mod tests {
             applied: applied.map(|(reason, since)| AppliedMark {
                 block: mark(reason, since),
                 taint_added: true,
+                effect: None,
             }),
             pools: vec![("zone".into(), "a".into())],
         }
     }
 
     fn mark(reason: &str, since: u64) -> BlockMark {
-        BlockMark {
-            reason: reason.into(),
-            since,
-        }
+        BlockMark::new(reason, since)
     }
 
     fn limits() -> BreakerLimits {
@@ -283,7 +366,8 @@ mod tests {
                     node: "n3".into(),
                     applied: AppliedMark {
                         block: mark("r", 5),
-                        taint_added: true
+                        taint_added: true,
+                        effect: None,
                     }
                 },
             ]
@@ -318,6 +402,58 @@ mod tests {
             .collect();
         assert_eq!(kinds, [true, true, false, false]);
         assert!(state.breaker.tripped.is_some());
+    }
+
+    #[test]
+    fn a_blocks_work_is_stopped_once_and_only_on_a_node_the_breaker_admitted() {
+        let stopping = |since| BlockMark {
+            stop: Some("reader".into()),
+            ..mark("read failed", since)
+        };
+        let blocks = BTreeMap::from([("n1".into(), stopping(10)), ("n2".into(), stopping(10))]);
+        let nodes = [node("n1", None), node("n2", None)];
+        let limits = BreakerLimits {
+            max_nodes: 1,
+            ..limits()
+        };
+        let mut state = ControlState::default();
+        let steps = plan(&blocks, &nodes, &mut state, &limits, 100);
+        let kinds: Vec<&str> = steps.iter().map(|s| s.kind()).collect();
+        assert_eq!(kinds, ["block", "stop", "block"]);
+        assert!(matches!(&steps[2], Step::Refused { .. }));
+        // Once stopped, the same record is not stopped again; a newer one is.
+        state.stopped.insert("n1".into(), 10);
+        let applied = |since| NodeView {
+            applied: Some(AppliedMark {
+                block: stopping(since),
+                taint_added: true,
+                effect: None,
+            }),
+            ..node("n1", None)
+        };
+        let only_n1 = BTreeMap::from([("n1".into(), stopping(10))]);
+        let mut fresh = ControlState {
+            stopped: state.stopped.clone(),
+            ..ControlState::default()
+        };
+        assert!(plan(&only_n1, &[applied(10)], &mut fresh, &limits, 100).is_empty());
+        let newer = BTreeMap::from([("n1".into(), stopping(20))]);
+        let kinds: Vec<&'static str> = plan(&newer, &[applied(10)], &mut fresh, &limits, 100)
+            .iter()
+            .map(|s| s.kind())
+            .collect();
+        assert_eq!(kinds, ["refresh", "stop"]);
+    }
+
+    #[test]
+    fn a_refused_eviction_waits_longer_each_time_up_to_a_minute() {
+        let first = Backoff::refused(None, 100);
+        assert_eq!((first.first, first.attempts, first.next), (100, 1, 102));
+        let mut b = first;
+        for _ in 0..10 {
+            b = Backoff::refused(Some(&b), 200);
+        }
+        assert_eq!((b.first, b.attempts, b.next), (100, 11, 260));
     }
 
     #[test]

@@ -502,6 +502,35 @@ impl Drop for ControlPlane {
     }
 }
 
+/// `probity controller run` as `identity` against `plane` and `probity`, with a short
+/// lease and `extra` flags. The breaker's pool share is opened to 100% (its default, 10%
+/// of a pool but at least a node, would stop the second block in these small pools); the
+/// breaker's own test sets its limits.
+pub fn start_controller(
+    plane: &ControlPlane,
+    probity: &Probity,
+    identity: &str,
+    extra: &[&str],
+) -> Proc {
+    let mut command = Command::new(probity_bin());
+    command
+        .args(["controller", "run", "--kubeconfig"])
+        .arg(&plane.kubeconfig)
+        .args(["--probity-url", &probity.url(), "--probity-ca"])
+        .arg(plane.pki.ca_file())
+        .args(["--namespace", "probity-system", "--identity", identity])
+        .args(["--lease-seconds", "2", "--interval-ms", "100"])
+        .args(extra);
+    if !extra.contains(&"--max-percent") {
+        command.args(["--max-percent", "100"]);
+    }
+    Proc::spawn(
+        "probity controller",
+        &mut command,
+        &plane.dir.join(format!("controller-{identity}.log")),
+    )
+}
+
 /// The last 30 lines of each `*.log` under `dir` (one level of subdirectories too).
 pub fn print_log_tails(dir: &Path) {
     let mut logs = Vec::new();

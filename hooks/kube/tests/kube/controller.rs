@@ -12,7 +12,7 @@ use k8s_openapi::api::events::v1::Event as EventV1;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams, WatchParams};
 use serde_json::{Value, json};
 
-use crate::cluster::{ControlPlane, Probity, probity_bin, root, watch_until};
+use crate::cluster::{ControlPlane, Probity, probity_bin, root, start_controller, watch_until};
 use crate::install::{Installed, test_nodes};
 use crate::services::{Proc, free_port};
 
@@ -149,35 +149,6 @@ impl Harness {
             .unwrap()
             .and_then(|l| l.spec?.holder_identity)
     }
-}
-
-/// `probity controller run` as `identity` against `plane` and `probity`, with a short
-/// lease and `extra` flags. The breaker's pool share is opened to 100% (its default, 10%
-/// of a pool but at least a node, would stop the second block in these small pools); the
-/// breaker's own test sets its limits.
-pub fn start_controller(
-    plane: &ControlPlane,
-    probity: &Probity,
-    identity: &str,
-    extra: &[&str],
-) -> Proc {
-    let mut command = Command::new(probity_bin());
-    command
-        .args(["controller", "run", "--kubeconfig"])
-        .arg(&plane.kubeconfig)
-        .args(["--probity-url", &probity.url(), "--probity-ca"])
-        .arg(plane.pki.ca_file())
-        .args(["--namespace", NAMESPACE, "--identity", identity])
-        .args(["--lease-seconds", "2", "--interval-ms", "100"])
-        .args(extra);
-    if !extra.contains(&"--max-percent") {
-        command.args(["--max-percent", "100"]);
-    }
-    Proc::spawn(
-        "probity controller",
-        &mut command,
-        &plane.dir.join(format!("controller-{identity}.log")),
-    )
 }
 
 fn has_taint(node: &Node, key: &str) -> bool {
