@@ -273,27 +273,47 @@ pub fn plan(
                     });
                     continue;
                 }
-                match applied {
-                    Some(applied) if applied.block == *block => {}
-                    Some(_) => steps.push(Step::Refresh {
-                        node: node.name.clone(),
-                        block: block.clone(),
-                    }),
+                let tainted = match applied {
+                    Some(applied) if applied.block == *block => true,
+                    Some(_) => {
+                        steps.push(Step::Refresh {
+                            node: node.name.clone(),
+                            block: block.clone(),
+                        });
+                        true
+                    }
                     None => {
                         match state
                             .breaker
                             .admit(limits, &node.name, &node.pools, &pool_sizes, now)
                         {
-                            Ok(()) => steps.push(Step::Block {
-                                node: node.name.clone(),
-                                block: block.clone(),
-                            }),
-                            Err(trip) => steps.push(Step::Refused {
-                                node: node.name.clone(),
-                                trip,
-                            }),
+                            Ok(()) => {
+                                steps.push(Step::Block {
+                                    node: node.name.clone(),
+                                    block: block.clone(),
+                                });
+                                true
+                            }
+                            Err(trip) => {
+                                steps.push(Step::Refused {
+                                    node: node.name.clone(),
+                                    trip,
+                                });
+                                false
+                            }
                         }
                     }
+                };
+                // A node's work is stopped only on a node the breaker let be blocked,
+                // and once per block record.
+                if tainted
+                    && block.stop.is_some()
+                    && state.stopped.get(&node.name) != Some(&block.since)
+                {
+                    steps.push(Step::StopWork {
+                        node: node.name.clone(),
+                        block: block.clone(),
+                    });
                 }
             }
             (None, Some(applied)) => {
