@@ -94,6 +94,13 @@ pub struct RunArgs {
     /// Report what would be done, change nothing (whatever the shared state says).
     #[arg(long)]
     dry_run: bool,
+    /// The node label Probity keeps equal to each node's zone in its store (the
+    /// server's `[admission] zone_label`).
+    #[arg(long, default_value = "topology.probity.io/zone")]
+    zone_label: String,
+    /// Seconds between comparisons of the zone labels with the store.
+    #[arg(long, default_value_t = 30)]
+    label_interval_seconds: u64,
     /// Delete a pod whose evictions a disruption budget has refused for this many
     /// seconds (default: never; keep retrying with back-off and reporting).
     #[arg(long)]
@@ -212,6 +219,8 @@ async fn run(args: RunArgs) -> Result<u8> {
         options.pool_labels = args.pool_labels.clone();
     }
     options.dry_run = args.dry_run;
+    options.zone_label = args.zone_label.clone();
+    options.label_interval = Duration::from_secs(args.label_interval_seconds.max(1));
     options.evict_escalation = args.evict_escalate_after_seconds.map(Duration::from_secs);
     let controller = Controller::new(cluster.client().clone(), probity, options);
     if let Some(addr) = args.metrics_listen {

@@ -280,6 +280,19 @@ pub(crate) async fn entity(
         .ok_or_else(|| ApiError::NotFound(format!("no entity {uid}")))
 }
 
+/// `GET /v1/entities/{type}`: every stored entity of a type, sorted by uid (the
+/// controller reads the nodes' zones this way, in one request).
+pub(crate) async fn entities_of_type(
+    State(state): State<AppState>,
+    Path(type_name): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    EntityUid::new(&type_name, "-")
+        .map_err(|_| ApiError::BadRequest(format!("{type_name:?} is not an entity type")))?;
+    Ok(Json(
+        json!({ "entities": state.engine().entities_json(Some(&type_name)) }),
+    ))
+}
+
 #[derive(Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 struct BlockBody {

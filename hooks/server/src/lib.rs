@@ -16,6 +16,7 @@
 //! | `POST /v1/entities/stream` | NDJSON of upserts on one long-lived request, applied in groups and acknowledged as they go (authorized likewise) |
 //! | `DELETE /v1/entities` | remove `{"uids": [..]}` (authorized likewise) |
 //! | `GET /v1/entities/{type}/{id}` | one entity |
+//! | `GET /v1/entities/{type}` | every entity of a type, sorted by id (`{"entities": [..]}`) |
 //! | `POST /v1/nodes/{id}/block`, `POST /v1/nodes/{id}/unblock` | block or unblock a node (authorized: `manage` on `Api::"nodes"`) |
 //! | `GET /v1/nodes/blocked` | blocked nodes and why |
 //! | `GET /v1/policy/status` | digest, files, reloads, last reload error |
@@ -632,6 +633,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("DELETE", "/v1/entities"),
     ("POST", "/v1/entities/stream"),
     ("GET", "/v1/entities/{type}/{id}"),
+    ("GET", "/v1/entities/{type}"),
     ("GET", "/v1/nodes/blocked"),
     ("POST", "/v1/nodes/{id}/block"),
     ("POST", "/v1/nodes/{id}/unblock"),
@@ -669,6 +671,7 @@ pub fn app(state: AppState) -> Router {
         )
         .route("/v1/entities/stream", post(stream::upsert_stream))
         .route("/v1/entities/{type}/{id}", get(api::entity))
+        .route("/v1/entities/{type}", get(api::entities_of_type))
         .route("/v1/nodes/blocked", get(api::blocked_nodes))
         .route("/v1/nodes/{id}/block", post(api::block_node))
         .route("/v1/nodes/{id}/unblock", post(api::unblock_node))

@@ -217,6 +217,60 @@ impl KubeActuator {
     }
 }
 
+impl KubeActuator {
+    /// Sets one label of a node (Probity owns that label alone; every other label is
+    /// left as it is, by a merge patch at the read `resourceVersion`).
+    pub async fn set_label(
+        &self,
+        name: &str,
+        key: &str,
+        value: &str,
+    ) -> Result<Outcome, ControllerError> {
+        if !is_label_value(value) {
+            return Err(ControllerError::Probity {
+                what: format!("label {key} of node {name}"),
+                reason: format!("{value:?} cannot be a label value"),
+            });
+        }
+        let nodes: Api<Node> = Api::all(self.client.clone());
+        for _ in 0..CONFLICT_RETRIES {
+            let node = nodes
+                .get(name)
+                .await
+                .map_err(|e| ControllerError::kube(format!("reading node {name}"), e))?;
+            let current = node.metadata.labels.as_ref().and_then(|l| l.get(key));
+            if current.map(String::as_str) == Some(value) {
+                return Ok(Outcome::Unchanged);
+            }
+            let patch = json!({"metadata": {
+                "resourceVersion": node.metadata.resource_version,
+                "labels": {key: value},
+            }});
+            match nodes
+                .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+            {
+                Ok(_) => return Ok(Outcome::Done),
+                Err(kube::Error::Api(status)) if status.code == 409 => continue,
+                Err(e) => return Err(ControllerError::kube(format!("labelling node {name}"), e)),
+            }
+        }
+        Err(ControllerError::Conflict(name.to_owned()))
+    }
+}
+
+/// Whether Kubernetes takes `value` as a label value (at most 63 characters of
+/// alphanumerics, `-`, `_` and `.`, beginning and ending with an alphanumeric).
+fn is_label_value(value: &str) -> bool {
+    !value.is_empty()
+        && value.len() <= 63
+        && value
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+        && value.starts_with(|c: char| c.is_ascii_alphanumeric())
+        && value.ends_with(|c: char| c.is_ascii_alphanumeric())
+}
+
 impl Actuator for KubeActuator {
     type Error = ControllerError;
 

@@ -126,6 +126,14 @@ pub struct ControllerOptions {
     pub pool_labels: Vec<String>,
     /// Report only, whatever the shared state says.
     pub dry_run: bool,
+    /// The node label the mutating webhook's affinity names for Probity's zones
+    /// (`[admission] zone_label`): kept equal to each node's group in the store.
+    pub zone_label: String,
+    /// The Node attribute that groups nodes (the schema's `@placement_group`).
+    pub zone_attribute: String,
+    /// How often the zone labels are compared with the store (also whenever a node
+    /// lacks the label).
+    pub label_interval: Duration,
     /// Delete a pod whose evictions were refused (a disruption budget) for this long;
     /// `None` (the default): never delete, keep retrying and reporting.
     pub evict_escalation: Option<Duration>,
@@ -147,6 +155,9 @@ impl Default for ControllerOptions {
                 "nvidia.com/gpu.product".into(),
             ],
             dry_run: false,
+            zone_label: "topology.probity.io/zone".into(),
+            zone_attribute: "zone".into(),
+            label_interval: Duration::from_secs(30),
             evict_escalation: None,
         }
     }
@@ -162,6 +173,7 @@ pub struct Controller {
     nodes: Store<Node>,
     metrics: Arc<metrics::Metrics>,
     client: Client,
+    labelled_at: std::sync::Mutex<Option<std::time::Instant>>,
 }
 
 impl Controller {
@@ -188,6 +200,7 @@ impl Controller {
             nodes,
             metrics: Arc::default(),
             client,
+            labelled_at: std::sync::Mutex::new(None),
         }
     }
 
@@ -263,6 +276,13 @@ impl Controller {
         let mut state = read.state.clone();
         let dry_run = self.options.dry_run || state.dry_run;
         self.metrics.pass();
+        // The labels are their own job: failing them holds no block back.
+        if !state.paused
+            && let Err(error) = self.sync_zone_labels(&settings_taint, dry_run).await
+        {
+            self.metrics.error();
+            tracing::warn!(error = %error_chain(&error), "the zone labels could not be brought in step");
+        }
         if dry_run {
             let mut simulated = state.clone();
             let steps = plan::plan(&blocks, &nodes, &mut simulated, &self.options.limits, now);
@@ -436,6 +456,91 @@ impl Controller {
                     s.record(done.clone());
                     s.stopped.extend(stopped.iter().cloned());
                     s.stopping = stops.stopping.clone();
+                })
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// Keeps the zone label of every node equal to its group in Probity's store, so the
+    /// mutating webhook's affinity matches the nodes it means (a node without the label
+    /// matches no term). Owns that label alone; a node the store has no group for keeps
+    /// whatever it has. Runs every `label_interval`, or when a node lacks the label.
+    async fn sync_zone_labels(
+        &self,
+        settings_taint: &BlockTaint,
+        dry_run: bool,
+    ) -> Result<(), ControllerError> {
+        let label = &self.options.zone_label;
+        let nodes = self.nodes.state();
+        let unlabelled = nodes.iter().any(|n| {
+            n.metadata
+                .labels
+                .as_ref()
+                .is_none_or(|l| !l.contains_key(label))
+        });
+        let due = {
+            let at = self.labelled_at.lock().unwrap_or_else(|p| p.into_inner());
+            at.is_none_or(|at| at.elapsed() >= self.options.label_interval)
+        };
+        if !(due || unlabelled) {
+            return Ok(());
+        }
+        let groups = self
+            .probity
+            .node_groups(&self.options.zone_attribute)
+            .await?;
+        *self.labelled_at.lock().unwrap_or_else(|p| p.into_inner()) =
+            Some(std::time::Instant::now());
+        let actuator = self.actuator.with_taint(settings_taint.clone());
+        let now = unix_now();
+        let mut records = Vec::new();
+        for node in &nodes {
+            let Some(name) = node.metadata.name.as_deref() else {
+                continue;
+            };
+            let Some(zone) = groups.get(name) else {
+                continue;
+            };
+            let current = node.metadata.labels.as_ref().and_then(|l| l.get(label));
+            if current == Some(zone) {
+                continue;
+            }
+            let note = |outcome: &str, detail: String| ActionRecord {
+                at: now,
+                node: name.to_owned(),
+                action: "label".into(),
+                outcome: outcome.into(),
+                detail,
+            };
+            let record = if dry_run {
+                note("would", format!("{label}={zone}"))
+            } else {
+                match actuator.set_label(name, label, zone).await {
+                    Ok(outcome) => note(outcome.as_str(), format!("{label}={zone}")),
+                    Err(error) => note("failed", error_chain(&error)),
+                }
+            };
+            self.metrics.action(&record.action, &record.outcome);
+            records.push(record);
+        }
+        if !records.is_empty() {
+            // A label that cannot be set is reported once, not on every pass.
+            self.shared
+                .update(|s| {
+                    let fresh: Vec<ActionRecord> = records
+                        .iter()
+                        .filter(|r| {
+                            r.outcome != "failed"
+                                || !s.report.iter().any(|k| {
+                                    k.node == r.node
+                                        && k.outcome == r.outcome
+                                        && k.detail == r.detail
+                                })
+                        })
+                        .cloned()
+                        .collect();
+                    s.record(fresh);
                 })
                 .await?;
         }

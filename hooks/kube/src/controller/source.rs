@@ -132,6 +132,39 @@ impl ProbityApi {
         Ok(taint)
     }
 
+    /// Each stored node's group (its `attribute`, an entity reference such as
+    /// `zone: Zone::"z1"`): node id to the group's id, read in one request.
+    pub async fn node_groups(
+        &self,
+        attribute: &str,
+    ) -> Result<BTreeMap<String, String>, ControllerError> {
+        const PATH: &str = "/v1/entities/Node";
+        let body = self.get(PATH).await?;
+        let answer: serde_json::Value =
+            serde_json::from_slice(&body).map_err(|e| ControllerError::Probity {
+                what: format!("GET {PATH}"),
+                reason: format!("not an entity list: {e}"),
+            })?;
+        let entities = answer
+            .get("entities")
+            .and_then(serde_json::Value::as_array)
+            .map(Vec::as_slice)
+            .unwrap_or_default();
+        Ok(entities
+            .iter()
+            .filter_map(|entity| {
+                let id = entity.get("uid")?.get("id")?.as_str()?;
+                let group = entity
+                    .get("attrs")?
+                    .get(attribute)?
+                    .get("__entity")?
+                    .get("id")?
+                    .as_str()?;
+                Some((id.to_owned(), group.to_owned()))
+            })
+            .collect())
+    }
+
     async fn get(&self, path: &str) -> Result<Bytes, ControllerError> {
         let what = format!("GET {path}");
         let fail = |reason: String| ControllerError::Probity {

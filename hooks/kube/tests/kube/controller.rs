@@ -13,7 +13,7 @@ use kube::api::{Api, ListParams, Patch, PatchParams, PostParams, WatchParams};
 use serde_json::{Value, json};
 
 use crate::cluster::{ControlPlane, Probity, probity_bin, root, start_controller, watch_until};
-use crate::install::{Installed, test_nodes};
+use crate::install::{Installed, gpu_pod, test_nodes};
 use crate::services::{Proc, free_port};
 
 const NAMESPACE: &str = "probity-system";
@@ -592,4 +592,75 @@ async fn a_daemonset_tolerating_probitys_taint_runs_on_a_blocked_node_and_one_th
             }
         }
     }
+}
+
+/// The mutating webhook's affinity names `topology.probity.io/zone`: the controller keeps
+/// it equal to each node's zone in Probity's store, so GPU pods bind on nodes that
+/// registered without it (or with a wrong one).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_without_probitys_zone_label_get_it_from_the_store_and_gpu_pods_bind() {
+    let cluster = Installed::start().await;
+    let nodes: Api<Node> = Api::all(cluster.plane.client());
+    let zone_label =
+        |value: Value| json!({"metadata": {"labels": {"topology.probity.io/zone": value}}});
+    for node in ["gpu-a1", "gpu-spike"] {
+        nodes
+            .patch(
+                node,
+                &PatchParams::default(),
+                &Patch::Merge(zone_label(Value::Null)),
+            )
+            .await
+            .unwrap();
+    }
+    nodes
+        .patch(
+            "gpu-h1",
+            &PatchParams::default(),
+            &Patch::Merge(zone_label(json!("zone-wrong"))),
+        )
+        .await
+        .unwrap();
+    // Without the label no node matches the affinity: the pod waits.
+    cluster
+        .create_pod("training", &gpu_pod("train-before", "training", 8, "16"))
+        .await
+        .unwrap();
+    cluster
+        .failed_scheduling(
+            "training",
+            "train-before",
+            "didn't match Pod's node affinity",
+        )
+        .await;
+
+    let _controller = start_controller(&cluster.plane, &cluster.probity, "c1", &[]);
+    for (node, zone) in [
+        ("gpu-a1", "zone-a"),
+        ("gpu-spike", "zone-a"),
+        ("gpu-h1", "zone-rlhf"),
+    ] {
+        watch_until(
+            &nodes,
+            &WatchParams::default().fields(&format!("metadata.name={node}")),
+            &format!("{node} labelled {zone}"),
+            WAIT,
+            |n: &Node| {
+                (n.metadata
+                    .labels
+                    .as_ref()?
+                    .get("topology.probity.io/zone")?
+                    == zone)
+                    .then_some(())
+            },
+        )
+        .await;
+    }
+    let node = cluster.bound("training", "train-before").await;
+    assert!(["gpu-a1", "gpu-spike"].contains(&node.as_str()), "{node}");
+    // Only that label: the node's other labels are as they were.
+    let a1 = nodes.get("gpu-a1").await.unwrap();
+    let labels = a1.metadata.labels.unwrap();
+    assert_eq!(labels["topology.kubernetes.io/zone"], "zone-a");
+    assert_eq!(labels["kubernetes.io/hostname"], "gpu-a1");
 }

@@ -126,6 +126,37 @@ async fn entities_are_upserted_read_and_removed_by_an_admin() {
 }
 
 #[tokio::test]
+async fn every_entity_of_a_type_is_read_in_one_request_sorted_by_id() {
+    let s = state();
+    for id in ["zone-b", "zone-a"] {
+        let (status, _) = call(
+            &s,
+            Method::POST,
+            "/v1/entities",
+            Some(&zone(id)),
+            Some("uid:0"),
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK);
+    }
+    let (status, body) = call(&s, Method::GET, "/v1/entities/Zone", None, None).await;
+    assert_eq!(status, StatusCode::OK);
+    let ids: Vec<&str> = body["entities"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["uid"]["id"].as_str().unwrap())
+        .collect();
+    assert!(ids.windows(2).all(|w| w[0] < w[1]), "{ids:?}");
+    assert!(
+        ids.contains(&"zone-a") && ids.contains(&"zone-b"),
+        "{ids:?}"
+    );
+    let (status, body) = call(&s, Method::GET, "/v1/entities/Not%20a%20type", None, None).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+}
+
+#[tokio::test]
 async fn entity_writes_need_a_permitted_caller() {
     let s = state();
     for caller in [None, Some("uid:1000"), Some("cn:somebody")] {
