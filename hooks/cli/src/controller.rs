@@ -222,6 +222,9 @@ async fn run(args: RunArgs) -> Result<u8> {
     options.zone_label = args.zone_label.clone();
     options.label_interval = Duration::from_secs(args.label_interval_seconds.max(1));
     options.evict_escalation = args.evict_escalate_after_seconds.map(Duration::from_secs);
+    // With a client certificate the controller can be let record its actions in
+    // Probity's event log (the api policies' `event-recorders` group).
+    options.record_events = args.probity_cert.is_some();
     let controller = Controller::new(cluster.client().clone(), probity, options);
     if let Some(addr) = args.metrics_listen {
         let listener = tokio::net::TcpListener::bind(addr)

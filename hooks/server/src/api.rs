@@ -630,3 +630,91 @@ fn verify_blocking(
         "decision": decision,
     }))
 }
+
+/// Most events one `POST /v1/events` appends.
+const MAX_EVENTS: usize = 256;
+/// Longest text of an event's field.
+const MAX_EVENT_FIELD: usize = 4096;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct EventsBody {
+    events: Vec<EventBody>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct EventBody {
+    object: String,
+    #[serde(default)]
+    node: Option<String>,
+    kind: String,
+    detail: String,
+}
+
+/// `POST /v1/events`: appends what another component did (the controller's taints,
+/// releases and evictions) to the event log, so it is chained, checkpointed and
+/// forwarded to the SIEM with Probity's own events.
+pub(crate) async fn record_events(
+    State(state): State<AppState>,
+    ext: Extensions,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let caller = caller(&ext);
+    authorize(&state, &caller, "events", "record", None).await?;
+    let bytes = body.map_err(|r| body_error(&state, &r))?;
+    let parsed: EventsBody = serde_json::from_slice(&bytes).map_err(|e| {
+        ApiError::BadRequest(format!(
+            "expected {{\"events\": [{{\"object\", \"node\", \"kind\", \"detail\"}}]}}: {e}"
+        ))
+    })?;
+    if parsed.events.len() > MAX_EVENTS {
+        return Err(ApiError::BadRequest(format!(
+            "events: {} events, over the limit of {MAX_EVENTS}",
+            parsed.events.len()
+        )));
+    }
+    for (i, event) in parsed.events.iter().enumerate() {
+        let fields = [
+            ("object", Some(event.object.as_str())),
+            ("node", event.node.as_deref()),
+            ("kind", Some(event.kind.as_str())),
+            ("detail", Some(event.detail.as_str())),
+        ];
+        for (name, value) in fields {
+            if value.is_some_and(|v| v.len() > MAX_EVENT_FIELD) {
+                return Err(ApiError::BadRequest(format!(
+                    "events[{i}].{name}: over {MAX_EVENT_FIELD} bytes"
+                )));
+            }
+        }
+        if event.kind.is_empty() || event.object.is_empty() {
+            return Err(ApiError::BadRequest(format!(
+                "events[{i}]: object and kind must not be empty"
+            )));
+        }
+    }
+    let Some(log) = state.engine().log().cloned() else {
+        return Err(ApiError::Unavailable(
+            "no state store: events are kept in [integrity] state_dir".into(),
+        ));
+    };
+    let recorder = caller.0.to_string();
+    let appended = tokio::task::spawn_blocking(move || {
+        let mut first = None;
+        for event in &parsed.events {
+            let detail = format!("{} (recorded by {recorder})", event.detail);
+            let seq =
+                log.record_event(&event.object, event.node.as_deref(), &event.kind, &detail)?;
+            first.get_or_insert(seq);
+        }
+        Ok::<_, probity::state::StateError>((first, parsed.events.len()))
+    })
+    .await
+    .map_err(|_| ApiError::Internal)?
+    .map_err(|e| {
+        tracing::warn!(error = %e, "recording events failed");
+        ApiError::Unavailable(format!("cannot record the events: {e}"))
+    })?;
+    Ok(Json(json!({ "recorded": appended.1, "first": appended.0 })))
+}

@@ -19,6 +19,7 @@
 //! | `GET /v1/entities/{type}` | every entity of a type, sorted by id (`{"entities": [..]}`) |
 //! | `POST /v1/nodes/{id}/block`, `POST /v1/nodes/{id}/unblock` | block or unblock a node (authorized: `manage` on `Api::"nodes"`) |
 //! | `GET /v1/nodes/blocked` | blocked nodes and why |
+//! | `POST /v1/events` | append `{"events": [{"object", "node", "kind", "detail"}]}` to the event log (authorized: `manage` on `Api::"events"`, operation `record`; the controller's actions) |
 //! | `GET /v1/policy/status` | digest, files, reloads, last reload error |
 //! | `GET /v1/cluster/digests` | the policy digest every process serves (from the state store), and which lag |
 //! | `POST /v1/verify` | verify a file before a node reads it; a failure blocks the node (authorized: `manage` on `Api::"verify"`) |
@@ -640,6 +641,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("GET", "/v1/policy/status"),
     ("GET", "/v1/cluster/digests"),
     ("GET", "/v1/decisions"),
+    ("POST", "/v1/events"),
     ("POST", "/v1/verify"),
     ("GET", "/v1/keys"),
     ("POST", "/v1/keys/rotate"),
@@ -678,6 +680,7 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/policy/status", get(api::policy_status))
         .route("/v1/cluster/digests", get(api::cluster_digests))
         .route("/v1/decisions", get(api::decisions))
+        .route("/v1/events", post(api::record_events))
         .route("/v1/verify", post(api::verify))
         .route("/v1/keys", get(keys::status))
         .route("/v1/keys/rotate", post(keys::rotate))

@@ -134,6 +134,9 @@ pub struct ControllerOptions {
     /// How often the zone labels are compared with the store (also whenever a node
     /// lacks the label).
     pub label_interval: Duration,
+    /// Append every action to Probity's event log (`POST /v1/events`; the caller's
+    /// certificate must be in a group the api policies let record events).
+    pub record_events: bool,
     /// Delete a pod whose evictions were refused (a disruption budget) for this long;
     /// `None` (the default): never delete, keep retrying and reporting.
     pub evict_escalation: Option<Duration>,
@@ -159,6 +162,7 @@ impl Default for ControllerOptions {
             zone_attribute: "zone".into(),
             label_interval: Duration::from_secs(30),
             evict_escalation: None,
+            record_events: false,
         }
     }
 }
@@ -357,7 +361,7 @@ impl Controller {
             );
             self.metrics.action(&note.action, &note.outcome);
         }
-        state.record(notes);
+        state.record(notes.iter().cloned());
         if let (false, Some(trip)) = (was_tripped, &state.breaker.tripped) {
             tracing::error!(
                 node = trip.node,
@@ -450,12 +454,37 @@ impl Controller {
             self.metrics.action(&note.action, &note.outcome);
             done.push(note);
         }
-        if !done.is_empty() || stops.stopping != state.stopping {
+        let unlogged = if self.options.record_events {
+            let pending: Vec<ActionRecord> = read
+                .state
+                .unlogged
+                .iter()
+                .chain(&notes)
+                .chain(&done)
+                .cloned()
+                .collect();
+            match pending.is_empty() {
+                true => Vec::new(),
+                false => match self.probity.record_events(&pending).await {
+                    Ok(()) => Vec::new(),
+                    Err(error) => {
+                        self.metrics.error();
+                        tracing::warn!(error = %error_chain(&error), kept = pending.len(), "the actions could not be appended to Probity's event log: kept for the next pass");
+                        let excess = pending.len().saturating_sub(plan::MAX_REPORT * 5);
+                        pending.into_iter().skip(excess).collect()
+                    }
+                },
+            }
+        } else {
+            Vec::new()
+        };
+        if !done.is_empty() || stops.stopping != state.stopping || unlogged != read.state.unlogged {
             self.shared
                 .update(|s| {
                     s.record(done.clone());
                     s.stopped.extend(stopped.iter().cloned());
                     s.stopping = stops.stopping.clone();
+                    s.unlogged = unlogged.clone();
                 })
                 .await?;
         }

@@ -201,6 +201,10 @@ pub struct ControlState {
     /// with back-off, and deleted only past the operator's escalation timeout.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub stopping: BTreeMap<String, Backoff>,
+    /// Actions not yet appended to Probity's event log (it was unreachable), oldest
+    /// first; sent again with the next pass's.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unlogged: Vec<ActionRecord>,
     /// In a dry run: what the last pass would have done.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub would: Vec<ActionRecord>,

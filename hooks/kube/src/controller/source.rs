@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use http_body_util::{BodyExt, Empty, Limited};
+use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Bytes;
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::Client;
@@ -30,7 +30,7 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 /// Probity's API, as the controller calls it.
 #[derive(Clone)]
 pub struct ProbityApi {
-    client: Client<HttpsConnector<HttpConnector>, Empty<Bytes>>,
+    client: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
     base: String,
 }
 
@@ -165,8 +165,48 @@ impl ProbityApi {
             .collect())
     }
 
+    /// Appends the controller's actions to Probity's event log (`POST /v1/events`), so
+    /// they are chained, checkpointed and forwarded to the SIEM with Probity's own.
+    pub async fn record_events(
+        &self,
+        records: &[super::ActionRecord],
+    ) -> Result<(), ControllerError> {
+        for chunk in records.chunks(256) {
+            let events: Vec<serde_json::Value> = chunk
+                .iter()
+                .map(|r| {
+                    serde_json::json!({
+                        "object": format!("node/{}", r.node),
+                        "node": r.node,
+                        "kind": format!("controller-{}-{}", r.action, r.outcome),
+                        "detail": format!("{} (at {})", r.detail, r.at),
+                    })
+                })
+                .collect();
+            let body =
+                serde_json::to_vec(&serde_json::json!({ "events": events })).map_err(|e| {
+                    ControllerError::Probity {
+                        what: "POST /v1/events".into(),
+                        reason: e.to_string(),
+                    }
+                })?;
+            self.request(hyper::Method::POST, "/v1/events", Bytes::from(body))
+                .await?;
+        }
+        Ok(())
+    }
+
     async fn get(&self, path: &str) -> Result<Bytes, ControllerError> {
-        let what = format!("GET {path}");
+        self.request(hyper::Method::GET, path, Bytes::new()).await
+    }
+
+    async fn request(
+        &self,
+        method: hyper::Method,
+        path: &str,
+        body: Bytes,
+    ) -> Result<Bytes, ControllerError> {
+        let what = format!("{method} {path}");
         let fail = |reason: String| ControllerError::Probity {
             what: what.clone(),
             reason,
@@ -175,9 +215,15 @@ impl ProbityApi {
             .parse()
             .map_err(|e| fail(format!("bad URL: {e}")))?;
         tokio::time::timeout(REQUEST_TIMEOUT, async {
+            let request = hyper::Request::builder()
+                .method(method.clone())
+                .uri(uri)
+                .header(hyper::header::CONTENT_TYPE, "application/json")
+                .body(Full::new(body))
+                .map_err(|e| fail(format!("bad request: {e}")))?;
             let response = self
                 .client
-                .get(uri)
+                .request(request)
                 .await
                 .map_err(|e| fail(super::error_chain(&e)))?;
             let status = response.status();

@@ -512,12 +512,22 @@ pub fn start_controller(
     identity: &str,
     extra: &[&str],
 ) -> Proc {
+    let (crt, key) = plane.pki.issue(
+        &format!("controller-{identity}"),
+        "probity-controller",
+        None,
+        &[],
+    );
     let mut command = Command::new(probity_bin());
     command
         .args(["controller", "run", "--kubeconfig"])
         .arg(&plane.kubeconfig)
         .args(["--probity-url", &probity.url(), "--probity-ca"])
         .arg(plane.pki.ca_file())
+        .arg("--probity-cert")
+        .arg(crt)
+        .arg("--probity-key")
+        .arg(key)
         .args(["--namespace", "probity-system", "--identity", identity])
         .args(["--lease-seconds", "2", "--interval-ms", "100"])
         .args(extra);
@@ -663,7 +673,8 @@ impl Probity {
             format!(
                 "[server]\nsocket = \"\"\nlisten = \"127.0.0.1:{port}\"\ntls_cert = {crt:?}\n\
                  tls_key = {key:?}\nclient_ca = {ca:?}\nclient_auth = \"optional\"\n\
-                 [auth.groups]\nadmins = [\"cn:probity-test-admin\"]\n",
+                 [auth.groups]\nadmins = [\"cn:probity-test-admin\"]\n\
+                 event-recorders = [\"cn:probity-controller\"]\n",
                 ca = plane.pki.ca_file(),
             ),
         )

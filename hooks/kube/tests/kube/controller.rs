@@ -266,6 +266,37 @@ async fn a_block_taints_the_node_and_an_unblock_removes_only_what_probity_set() 
         })
         .await;
     assert!(outcomes(&state, "done").contains(&"gpu-3".to_owned()));
+    assert!(state["unlogged"].is_null(), "{state}");
+
+    // Every action is in Probity's own event log (chained, and forwarded to a SIEM from
+    // there), recorded under the controller's certificate.
+    let mut h = h;
+    h.probity.stop();
+    let store = probity::state::StateStore::open(&h.probity.state_dir).unwrap();
+    let events = probity::state::LocalLog::events(&store, 0).unwrap();
+    let kinds: Vec<(String, String)> = events
+        .iter()
+        .filter(|e| e.kind.starts_with("controller-"))
+        .map(|e| (e.node.clone().unwrap_or_default(), e.kind.clone()))
+        .collect();
+    for expected in [
+        ("gpu-1", "controller-block-done"),
+        ("gpu-3", "controller-block-done"),
+        ("gpu-1", "controller-release-done"),
+        ("gpu-3", "controller-release-done"),
+    ] {
+        assert!(
+            kinds.contains(&(expected.0.to_owned(), expected.1.to_owned())),
+            "{expected:?} in {kinds:?}"
+        );
+    }
+    assert!(
+        events
+            .iter()
+            .filter(|e| e.kind.starts_with("controller-"))
+            .all(|e| e.detail.ends_with("(recorded by cn:probity-controller)")),
+        "{events:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

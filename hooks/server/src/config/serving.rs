@@ -145,8 +145,15 @@ impl Default for AuthConfig {
 }
 
 /// The endpoint families of the API, as `Api` entities.
-pub(crate) const API_FAMILIES: &[&str] =
-    &["decisions", "entities", "facts", "keys", "nodes", "verify"];
+pub(crate) const API_FAMILIES: &[&str] = &[
+    "decisions",
+    "entities",
+    "events",
+    "facts",
+    "keys",
+    "nodes",
+    "verify",
+];
 
 impl AuthConfig {
     /// The API's callers, groups and endpoint families as the engine-owned entities the

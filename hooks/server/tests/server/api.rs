@@ -1329,3 +1329,68 @@ async fn bug_one_anonymous_client_spent_every_anonymous_clients_budget() {
         assert!(body.contains("\"deny\""), "{body}");
     }
 }
+
+#[tokio::test]
+async fn events_posted_by_a_permitted_caller_are_appended_to_the_event_log() {
+    use probity::state::{LocalLog, StateStore};
+    use std::sync::Arc;
+
+    let tmp = tempfile::tempdir().unwrap();
+    let store = Arc::new(StateStore::open(&tmp.path().join("state")).unwrap());
+    let engine = crate::engine();
+    engine.attach_state(store.clone()).unwrap();
+    let s = probity_server::AppState::new(engine, Config::default());
+    let body = json!({"events": [
+        {"object": "node/gpu-1", "node": "gpu-1", "kind": "controller-block-done",
+         "detail": "tainted: bad read"}]});
+
+    // Anonymous callers may record nothing.
+    let (status, _) = call(&s, Method::POST, "/v1/events", Some(&body), None).await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    assert!(store.events(0).unwrap().is_empty());
+
+    let (status, out) = call(&s, Method::POST, "/v1/events", Some(&body), Some("uid:0")).await;
+    assert_eq!(status, StatusCode::OK, "{out}");
+    assert_eq!(out["recorded"], 1);
+    let events = store.events(0).unwrap();
+    assert_eq!(events.len(), 1);
+    assert_eq!(events[0].kind, "controller-block-done");
+    assert_eq!(events[0].node.as_deref(), Some("gpu-1"));
+    assert_eq!(events[0].detail, "tainted: bad read (recorded by uid:0)");
+
+    // Malformed or oversized bodies are refused naming what, and append nothing.
+    let unknown = json!({"events": [{"object": "o", "kind": "k", "detail": "d", "x": 1}]});
+    let (status, out) = call(
+        &s,
+        Method::POST,
+        "/v1/events",
+        Some(&unknown),
+        Some("uid:0"),
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert!(
+        out["error"].as_str().unwrap().contains("unknown field"),
+        "{out}"
+    );
+    let huge = json!({"events": [{"object": "o", "kind": "k", "detail": "d".repeat(5000)}]});
+    let (status, out) = call(&s, Method::POST, "/v1/events", Some(&huge), Some("uid:0")).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert!(
+        out["error"].as_str().unwrap().contains("events[0].detail"),
+        "{out}"
+    );
+    let many: Vec<_> = (0..257)
+        .map(|_| json!({"object": "o", "kind": "k", "detail": "d"}))
+        .collect();
+    let (status, _) = call(
+        &s,
+        Method::POST,
+        "/v1/events",
+        Some(&json!({ "events": many })),
+        Some("uid:0"),
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(store.events(0).unwrap().len(), 1);
+}
