@@ -1127,7 +1127,10 @@ fn workloads_but_the_controller_have_no_token_and_no_role() {
             // Every account leaves the token out; only the controller's pods ask for it.
             assert_eq!(sa["automountServiceAccountToken"], false, "{account}");
             let token = account == CONTROLLER;
-            assert_eq!(spec["automountServiceAccountToken"], token, "{kind} {account}");
+            assert_eq!(
+                spec["automountServiceAccountToken"], token,
+                "{kind} {account}"
+            );
         }
     }
     for kind in ["RoleBinding", "ClusterRoleBinding"] {
@@ -1335,7 +1338,10 @@ fn controller_grants(r: &Render) -> BTreeSet<Grant> {
             }
             let role_ref = &binding["roleRef"];
             let (role, scope) = if role_ref["kind"] == "ClusterRole" {
-                assert_eq!(kind, "ClusterRoleBinding", "a ClusterRole bound in a namespace");
+                assert_eq!(
+                    kind, "ClusterRoleBinding",
+                    "a ClusterRole bound in a namespace"
+                );
                 (
                     r.one("ClusterRole", role_ref["name"].as_str().unwrap()),
                     "cluster".to_owned(),
@@ -1345,7 +1351,10 @@ fn controller_grants(r: &Render) -> BTreeSet<Grant> {
                 let role = r
                     .all("Role")
                     .into_iter()
-                    .find(|x| x["metadata"]["name"] == role_ref["name"] && x["metadata"]["namespace"] == ns)
+                    .find(|x| {
+                        x["metadata"]["name"] == role_ref["name"]
+                            && x["metadata"]["namespace"] == ns
+                    })
                     .unwrap_or_else(|| panic!("no Role {} in {ns}", role_ref["name"]));
                 (role, ns.to_owned())
             };
@@ -1440,15 +1449,14 @@ fn the_controller_is_bound_to_exactly_the_permissions_it_uses() {
 #[test]
 fn controller_enabled_false_renders_none_of_the_controller() {
     let r = render(&[], &["--set", "controller.enabled=false"]);
-    let controllers: Vec<String> = r
-        .0
-        .iter()
-        .filter(|d| {
-            d["metadata"]["labels"]["app.kubernetes.io/component"] == "controller"
-                || d.to_string().contains(CONTROLLER)
-        })
-        .map(|d| format!("{}/{}", d["kind"], d["metadata"]["name"]))
-        .collect();
+    let controllers: Vec<String> =
+        r.0.iter()
+            .filter(|d| {
+                d["metadata"]["labels"]["app.kubernetes.io/component"] == "controller"
+                    || d.to_string().contains(CONTROLLER)
+            })
+            .map(|d| format!("{}/{}", d["kind"], d["metadata"]["name"]))
+            .collect();
     assert!(controllers.is_empty(), "{controllers:?}");
     for kind in ["Role", "ClusterRole", "RoleBinding", "ClusterRoleBinding"] {
         assert!(r.all(kind).is_empty(), "{kind}: {:?}", r.names());
@@ -1478,7 +1486,11 @@ fn the_controllers_ca_file_is_the_webhooks_ca_in_both_tls_modes() {
         } else {
             &volume["secret"]
         };
-        assert_eq!(source["items"], json!([{"key": "ca.crt", "path": file}]), "{volume}");
+        assert_eq!(
+            source["items"],
+            json!([{"key": "ca.crt", "path": file}]),
+            "{volume}"
+        );
         volume
     };
     // Provided.
@@ -1504,7 +1516,8 @@ fn the_controllers_ca_file_is_the_webhooks_ca_in_both_tls_modes() {
     );
     assert!(r.find("ConfigMap", "probity-controller-ca").is_none());
     // An operator's CA for an operator's URL, in either mode.
-    let other = "LS0tLS1CRUdJTiBDRVJUSUZJQ0FURS0tLS0tCk1JSU90aGVyCi0tLS0tRU5EIENFUlRJRklDQVRFLS0tLS0K";
+    let other =
+        "LS0tLS1CRUdJTiBDRVJUSUZJQ0FURS0tLS0tCk1JSU90aGVyCi0tLS0tRU5EIENFUlRJRklDQVRFLS0tLS0K";
     for (values, args) in [
         ("{}", &[][..]),
         (
@@ -1532,16 +1545,28 @@ fn the_controllers_ca_file_is_the_webhooks_ca_in_both_tls_modes() {
     // webhook.url: the controller calls the Probity the webhooks call.
     let r = render(&["webhook: {url: \"https://127.0.0.1:18443/\"}"], &[]);
     let (_, _, args) = controller(&r);
-    assert_eq!(flag(&args, "--probity-url"), Some("https://127.0.0.1:18443"));
+    assert_eq!(
+        flag(&args, "--probity-url"),
+        Some("https://127.0.0.1:18443")
+    );
     // A client certificate of the operator's, mounted and named by both flags.
-    let r = render(&["controller: {clientSecret: probity-controller-client}"], &[]);
+    let r = render(
+        &["controller: {clientSecret: probity-controller-client}"],
+        &[],
+    );
     let (spec, container, args) = controller(&r);
     for name in ["--probity-cert", "--probity-key"] {
         let path = Path::new(flag(&args, name).unwrap());
         let volume = mounted_volume(spec, container, path.parent().unwrap()).unwrap();
-        assert_eq!(volume["secret"]["secretName"], "probity-controller-client", "{name}");
+        assert_eq!(
+            volume["secret"]["secretName"], "probity-controller-client",
+            "{name}"
+        );
     }
-    let notes = notes(&["controller: {clientSecret: probity-controller-client}"], &[]);
+    let notes = notes(
+        &["controller: {clientSecret: probity-controller-client}"],
+        &[],
+    );
     assert!(notes.contains("- probity-controller-client:"), "{notes}");
     let err = try_render(&["controller: {caBundle: \"bm90IGEgY2VydA==\"}"], &[])
         .err()
