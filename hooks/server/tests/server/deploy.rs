@@ -1536,6 +1536,14 @@ fn the_controllers_ca_file_is_the_webhooks_ca_in_both_tls_modes() {
             "-----BEGIN CERTIFICATE-----\nMIIOther\n-----END CERTIFICATE-----\n",
             "{values}"
         );
+        // The CA is read at start: another CA rolls the replicas.
+        let checksum = |r: &Render| {
+            r.one("Deployment", CONTROLLER)["spec"]["template"]["metadata"]["annotations"]
+                ["checksum/ca"]
+                .clone()
+        };
+        assert!(checksum(&r).is_string());
+        assert_ne!(checksum(&r), checksum(&default_render()));
         let (_, _, flags) = controller(&r);
         assert_eq!(
             flag(&flags, "--probity-url"),
