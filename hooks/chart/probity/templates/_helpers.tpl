@@ -211,3 +211,38 @@ namespaceSelector:
       operator: NotIn
       values: {{ include "probity.excludedNamespaces" .ctx }}
 {{- end -}}
+
+{{- define "probity.controllerName" -}}
+{{- printf "%s-controller" (include "probity.fullname" .) -}}
+{{- end -}}
+
+{{/* Probity's API as the controller calls it: controller.probityUrl, webhook.url, or the webhook Service. */}}
+{{- define "probity.controllerProbityUrl" -}}
+{{- if .Values.controller.probityUrl -}}
+{{- $parsed := urlParse .Values.controller.probityUrl -}}
+{{- if or (ne $parsed.scheme "https") (not $parsed.host) -}}
+{{- fail (printf "controller.probityUrl must be https://host[:port], not %q" .Values.controller.probityUrl) -}}
+{{- end -}}
+{{- trimSuffix "/" .Values.controller.probityUrl -}}
+{{- else if .Values.webhook.url -}}
+{{- include "probity.webhookUrl" . -}}
+{{- else -}}
+{{- printf "https://%s:443" (include "probity.webhookHost" .) -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+The base64 PEM CA the controller trusts Probity's certificate with, when it comes from
+the values ("" in cert-manager mode without controller.caBundle: then the ca.crt of
+the serving certificate's Secret).
+*/}}
+{{- define "probity.controllerCaBundle" -}}
+{{- $bundle := .Values.controller.caBundle -}}
+{{- if and (not $bundle) (eq (include "probity.tlsMode" .) "provided") -}}
+{{- $bundle = .Values.webhook.caBundle -}}
+{{- end -}}
+{{- if and $bundle (not (contains "-----BEGIN CERTIFICATE-----" (b64dec $bundle))) -}}
+{{- fail "controller.caBundle must be the base64 of a PEM CA certificate, e.g. --set controller.caBundle=\"$(base64 -w0 ca.crt)\"" -}}
+{{- end -}}
+{{- $bundle -}}
+{{- end -}}

@@ -107,6 +107,18 @@ impl Render {
         all[0]
     }
 
+    /// The one workload of `kind` whose first container runs `probity serve` (the
+    /// controller's Deployment runs `probity controller`).
+    fn server(&self, kind: &str) -> &Value {
+        let all: Vec<&Value> = self
+            .all(kind)
+            .into_iter()
+            .filter(|w| w["spec"]["template"]["spec"]["containers"][0]["args"][0] == "serve")
+            .collect();
+        assert_eq!(all.len(), 1, "{kind} running serve: {:?}", self.names());
+        all[0]
+    }
+
     fn names(&self) -> Vec<String> {
         self.0
             .iter()
@@ -344,7 +356,7 @@ fn cert_manager_mode_renders_the_issuer_chain_whose_ca_the_webhooks_inject() {
     let secret = cert["spec"]["secretName"].as_str().unwrap();
     let names = strings(&cert["spec"]["dnsNames"]);
     assert!(names.contains(&dns.as_str()), "{names:?} lacks {dns}");
-    let deployment = r.workload("Deployment");
+    let deployment = r.one("Deployment", "probity-webhook");
     let mounted: Vec<&str> = deployment["spec"]["template"]["spec"]["volumes"]
         .as_array()
         .unwrap()
@@ -697,7 +709,7 @@ scheduler:
 /// A workload's pod spec, its first container, and the server configuration it reads
 /// (`--config`, from a mounted ConfigMap), parsed as `probity serve` parses it.
 fn served_config<'a>(r: &'a Render, kind: &str) -> (&'a Value, &'a Value, probity_server::Config) {
-    let spec = &r.workload(kind)["spec"]["template"]["spec"];
+    let spec = &r.server(kind)["spec"]["template"]["spec"];
     let container = &spec["containers"][0];
     let args: Vec<String> = strings(&container["args"])
         .into_iter()
@@ -1080,7 +1092,7 @@ fn the_policies_configmap_holds_every_policy_file_byte_for_byte() {
     assert_eq!(got, want);
     // Both workloads mount it where --policies points.
     for kind in ["DaemonSet", "Deployment"] {
-        let spec = &r.workload(kind)["spec"]["template"]["spec"];
+        let spec = &r.server(kind)["spec"]["template"]["spec"];
         let volume = mounted_volume(
             spec,
             &spec["containers"][0],
@@ -1092,7 +1104,7 @@ fn the_policies_configmap_holds_every_policy_file_byte_for_byte() {
     // An operator's ConfigMap replaces it.
     let r = render(&["policies: {existingConfigMap: my-policies}"], &[]);
     assert!(r.find("ConfigMap", "probity-policies").is_none());
-    let spec = &r.workload("Deployment")["spec"]["template"]["spec"];
+    let spec = &r.server("Deployment")["spec"]["template"]["spec"];
     let volume = mounted_volume(
         spec,
         &spec["containers"][0],
@@ -1102,28 +1114,472 @@ fn the_policies_configmap_holds_every_policy_file_byte_for_byte() {
     assert_eq!(volume["configMap"]["name"], "my-policies");
 }
 
-/// Probity's workloads never call the Kubernetes API: no token is mounted, and the
-/// chart grants no role.
+/// Probity's workloads but the controller never call the Kubernetes API: no token is
+/// mounted, and every role the chart grants is bound to the controller's account alone.
 #[test]
-fn workloads_have_service_accounts_without_tokens_and_no_roles() {
+fn workloads_but_the_controller_have_no_token_and_no_role() {
     let r = render(&[BUNDLED_ETCD], &[]);
+    for kind in ["DaemonSet", "Deployment", "StatefulSet"] {
+        for w in r.all(kind) {
+            let spec = &w["spec"]["template"]["spec"];
+            let account = spec["serviceAccountName"].as_str().unwrap();
+            let sa = r.one("ServiceAccount", account);
+            // Every account leaves the token out; only the controller's pods ask for it.
+            assert_eq!(sa["automountServiceAccountToken"], false, "{account}");
+            let token = account == CONTROLLER;
+            assert_eq!(
+                spec["automountServiceAccountToken"], token,
+                "{kind} {account}"
+            );
+        }
+    }
+    for kind in ["RoleBinding", "ClusterRoleBinding"] {
+        for binding in r.all(kind) {
+            assert_eq!(
+                binding["subjects"],
+                json!([{"kind": "ServiceAccount", "name": CONTROLLER, "namespace": NAMESPACE}]),
+                "{kind} {}",
+                binding["metadata"]["name"]
+            );
+        }
+    }
+    // Every namespaced object is in the release's namespace, but the controller's Role
+    // for Events about Nodes (recorded in "default").
+    for doc in &r.0 {
+        let kind = doc["kind"].as_str().unwrap();
+        if kind.ends_with("WebhookConfiguration") || kind.starts_with("Cluster") {
+            continue;
+        }
+        let events_role = format!("{CONTROLLER}-events-{NAMESPACE}");
+        let want = if doc["metadata"]["name"] == events_role.as_str() {
+            "default"
+        } else {
+            NAMESPACE
+        };
+        assert_eq!(doc["metadata"]["namespace"], want, "{kind}");
+    }
+}
+
+/// The controller's Deployment, ServiceAccount, Lease and state names (release "probity").
+const CONTROLLER: &str = "probity-controller";
+
+/// The PEM `CA_BUNDLE` is the base64 of.
+const CA_PEM: &str = "-----BEGIN CERTIFICATE-----\nMIIBlint\n-----END CERTIFICATE-----\n";
+
+/// The value of `--flag=value` in `args`, if given.
+fn flag<'a>(args: &[&'a str], name: &str) -> Option<&'a str> {
+    args.iter()
+        .find_map(|a| a.strip_prefix(name)?.strip_prefix('='))
+}
+
+/// The controller's pod spec, its container and its arguments.
+fn controller(r: &Render) -> (&Value, &Value, Vec<&str>) {
+    let spec = &r.one("Deployment", CONTROLLER)["spec"]["template"]["spec"];
+    let container = &spec["containers"][0];
+    (spec, container, strings(&container["args"]))
+}
+
+/// `probity controller run`, each flag from its value; the replica names itself from
+/// the downward API, the probes call the metrics listener's /healthz, and the pod runs
+/// as a non-root user with nothing to escalate to.
+#[test]
+fn the_controller_runs_with_the_flags_its_values_give() {
+    let r = default_render();
+    let deployment = r.one("Deployment", CONTROLLER);
+    assert_eq!(deployment["spec"]["replicas"], 2);
+    let (spec, container, args) = controller(&r);
+    assert_eq!(args[..2], ["controller", "run"]);
+    for (name, want) in [
+        ("--namespace", NAMESPACE),
+        ("--lease-name", CONTROLLER),
+        ("--state-name", "probity-controller-state"),
+        (
+            "--probity-url",
+            "https://probity-webhook.probity-system.svc:443",
+        ),
+        ("--lease-seconds", "15"),
+        ("--interval-ms", "500"),
+        ("--max-nodes", "10"),
+        ("--max-percent", "10"),
+        ("--window-seconds", "600"),
+        ("--metrics-listen", "0.0.0.0:9102"),
+        ("--log-format", "json"),
+    ] {
+        assert_eq!(flag(&args, name), Some(want), "{name} in {args:?}");
+    }
+    for absent in [
+        "--dry-run",
+        "--pool-label",
+        "--kubeconfig",
+        "--probity-cert",
+        "--taint-key",
+        "--taint-effect",
+    ] {
+        assert!(
+            !args.iter().any(|a| a.starts_with(absent)),
+            "{absent} in {args:?}"
+        );
+    }
+    let env = &container["env"][0];
+    assert_eq!(env["name"], "POD_NAME");
+    assert_eq!(env["valueFrom"]["fieldRef"]["fieldPath"], "metadata.name");
+    let port = &container["ports"][0];
+    assert_eq!(port["containerPort"], 9102);
+    for probe in ["livenessProbe", "readinessProbe"] {
+        let get = &container[probe]["httpGet"];
+        assert_eq!(get["path"], "/healthz", "{probe}");
+        assert_eq!(get["port"], port["name"], "{probe}");
+    }
+    let sc = &container["securityContext"];
+    assert_eq!(sc["runAsNonRoot"], true);
+    assert_eq!(sc["readOnlyRootFilesystem"], true);
+    assert_eq!(sc["allowPrivilegeEscalation"], false);
+    assert_eq!(sc["capabilities"], json!({"drop": ["ALL"]}));
+    assert_eq!(sc["seccompProfile"]["type"], "RuntimeDefault");
+    assert_eq!(spec["securityContext"]["runAsNonRoot"], true);
+    assert_eq!(
+        container["resources"]["limits"]["memory"], "128Mi",
+        "the controller stays under 100 MiB"
+    );
+    // The values reach the flags.
+    let r = render(
+        &["controller: {poolLabels: [example.com/pool, topology.kubernetes.io/zone]}"],
+        &[
+            "--set",
+            "controller.maxNodes=3",
+            "--set",
+            "controller.dryRun=true",
+            "--set",
+            "controller.maxPercent=25",
+            "--set",
+            "controller.windowSeconds=120",
+            "--set",
+            "controller.intervalMs=250",
+            "--set",
+            "controller.leaseSeconds=30",
+            "--set",
+            "controller.metricsPort=9200",
+            "--set",
+            "controller.replicas=3",
+        ],
+    );
+    let (_, container, args) = controller(&r);
+    for (name, want) in [
+        ("--max-nodes", "3"),
+        ("--max-percent", "25"),
+        ("--window-seconds", "120"),
+        ("--interval-ms", "250"),
+        ("--lease-seconds", "30"),
+        ("--metrics-listen", "0.0.0.0:9200"),
+    ] {
+        assert_eq!(flag(&args, name), Some(want), "{name} in {args:?}");
+    }
+    assert!(args.contains(&"--dry-run"), "{args:?}");
+    let pools: Vec<&str> = args
+        .iter()
+        .filter_map(|a| a.strip_prefix("--pool-label="))
+        .collect();
+    assert_eq!(pools, ["example.com/pool", "topology.kubernetes.io/zone"]);
+    assert_eq!(container["ports"][0]["containerPort"], 9200);
+    assert_eq!(r.one("Deployment", CONTROLLER)["spec"]["replicas"], 3);
+    // A value the controller would refuse fails the render, naming it.
+    let err = try_render(&[], &["--set", "controller.maxPercent=0"])
+        .err()
+        .unwrap();
+    assert!(err.contains("controller.maxPercent"), "{err}");
+}
+
+/// A blocked node must not starve the controller: its pods tolerate Probity's taint in
+/// both effects, the replicas spread over nodes, and a drain takes one at a time.
+#[test]
+fn the_controller_tolerates_probitys_taint_and_its_replicas_spread_over_nodes() {
+    let r = default_render();
+    let (spec, _, _) = controller(&r);
+    let tolerations = spec["tolerations"].as_array().unwrap();
+    for effect in ["NoSchedule", "NoExecute"] {
+        assert!(
+            tolerations.iter().any(|t| t["key"] == "probity.io/blocked"
+                && t["operator"] == "Exists"
+                && t["effect"] == effect),
+            "{effect}: {tolerations:?}"
+        );
+    }
+    let labels = &r.one("Deployment", CONTROLLER)["spec"]["selector"]["matchLabels"];
+    let spread = &spec["topologySpreadConstraints"][0];
+    assert_eq!(spread["topologyKey"], "kubernetes.io/hostname");
+    assert_eq!(spread["maxSkew"], 1);
+    assert_eq!(spread["whenUnsatisfiable"], "DoNotSchedule");
+    assert_eq!(&spread["labelSelector"]["matchLabels"], labels);
+    let budget = r.one("PodDisruptionBudget", CONTROLLER);
+    assert_eq!(budget["spec"]["maxUnavailable"], 1);
+    assert_eq!(&budget["spec"]["selector"]["matchLabels"], labels);
+    // One replica: no budget (it would be the replica's alone to hold).
+    let r = render(&["controller: {replicas: 1}"], &[]);
+    assert!(r.find("PodDisruptionBudget", CONTROLLER).is_none());
+}
+
+/// One permission the controller's account holds: where ("cluster", or a namespace),
+/// API group, resource, verb, and the names it is limited to ("" for any).
+type Grant = (String, String, String, String, String);
+
+/// Every permission bound to the controller's account, through the roles its bindings
+/// name.
+fn controller_grants(r: &Render) -> BTreeSet<Grant> {
+    let mut out = BTreeSet::new();
+    for kind in ["ClusterRoleBinding", "RoleBinding"] {
+        for binding in r.all(kind) {
+            let subjects = binding["subjects"].as_array().unwrap();
+            if !subjects.iter().any(|s| {
+                s["kind"] == "ServiceAccount"
+                    && s["name"] == CONTROLLER
+                    && s["namespace"] == NAMESPACE
+            }) {
+                continue;
+            }
+            let role_ref = &binding["roleRef"];
+            let (role, scope) = if role_ref["kind"] == "ClusterRole" {
+                assert_eq!(
+                    kind, "ClusterRoleBinding",
+                    "a ClusterRole bound in a namespace"
+                );
+                (
+                    r.one("ClusterRole", role_ref["name"].as_str().unwrap()),
+                    "cluster".to_owned(),
+                )
+            } else {
+                let ns = binding["metadata"]["namespace"].as_str().unwrap();
+                let role = r
+                    .all("Role")
+                    .into_iter()
+                    .find(|x| {
+                        x["metadata"]["name"] == role_ref["name"]
+                            && x["metadata"]["namespace"] == ns
+                    })
+                    .unwrap_or_else(|| panic!("no Role {} in {ns}", role_ref["name"]));
+                (role, ns.to_owned())
+            };
+            for rule in role["rules"].as_array().unwrap() {
+                let names = rule["resourceNames"]
+                    .as_array()
+                    .map(|n| strings(&Value::from(n.clone())).join(","))
+                    .unwrap_or_default();
+                for group in strings(&rule["apiGroups"]) {
+                    for resource in strings(&rule["resources"]) {
+                        for verb in strings(&rule["verbs"]) {
+                            out.insert((
+                                scope.clone(),
+                                group.to_owned(),
+                                resource.to_owned(),
+                                verb.to_owned(),
+                                names.clone(),
+                            ));
+                        }
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The controller's account may do exactly what it does (nodes, pods and evictions
+/// cluster-wide, Events in "default", its own Lease and state ConfigMap here) and
+/// nothing else: no wildcard, no Secret, and updates only to the two objects it owns,
+/// which are the ones its flags name.
+#[test]
+fn the_controller_is_bound_to_exactly_the_permissions_it_uses() {
+    let r = default_render();
+    let grants = controller_grants(&r);
+    let grant = |scope: &str, group: &str, resource: &str, verb: &str, names: &str| {
+        (
+            scope.to_owned(),
+            group.to_owned(),
+            resource.to_owned(),
+            verb.to_owned(),
+            names.to_owned(),
+        )
+    };
+    let mut want = BTreeSet::new();
+    for verb in ["get", "list", "watch", "patch"] {
+        want.insert(grant("cluster", "", "nodes", verb, ""));
+    }
+    for verb in ["get", "list", "watch"] {
+        want.insert(grant("cluster", "", "pods", verb, ""));
+    }
+    want.insert(grant("cluster", "", "pods/eviction", "create", ""));
+    for verb in ["create", "patch"] {
+        want.insert(grant("default", "events.k8s.io", "events", verb, ""));
+    }
+    for (group, resource, name) in [
+        ("coordination.k8s.io", "leases", CONTROLLER),
+        ("", "configmaps", "probity-controller-state"),
+    ] {
+        want.insert(grant(NAMESPACE, group, resource, "create", ""));
+        for verb in ["get", "update"] {
+            want.insert(grant(NAMESPACE, group, resource, verb, name));
+        }
+    }
+    assert_eq!(grants, want);
+    for (scope, group, resource, verb, names) in &grants {
+        let what = format!("{scope} {group}/{resource} {verb} {names}");
+        assert!(
+            ![group, resource, verb].iter().any(|x| x.contains('*')),
+            "{what}"
+        );
+        assert!(!resource.starts_with("secrets"), "{what}");
+        if verb == "update" || verb == "delete" {
+            assert!(!names.is_empty(), "{what}: not limited to a name");
+        }
+    }
+    // The names the rules allow are those the controller's flags use.
+    let (_, _, args) = controller(&r);
+    assert_eq!(flag(&args, "--lease-name"), Some(CONTROLLER));
+    assert_eq!(
+        flag(&args, "--state-name"),
+        Some("probity-controller-state")
+    );
+    // The webhooks still never judge the release's namespace.
+    for doc in webhook_configurations(&r) {
+        let selected = &doc["webhooks"][0]["namespaceSelector"]["matchExpressions"][0];
+        assert_eq!(selected["operator"], "NotIn");
+        assert!(strings(&selected["values"]).contains(&NAMESPACE));
+    }
+}
+
+#[test]
+fn controller_enabled_false_renders_none_of_the_controller() {
+    let r = render(&[], &["--set", "controller.enabled=false"]);
+    let controllers: Vec<String> =
+        r.0.iter()
+            .filter(|d| {
+                d["metadata"]["labels"]["app.kubernetes.io/component"] == "controller"
+                    || d.to_string().contains(CONTROLLER)
+            })
+            .map(|d| format!("{}/{}", d["kind"], d["metadata"]["name"]))
+            .collect();
+    assert!(controllers.is_empty(), "{controllers:?}");
     for kind in ["Role", "ClusterRole", "RoleBinding", "ClusterRoleBinding"] {
         assert!(r.all(kind).is_empty(), "{kind}: {:?}", r.names());
     }
-    for kind in ["DaemonSet", "Deployment", "StatefulSet"] {
-        let spec = &r.workload(kind)["spec"]["template"]["spec"];
-        assert_eq!(spec["automountServiceAccountToken"], false, "{kind}");
-        let account = spec["serviceAccountName"].as_str().unwrap();
-        let sa = r.one("ServiceAccount", account);
-        assert_eq!(sa["automountServiceAccountToken"], false, "{account}");
+    // The rest is unchanged.
+    assert!(r.find("Deployment", "probity-webhook").is_some());
+    assert!(!default_render().all("ClusterRole").is_empty());
+}
+
+/// The controller checks Probity's certificate against the CA that signed it: in
+/// provided mode webhook.caBundle, decoded into a ConfigMap; in cert-manager mode the
+/// ca.crt (alone, not the key) of the Secret cert-manager issues the serving
+/// certificate into; controller.caBundle replaces either. --probity-ca is a file of
+/// that volume.
+#[test]
+fn the_controllers_ca_file_is_the_webhooks_ca_in_both_tls_modes() {
+    let ca_volume = |r: &Render| -> Value {
+        let (spec, container, args) = controller(r);
+        let path = Path::new(flag(&args, "--probity-ca").unwrap());
+        let volume = mounted_volume(spec, container, path.parent().unwrap())
+            .unwrap_or_else(|| panic!("{} is not mounted", path.display()))
+            .clone();
+        assert!(mount_is_read_only(container, path.parent().unwrap()));
+        let file = path.file_name().unwrap().to_str().unwrap();
+        let source = if volume["configMap"].is_object() {
+            &volume["configMap"]
+        } else {
+            &volume["secret"]
+        };
+        assert_eq!(
+            source["items"],
+            json!([{"key": "ca.crt", "path": file}]),
+            "{volume}"
+        );
+        volume
+    };
+    // Provided.
+    let r = default_render();
+    let volume = ca_volume(&r);
+    let map = r.one("ConfigMap", volume["configMap"]["name"].as_str().unwrap());
+    assert_eq!(map["data"]["ca.crt"], CA_PEM);
+    // cert-manager: the serving certificate's Secret, which a rendered Certificate fills.
+    let r = render(
+        &["webhook: {caBundle: null}"],
+        &["--api-versions", "cert-manager.io/v1"],
+    );
+    let volume = ca_volume(&r);
+    let secret = volume["secret"]["secretName"].as_str().unwrap();
+    let cert = r.one("Certificate", "probity-webhook-tls");
+    assert_eq!(cert["spec"]["secretName"], secret);
+    let host = "probity-webhook.probity-system.svc";
+    assert!(strings(&cert["spec"]["dnsNames"]).contains(&host));
+    let (_, _, args) = controller(&r);
+    assert_eq!(
+        flag(&args, "--probity-url"),
+        Some(format!("https://{host}:443").as_str())
+    );
+    assert!(r.find("ConfigMap", "probity-controller-ca").is_none());
+    // An operator's CA for an operator's URL, in either mode.
+    let other =
+        "LS0tLS1CRUdJTiBDRVJUSUZJQ0FURS0tLS0tCk1JSU90aGVyCi0tLS0tRU5EIENFUlRJRklDQVRFLS0tLS0K";
+    for (values, args) in [
+        ("{}", &[][..]),
+        (
+            "webhook: {caBundle: null}",
+            &["--api-versions", "cert-manager.io/v1"][..],
+        ),
+    ] {
+        let over = format!(
+            "controller: {{caBundle: \"{other}\", probityUrl: \"https://probity.example:8443/\"}}"
+        );
+        let r = render(&[values, &over], args);
+        let volume = ca_volume(&r);
+        let map = r.one("ConfigMap", volume["configMap"]["name"].as_str().unwrap());
+        assert_eq!(
+            map["data"]["ca.crt"],
+            "-----BEGIN CERTIFICATE-----\nMIIOther\n-----END CERTIFICATE-----\n",
+            "{values}"
+        );
+        // The CA is read at start: another CA rolls the replicas.
+        let checksum = |r: &Render| {
+            r.one("Deployment", CONTROLLER)["spec"]["template"]["metadata"]["annotations"]
+                ["checksum/ca"]
+                .clone()
+        };
+        assert!(checksum(&r).is_string());
+        assert_ne!(checksum(&r), checksum(&default_render()));
+        let (_, _, flags) = controller(&r);
+        assert_eq!(
+            flag(&flags, "--probity-url"),
+            Some("https://probity.example:8443")
+        );
     }
-    // Every namespaced object is in the release's namespace.
-    for doc in &r.0 {
-        let kind = doc["kind"].as_str().unwrap();
-        if !kind.ends_with("WebhookConfiguration") {
-            assert_eq!(doc["metadata"]["namespace"], NAMESPACE, "{kind}");
-        }
+    // webhook.url: the controller calls the Probity the webhooks call.
+    let r = render(&["webhook: {url: \"https://127.0.0.1:18443/\"}"], &[]);
+    let (_, _, args) = controller(&r);
+    assert_eq!(
+        flag(&args, "--probity-url"),
+        Some("https://127.0.0.1:18443")
+    );
+    // A client certificate of the operator's, mounted and named by both flags.
+    let r = render(
+        &["controller: {clientSecret: probity-controller-client}"],
+        &[],
+    );
+    let (spec, container, args) = controller(&r);
+    for name in ["--probity-cert", "--probity-key"] {
+        let path = Path::new(flag(&args, name).unwrap());
+        let volume = mounted_volume(spec, container, path.parent().unwrap()).unwrap();
+        assert_eq!(
+            volume["secret"]["secretName"], "probity-controller-client",
+            "{name}"
+        );
     }
+    let notes = notes(
+        &["controller: {clientSecret: probity-controller-client}"],
+        &[],
+    );
+    assert!(notes.contains("- probity-controller-client:"), "{notes}");
+    let err = try_render(&["controller: {caBundle: \"bm90IGEgY2VydA==\"}"], &[])
+        .err()
+        .unwrap();
+    assert!(err.contains("controller.caBundle"), "{err}");
 }
 
 /// A CRD kind is rendered only when the cluster serves its API.
