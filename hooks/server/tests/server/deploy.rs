@@ -1696,3 +1696,30 @@ fn the_mutating_webhook_and_the_extenders_ranking_can_each_be_turned_off() {
     assert_eq!(extender["filterVerb"], "filter");
     assert_eq!(extender["ignorable"], false);
 }
+
+/// With a client certificate, the controller's CN may append its actions to the
+/// webhook's event log; without one, no such group is rendered.
+#[test]
+fn the_controllers_certificate_may_record_events_only_when_it_has_one() {
+    let r = default_render();
+    let (_, _, config) = served_config(&r, "Deployment");
+    assert!(!config.auth.groups.contains_key("event-recorders"));
+    let r = render(
+        &["controller: {clientSecret: probity-controller-client}"],
+        &[],
+    );
+    let (_, _, config) = served_config(&r, "Deployment");
+    assert_eq!(
+        config.auth.groups.get("event-recorders"),
+        Some(&vec!["cn:probity-controller".to_owned()])
+    );
+    let r = render(
+        &["controller: {clientSecret: probity-controller-client, clientCN: ops-controller}"],
+        &[],
+    );
+    let (_, _, config) = served_config(&r, "Deployment");
+    assert_eq!(
+        config.auth.groups.get("event-recorders"),
+        Some(&vec!["cn:ops-controller".to_owned()])
+    );
+}
