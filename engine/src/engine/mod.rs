@@ -37,6 +37,7 @@ use entities::ByReferenceAnswer;
 pub use entities::EntitiesByReference;
 pub use reload::PolicyStatus;
 use reload::load_bundle;
+pub(crate) use blocklist::BlockCause;
 pub(crate) use snapshot::Snapshot;
 use snapshot::{Writes, owned_cache};
 

@@ -74,6 +74,7 @@ mod keys;
 mod limits;
 mod metrics;
 mod placement;
+mod reader_claim;
 mod server;
 mod stream;
 
@@ -94,6 +95,7 @@ use probity::{DecideOptions, Decision, Engine, Request};
 const AUTHORIZATION_CACHE_ENTRIES: usize = 4_096;
 
 pub use caller::{Caller, IdentityError, certificate_common_name, certificate_identity};
+pub use reader_claim::{PeerProcess, ReaderClaimError};
 pub use config::{
     AdmissionConfig, AuthConfig, ClientAuth, Config, ConfigError, DEFAULT_SOCKET,
     DecisionLogConfig, IntegrityConfig, KeysConfig, LimitsConfig, LogConfig, LogFormat,
