@@ -277,4 +277,18 @@ fn a_read_without_a_named_pod_records_no_reader_or_stop() {
     assert_eq!(d.obligations[0].parameters["stop"], "reader");
     let record = &engine.blocked_nodes()["gpu-a1"];
     assert_eq!((record.reader.as_ref(), record.stop.as_deref()), (None, None));
+    // With a pod, the schema's `readerPod` context fact is filled and validates.
+    let pod = probity::ReaderPod::new("train", "llm-0", None).unwrap();
+    let d = engine.decide_read_as("gpu-h1", "llm/epoch-9", Err(&err), Some(&pod));
+    assert!(d.errors.is_empty(), "{:?}", d.errors);
+    assert_eq!(engine.blocked_nodes()["gpu-h1"].reader.as_ref(), Some(&pod));
+    // A malformed pod (built around the checks) is an error deny that names the field.
+    let bad = probity::ReaderPod {
+        namespace: "Train".into(),
+        name: "x".into(),
+        uid: None,
+    };
+    let d = engine.decide_read_as("gpu-spike", "llm/epoch-9", Err(&err), Some(&bad));
+    assert!(!d.is_allowed());
+    assert!(d.errors[0].message.starts_with("reader.namespace: "), "{:?}", d.errors);
 }
