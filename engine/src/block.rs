@@ -95,10 +95,7 @@ impl ReaderPod {
         let (Some(namespace), Some(name)) = (parts.next(), parts.next()) else {
             return Err(ReaderPodError {
                 field: "name",
-                problem: format!(
-                    "{:?} is not NAMESPACE/NAME[/UID]",
-                    shorten(text)
-                ),
+                problem: format!("{:?} is not NAMESPACE/NAME[/UID]", shorten(text)),
             });
         };
         Self::new(namespace, name, parts.next().map(str::to_owned))
@@ -279,14 +276,21 @@ mod tests {
         assert_eq!(again.reader, Some(pod));
         assert_eq!(again.stop.as_deref(), Some("reader"));
         assert_eq!(again.history[0].reader, Some(other));
-        let back: BlockRecord = serde_json::from_value(serde_json::to_value(&again).unwrap()).unwrap();
+        let back: BlockRecord =
+            serde_json::from_value(serde_json::to_value(&again).unwrap()).unwrap();
         assert_eq!(back, again);
     }
 
     #[test]
     fn reader_pods_are_checked_naming_the_field() {
         assert!(ReaderPod::parse("train/job-0").is_ok());
-        assert_eq!(ReaderPod::parse(&format!("train/job-0/{UID}")).unwrap().uid.as_deref(), Some(UID));
+        assert_eq!(
+            ReaderPod::parse(&format!("train/job-0/{UID}"))
+                .unwrap()
+                .uid
+                .as_deref(),
+            Some(UID)
+        );
         let cases = [
             ("Train/job", "namespace"),
             ("train", "name"),
@@ -302,7 +306,10 @@ mod tests {
         for (text, field) in cases {
             let err = ReaderPod::parse(text).unwrap_err();
             assert_eq!(err.field, field, "{text:?}: {err}");
-            assert!(err.to_string().starts_with(&format!("reader.{field}: ")), "{err}");
+            assert!(
+                err.to_string().starts_with(&format!("reader.{field}: ")),
+                "{err}"
+            );
         }
     }
 }

@@ -333,13 +333,11 @@ fn check(d: &Decision, expect: &Expect) -> Result<(), String> {
         let mut unmatched: Vec<&crate::decision::Obligation> = d.obligations.iter().collect();
         let mut missing = Vec::new();
         for w in want {
-            let hit = unmatched
-                .iter()
-                .position(|o| {
-                    o.kind == w.kind
-                        && (w.target.is_none() || o.target == w.target)
-                        && w.parameters.as_ref().is_none_or(|p| *p == o.parameters)
-                });
+            let hit = unmatched.iter().position(|o| {
+                o.kind == w.kind
+                    && (w.target.is_none() || o.target == w.target)
+                    && w.parameters.as_ref().is_none_or(|p| *p == o.parameters)
+            });
             match hit {
                 Some(i) => {
                     unmatched.remove(i);

@@ -32,12 +32,12 @@ mod replication;
 mod snapshot;
 mod world;
 
+pub(crate) use blocklist::BlockCause;
 pub use decide::DecideOptions;
 use entities::ByReferenceAnswer;
 pub use entities::EntitiesByReference;
 pub use reload::PolicyStatus;
 use reload::load_bundle;
-pub(crate) use blocklist::BlockCause;
 pub(crate) use snapshot::Snapshot;
 use snapshot::{Writes, owned_cache};
 

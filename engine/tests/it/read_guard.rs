@@ -264,7 +264,10 @@ fn a_guarded_read_by_a_named_pod_records_the_reader_and_the_stop_scope() {
     let again = state.blocked("gpu-a1").unwrap().unwrap().record;
     assert_eq!(again.reader.as_ref(), Some(&pod));
     assert_eq!(again.stop.as_deref(), Some("reader"));
-    assert_eq!(again.history.last().and_then(|e| e.reader.as_ref()), Some(&other));
+    assert_eq!(
+        again.history.last().and_then(|e| e.reader.as_ref()),
+        Some(&other)
+    );
 }
 
 #[test]
@@ -276,7 +279,10 @@ fn a_read_without_a_named_pod_records_no_reader_or_stop() {
     assert_eq!(d.decision, Effect::Deny);
     assert_eq!(d.obligations[0].parameters["stop"], "reader");
     let record = &engine.blocked_nodes()["gpu-a1"];
-    assert_eq!((record.reader.as_ref(), record.stop.as_deref()), (None, None));
+    assert_eq!(
+        (record.reader.as_ref(), record.stop.as_deref()),
+        (None, None)
+    );
     // With a pod, the schema's `readerPod` context fact is filled and validates.
     let pod = probity::ReaderPod::new("train", "llm-0", None).unwrap();
     let d = engine.decide_read_as("gpu-h1", "llm/epoch-9", Err(&err), Some(&pod));
@@ -290,5 +296,9 @@ fn a_read_without_a_named_pod_records_no_reader_or_stop() {
     };
     let d = engine.decide_read_as("gpu-spike", "llm/epoch-9", Err(&err), Some(&bad));
     assert!(!d.is_allowed());
-    assert!(d.errors[0].message.starts_with("reader.namespace: "), "{:?}", d.errors);
+    assert!(
+        d.errors[0].message.starts_with("reader.namespace: "),
+        "{:?}",
+        d.errors
+    );
 }

@@ -416,7 +416,16 @@ pub unsafe extern "C" fn probity_verify_as(
         let mut out = unsafe { OutBuffer::new(report_out, report_len_out, "report_out") }?;
         // SAFETY: the caller gives NUL-terminated strings (NULL where allowed), valid for
         // the call; `strings` reads no further than each NUL.
-        let [path, manifest, object_id, public_key, node, namespace, name, uid] = unsafe {
+        let [
+            path,
+            manifest,
+            object_id,
+            public_key,
+            node,
+            namespace,
+            name,
+            uid,
+        ] = unsafe {
             strings([
                 (path, "path", true),
                 (manifest_path, "manifest_path", false),
@@ -509,7 +518,16 @@ pub unsafe extern "C" fn probity_reader_open_as(
         let mut out = unsafe { Out::new(reader_out, ProbityReader { id: 0 }, "reader_out") }?;
         // SAFETY: the caller gives NUL-terminated strings (NULL where allowed), valid for
         // the call; `strings` reads no further than each NUL.
-        let [path, manifest, public_key, object_id, node, namespace, name, uid] = unsafe {
+        let [
+            path,
+            manifest,
+            public_key,
+            object_id,
+            node,
+            namespace,
+            name,
+            uid,
+        ] = unsafe {
             strings([
                 (path, "path", true),
                 (manifest_path, "manifest_path", false),

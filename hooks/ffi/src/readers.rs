@@ -97,10 +97,12 @@ pub(crate) fn open(entry: &EngineEntry, args: &OpenArgs<'_>) -> Result<ReaderEnt
                 key_id: signed.key_id(),
                 newly_accepted: false,
             };
-            let decision =
-                entry
-                    .engine
-                    .decide_read_as(node, args.object_id, Ok(&report), args.reader.as_ref());
+            let decision = entry.engine.decide_read_as(
+                node,
+                args.object_id,
+                Ok(&report),
+                args.reader.as_ref(),
+            );
             if !decision.is_allowed() {
                 return Err(Failure::new(
                     ProbityStatus::Denied,

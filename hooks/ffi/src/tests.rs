@@ -531,10 +531,18 @@ fn verify_as_a_named_pod_records_the_reader_in_the_block() {
     let (status, report) = verify(Some("train"), Some("Bad_Name"), None);
     assert_eq!(status, ProbityStatus::InvalidArgument);
     assert!(report.is_none());
-    assert!(last_error().starts_with("reader.name: "), "{}", last_error());
+    assert!(
+        last_error().starts_with("reader.name: "),
+        "{}",
+        last_error()
+    );
     let (status, _) = verify(None, Some("llm-0"), None);
     assert_eq!(status, ProbityStatus::InvalidArgument);
-    assert!(last_error().contains("reader_namespace"), "{}", last_error());
+    assert!(
+        last_error().contains("reader_namespace"),
+        "{}",
+        last_error()
+    );
     let uid = "3f1c2a7e-5b4d-4e8f-9a0b-1c2d3e4f5a6b";
     let (status, _) = verify(Some("train"), Some("llm-0"), Some(uid));
     assert_eq!(status, ProbityStatus::IntegrityFailure, "{}", last_error());
@@ -542,7 +550,11 @@ fn verify_as_a_named_pod_records_the_reader_in_the_block() {
     let record = &blocked["gpu-a1"];
     let reader = record.reader.as_ref().unwrap();
     assert_eq!(
-        (reader.namespace.as_str(), reader.name.as_str(), reader.uid.as_deref()),
+        (
+            reader.namespace.as_str(),
+            reader.name.as_str(),
+            reader.uid.as_deref()
+        ),
         ("train", "llm-0", Some(uid))
     );
     assert_eq!(record.stop.as_deref(), Some("reader"));

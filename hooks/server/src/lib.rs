@@ -95,7 +95,6 @@ use probity::{DecideOptions, Decision, Engine, Request};
 const AUTHORIZATION_CACHE_ENTRIES: usize = 4_096;
 
 pub use caller::{Caller, IdentityError, certificate_common_name, certificate_identity};
-pub use reader_claim::{PeerProcess, ReaderClaimError};
 pub use config::{
     AdmissionConfig, AuthConfig, ClientAuth, Config, ConfigError, DEFAULT_SOCKET,
     DecisionLogConfig, IntegrityConfig, KeysConfig, LimitsConfig, LogConfig, LogFormat,
@@ -103,6 +102,7 @@ pub use config::{
     StateConfig, StateRole, UnknownKinds, UnknownNodes,
 };
 pub use error::{ApiError, ServeError};
+pub use reader_claim::{PeerProcess, ReaderClaimError};
 pub use server::{Server, init_logging, serve, shutdown_signal};
 
 /// What every handler shares: the engine, the configuration, metrics and readiness.

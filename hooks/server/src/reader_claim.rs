@@ -39,7 +39,9 @@ pub enum ReaderClaimError {
     #[error("the caller's cgroup file is over {MAX_CGROUP_BYTES} bytes")]
     TooLarge,
     /// The caller runs in no pod's cgroup.
-    #[error("reader.uid: the calling process is in no pod's cgroup, so it cannot read as pod {claimed}")]
+    #[error(
+        "reader.uid: the calling process is in no pod's cgroup, so it cannot read as pod {claimed}"
+    )]
     NoPod {
         /// The pod it claimed.
         claimed: String,
@@ -186,7 +188,9 @@ mod tests {
         let err = check_claim(V2_SYSTEMD.as_bytes(), "train/llm-0", Some(OTHER)).unwrap_err();
         assert_eq!(
             err.to_string(),
-            format!("reader.uid: the calling process runs in pod uid {UID}, not the claimed {OTHER}")
+            format!(
+                "reader.uid: the calling process runs in pod uid {UID}, not the claimed {OTHER}"
+            )
         );
     }
 
@@ -226,7 +230,10 @@ mod tests {
         }
         let mut bytes = V2_SYSTEMD.as_bytes().to_vec();
         bytes.extend_from_slice(&[0xff, 0xfe, b'\n']);
-        assert_eq!(check_claim(&bytes, "train/llm-0", Some(UID)), Ok(UID.to_owned()));
+        assert_eq!(
+            check_claim(&bytes, "train/llm-0", Some(UID)),
+            Ok(UID.to_owned())
+        );
         assert_eq!(read_cgroup(0), Err(ReaderClaimError::NoPid));
     }
 }

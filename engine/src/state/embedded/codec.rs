@@ -146,7 +146,10 @@ mod tests {
     fn block_records_from_before_the_reader_fields_still_decode() {
         let json = br#"{"reason":"integrity.unverified-read: chunk 2","since":1700000000}"#;
         let b = decode_block("gpu-a1", json).unwrap();
-        assert_eq!(b.record, BlockRecord::new("integrity.unverified-read: chunk 2", 1700000000));
+        assert_eq!(
+            b.record,
+            BlockRecord::new("integrity.unverified-read: chunk 2", 1700000000)
+        );
         let mut binary = 1700000000u64.to_be_bytes().to_vec();
         binary.extend_from_slice(b"operator");
         let b = decode_block("gpu-a1", &binary).unwrap();

@@ -333,15 +333,29 @@ fn verify_with_a_reader_pod_records_it_in_the_block() {
     let verify = |pod: &str| {
         probity_env(
             &[
-                "verify", f, "--id", "llm/epoch-5", "--node", "gpu-a1", "--reader-pod", pod,
-                "--entities", "testdata/entities/cluster.json", "--policies", "policies",
+                "verify",
+                f,
+                "--id",
+                "llm/epoch-5",
+                "--node",
+                "gpu-a1",
+                "--reader-pod",
+                pod,
+                "--entities",
+                "testdata/entities/cluster.json",
+                "--policies",
+                "policies",
             ],
             &env,
         )
     };
     let out = verify("train/LLM-0");
     assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
-    assert!(text(&out.stderr).contains("reader.name: "), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("reader.name: "),
+        "{}",
+        text(&out.stderr)
+    );
     let uid = "3f1c2a7e-5b4d-4e8f-9a0b-1c2d3e4f5a6b";
     let out = verify(&format!("train/llm-0/{uid}"));
     assert_eq!(out.status.code(), Some(5), "{}", text(&out.stderr));
@@ -355,7 +369,17 @@ fn verify_with_a_reader_pod_records_it_in_the_block() {
     );
     assert_eq!(list[0]["stop"], "reader", "{list}");
     // Without --node the flag means nothing, and is refused.
-    let out = probity_env(&["verify", f, "--id", "llm/epoch-5", "--reader-pod", "train/llm-0"], &env);
+    let out = probity_env(
+        &[
+            "verify",
+            f,
+            "--id",
+            "llm/epoch-5",
+            "--reader-pod",
+            "train/llm-0",
+        ],
+        &env,
+    );
     assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
 }
 

@@ -294,7 +294,10 @@ fn a_queued_block_survives_a_restart_of_the_process() {
     });
     let stored = probity::state::SharedState::blocked_nodes(state.as_ref()).unwrap();
     let record = &stored.iter().find(|b| b.node == "gpu-q").unwrap().record;
-    assert_eq!(record.reader.as_ref().map(|r| r.name.as_str()), Some("llm-0"));
+    assert_eq!(
+        record.reader.as_ref().map(|r| r.name.as_str()),
+        Some("llm-0")
+    );
     assert_eq!(
         (record.stop.as_deref(), record.taint_effect.as_deref()),
         (Some("node"), Some("NoExecute"))

@@ -1333,15 +1333,27 @@ async fn verify_by_a_named_pod_puts_the_reader_and_stop_in_the_block_record() {
 
     // Bad pods are refused before anything is read, naming the field.
     for (reader, field) in [
-        (json!({"namespace": "Train", "name": "llm-0"}), "reader.namespace"),
-        (json!({"namespace": "train", "name": "llm 0"}), "reader.name"),
-        (json!({"namespace": "train", "name": "llm-0", "uid": "x"}), "reader.uid"),
+        (
+            json!({"namespace": "Train", "name": "llm-0"}),
+            "reader.namespace",
+        ),
+        (
+            json!({"namespace": "train", "name": "llm 0"}),
+            "reader.name",
+        ),
+        (
+            json!({"namespace": "train", "name": "llm-0", "uid": "x"}),
+            "reader.uid",
+        ),
     ] {
         let body = json!({"path": file, "id": "llm/epoch-3", "node": "gpu-a1", "reader": reader});
         let (status, out) = call(&s, Method::POST, "/v1/verify", Some(&body), Some("uid:0")).await;
         assert_eq!(status, StatusCode::BAD_REQUEST, "{out}");
         assert!(
-            out["error"].as_str().unwrap().starts_with(&format!("{field}: ")),
+            out["error"]
+                .as_str()
+                .unwrap()
+                .starts_with(&format!("{field}: ")),
             "{out}"
         );
     }
@@ -1368,7 +1380,14 @@ async fn verify_by_a_named_pod_puts_the_reader_and_stop_in_the_block_record() {
     assert_eq!(record["stop"], "reader", "{blocked}");
     assert!(record.get("taintEffect").is_none(), "{blocked}");
     assert_eq!(
-        store.blocked("gpu-a1").unwrap().unwrap().record.reader.unwrap().name,
+        store
+            .blocked("gpu-a1")
+            .unwrap()
+            .unwrap()
+            .record
+            .reader
+            .unwrap()
+            .name,
         "llm-0"
     );
 }

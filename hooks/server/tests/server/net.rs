@@ -915,10 +915,20 @@ async fn a_reader_pod_claimed_over_the_unix_socket_must_match_the_callers_cgroup
         let store = StateStore::open(&state_dir).unwrap();
         let anchor = SoftwareAnchor::load_or_generate(&tmp.path().join("anchor.key")).unwrap();
         std::fs::write(state_dir.join("trusted.pub"), anchor.public_key().to_hex()).unwrap();
-        let signed =
-            integrity::SignedManifest::seal(&file, "llm/epoch-1", 1, &anchor, &store, &HashOptions::default())
-                .unwrap();
-        std::fs::write(tmp.path().join("data/epoch-1.ckpt.manifest"), signed.encode()).unwrap();
+        let signed = integrity::SignedManifest::seal(
+            &file,
+            "llm/epoch-1",
+            1,
+            &anchor,
+            &store,
+            &HashOptions::default(),
+        )
+        .unwrap();
+        std::fs::write(
+            tmp.path().join("data/epoch-1.ckpt.manifest"),
+            signed.encode(),
+        )
+        .unwrap();
     }
     std::fs::write(&file, vec![8u8; 9000]).unwrap();
     let path = tmp.path().join("probity.sock");
@@ -937,17 +947,31 @@ async fn a_reader_pod_claimed_over_the_unix_socket_must_match_the_callers_cgroup
     assert_eq!(status, StatusCode::FORBIDDEN, "{out}");
     let message = out["error"].as_str().unwrap();
     assert!(
-        message.starts_with("reader train/llm-0: reader.uid: the calling process is in no pod's cgroup"),
+        message.starts_with(
+            "reader train/llm-0: reader.uid: the calling process is in no pod's cgroup"
+        ),
         "{out}"
     );
     assert!(message.contains(claimed), "{out}");
-    assert!(!running.state.engine().blocked_nodes().contains_key("gpu-a1"));
+    assert!(
+        !running
+            .state
+            .engine()
+            .blocked_nodes()
+            .contains_key("gpu-a1")
+    );
     // Without a claim, the same read goes through the policies and blocks the node.
     let body = json!({"path": file, "id": "llm/epoch-1", "node": "gpu-a1"});
     let (status, out) = send(&mut c, Method::POST, "/v1/verify", Some(&body)).await;
     assert_eq!(status, StatusCode::OK, "{out}");
     assert_eq!(out["verified"], false, "{out}");
-    assert!(running.state.engine().blocked_nodes().contains_key("gpu-a1"));
+    assert!(
+        running
+            .state
+            .engine()
+            .blocked_nodes()
+            .contains_key("gpu-a1")
+    );
     drop(c);
     running.stop().await;
 }
