@@ -39,7 +39,8 @@ impl Engine {
     /// it says nothing), so that the cluster manager stops the reading workload first.
     /// The pod is also the `readerPod` context fact when the schema declares it. The
     /// caller checks the claim (the server against a local peer's cgroup); the pod's
-    /// syntax is checked here, and a bad one makes the decision an error deny.
+    /// syntax is checked here, and a bad one is left out (the block still happens) with
+    /// an error in the decision that names the field.
     pub fn decide_read_as(
         &self,
         node: &str,
@@ -47,9 +48,9 @@ impl Engine {
         verification: Result<&VerifyReport, &dyn std::error::Error>,
         reader: Option<&ReaderPod>,
     ) -> Decision {
-        if let Some(Err(e)) = reader.map(ReaderPod::validate) {
-            return Decision::error(e.to_string());
-        }
+        // A malformed pod is left out, not allowed to spare the node its block.
+        let bad_reader = reader.and_then(|r| r.validate().err());
+        let reader = reader.filter(|_| bad_reader.is_none());
         let conventions = self.conventions();
         let Some(read) = conventions.verified_read() else {
             return Decision::error(
@@ -87,6 +88,12 @@ impl Engine {
             }
         };
         let mut decision = self.decide(&request);
+        if let Some(e) = bad_reader {
+            decision.errors.push(DecisionError {
+                policy: None,
+                message: format!("the reader pod is left out: {e}"),
+            });
+        }
         let reason = decision
             .reasons
             .first()

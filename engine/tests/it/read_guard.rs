@@ -288,7 +288,8 @@ fn a_read_without_a_named_pod_records_no_reader_or_stop() {
     let d = engine.decide_read_as("gpu-h1", "llm/epoch-9", Err(&err), Some(&pod));
     assert!(d.errors.is_empty(), "{:?}", d.errors);
     assert_eq!(engine.blocked_nodes()["gpu-h1"].reader.as_ref(), Some(&pod));
-    // A malformed pod (built around the checks) is an error deny that names the field.
+    // A malformed pod (built around the checks) is left out with an error naming the
+    // field; the node is blocked all the same.
     let bad = probity::ReaderPod {
         namespace: "Train".into(),
         name: "x".into(),
@@ -297,8 +298,11 @@ fn a_read_without_a_named_pod_records_no_reader_or_stop() {
     let d = engine.decide_read_as("gpu-spike", "llm/epoch-9", Err(&err), Some(&bad));
     assert!(!d.is_allowed());
     assert!(
-        d.errors[0].message.starts_with("reader.namespace: "),
+        d.errors[0]
+            .message
+            .starts_with("the reader pod is left out: reader.namespace: "),
         "{:?}",
         d.errors
     );
+    assert_eq!(engine.blocked_nodes()["gpu-spike"].reader, None);
 }
