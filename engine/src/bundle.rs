@@ -565,6 +565,9 @@ fn read_meta(
                         .map(|k| MessageTemplate::parse(v).map(|t| (k.to_owned(), t)))
                 })
                 .collect::<Result<_, _>>()?;
+            if kind == conventions.block_obligation() {
+                check_block_parameters(&parameters)?;
+            }
             Some(ObligationSpec {
                 kind,
                 target,
@@ -597,6 +600,37 @@ fn read_meta(
         score,
         required,
     })
+}
+
+/// A block obligation's `@param_stop` and `@param_taint_effect` say what the cluster
+/// manager does to the node's work: only the values it knows, so that a typo is a load
+/// error, not a block that stops the wrong pods (or evicts when no one opted in).
+fn check_block_parameters(parameters: &BTreeMap<String, MessageTemplate>) -> Result<(), String> {
+    use crate::block::{STOP_NODE, STOP_READER, TAINT_EFFECTS};
+    let literal = |key: &str| match parameters.get(key) {
+        None => Ok(None),
+        Some(MessageTemplate::Plain(text)) => Ok(Some(text.clone())),
+        Some(MessageTemplate::Parts(_)) => Err(format!(
+            "@param_{key} of a block obligation must be plain text, not a placeholder"
+        )),
+    };
+    if let Some(stop) = literal("stop")?
+        && stop != STOP_READER
+        && stop != STOP_NODE
+    {
+        return Err(format!(
+            "@param_stop(\"{stop}\") is not \"{STOP_READER}\" (the reading workload's pods) or \"{STOP_NODE}\" (every pod on the node)"
+        ));
+    }
+    if let Some(effect) = literal("taint_effect")?
+        && !TAINT_EFFECTS.contains(&effect.as_str())
+    {
+        return Err(format!(
+            "@param_taint_effect(\"{effect}\") is not one of {}",
+            TAINT_EFFECTS.join(", ")
+        ));
+    }
+    Ok(())
 }
 
 fn parse_target(text: &str) -> Result<TargetPath, String> {

@@ -143,12 +143,16 @@ pub struct VerifiedRead {
     pub reader: String,
     /// The read object's entity type (`Checkpoint`).
     pub object: String,
+    /// Whether the context declares `readerPod`, the pod that reads.
+    pub reader_pod: bool,
 }
 
 /// The context attribute holding the verification's outcome.
 pub(crate) const VERIFIED_ATTR: &str = "verified";
 /// The context attribute holding why verification failed.
 pub(crate) const FAILURE_ATTR: &str = "failure";
+/// The optional context attribute naming the pod that reads (`{namespace, name, uid?}`).
+pub(crate) const READER_POD_ATTR: &str = "readerPod";
 
 impl Default for Conventions {
     fn default() -> Self {
@@ -621,6 +625,7 @@ fn verified_read(json: &Json, name: &str) -> Result<VerifiedRead, String> {
         action: name.to_owned(),
         reader,
         object,
+        reader_pod: context.and_then(|c| c.get(READER_POD_ATTR)).is_some(),
     })
 }
 
@@ -658,6 +663,7 @@ mod tests {
                 action: "read".into(),
                 reader: "Node".into(),
                 object: "Checkpoint".into(),
+                reader_pod: true,
             }),
             block_policy: Some("security.blocked-node".into()),
             baseline_ports: port_sets.clone(),
@@ -859,7 +865,8 @@ mod tests {
             &VerifiedRead {
                 action: "fetch".into(),
                 reader: "Host".into(),
-                object: "Blob".into()
+                object: "Blob".into(),
+                reader_pod: false,
             }
         );
         // No `read` action and no declaration: no verified read at all.

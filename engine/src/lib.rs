@@ -84,7 +84,9 @@ pub(crate) fn available_cores() -> std::num::NonZeroUsize {
     *CORES
         .get_or_init(|| std::thread::available_parallelism().unwrap_or(std::num::NonZeroUsize::MIN))
 }
-pub use block::{BlockEvent, BlockRecord};
+pub use block::{
+    BlockEvent, BlockRecord, ReaderPod, ReaderPodError, STOP_NODE, STOP_READER, TAINT_EFFECTS,
+};
 pub use conventions::{Conventions, PortProtocol, PortSet, Restrictions, VerifiedRead};
 pub use decision::{Decision, DecisionError, Effect, Obligation, Reason, Severity};
 pub use decision_log::Settled;

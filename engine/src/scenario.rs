@@ -27,7 +27,8 @@
 //! seconds) is the engine's clock. A case's request is asked as an authorized fact
 //! reporter unless the case says `"reporter": false` (to test what an ordinary caller
 //! may not claim). `reasons` and `obligations`, when given, must match exactly (as
-//! sets); `errors` (default `false`) says whether evaluation errors are expected; `score`
+//! sets; an obligation's `parameters`, when given, must be exactly its `@param_*`s);
+//! `errors` (default `false`) says whether evaluation errors are expected; `score`
 //! (optional) is the decision's expected score.
 //! `policy` names the rule the file covers.
 
@@ -100,6 +101,9 @@ struct ExpectedObligation {
     kind: String,
     #[serde(default)]
     target: Option<String>,
+    /// When given, the obligation's parameters must be exactly these.
+    #[serde(default)]
+    parameters: Option<std::collections::BTreeMap<String, String>>,
 }
 
 /// The outcome of one case.
@@ -329,9 +333,11 @@ fn check(d: &Decision, expect: &Expect) -> Result<(), String> {
         let mut unmatched: Vec<&crate::decision::Obligation> = d.obligations.iter().collect();
         let mut missing = Vec::new();
         for w in want {
-            let hit = unmatched
-                .iter()
-                .position(|o| o.kind == w.kind && (w.target.is_none() || o.target == w.target));
+            let hit = unmatched.iter().position(|o| {
+                o.kind == w.kind
+                    && (w.target.is_none() || o.target == w.target)
+                    && w.parameters.as_ref().is_none_or(|p| *p == o.parameters)
+            });
             match hit {
                 Some(i) => {
                     unmatched.remove(i);

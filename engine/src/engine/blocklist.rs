@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use super::Engine;
 use super::snapshot::Working;
-use crate::block::BlockRecord;
+use crate::block::{BlockRecord, ReaderPod};
 use crate::error::EntityError;
 
 impl Engine {
@@ -23,9 +23,13 @@ impl Engine {
     /// returned. If the write lands but the watch lags past the bound, the block takes
     /// effect here at once (it is in the store; the watch delivers it again, in order).
     pub fn block_node(&self, node_id: &str, reason: &str) -> Result<(), EntityError> {
+        self.block_node_for(node_id, BlockCause::plain(reason))
+    }
+
+    fn block_node_for(&self, node_id: &str, cause: BlockCause) -> Result<(), EntityError> {
         validate_node_id(node_id)?;
         if let Some(state) = self.shared_state() {
-            let record = self.block_record(node_id, reason);
+            let record = self.block_record(node_id, cause);
             let revision = state
                 .put_block_at(node_id, &record)
                 .map_err(EntityError::State)?;
@@ -38,14 +42,10 @@ impl Engine {
             };
         }
         let node = node_id.to_owned();
-        let reason = reason.to_owned();
         let state = self.shared.state.get().cloned();
         let now = u64::try_from(self.shared.clock.now_unix()).unwrap_or(0);
         self.write(Box::new(move |w: &mut Working| {
-            let record = match w.blocked.get(&node) {
-                Some(existing) => existing.clone().blocked_again(reason, now),
-                None => BlockRecord::new(reason, now),
-            };
+            let record = cause.record(w.blocked.get(&node), now);
             if let Some(state) = &state {
                 state
                     .put_block(&node, &record)
@@ -69,11 +69,21 @@ impl Engine {
     /// applies leaves it in force. Without a shared store this is
     /// [`Engine::block_node`].
     pub fn block_node_now(&self, node_id: &str, reason: &str) -> Result<(), EntityError> {
+        self.block_node_now_for(node_id, BlockCause::plain(reason))
+    }
+
+    /// [`Engine::block_node_now`] for a block with a known reader pod, stop scope and
+    /// taint effect (a failed verified read's).
+    pub(crate) fn block_node_now_for(
+        &self,
+        node_id: &str,
+        cause: BlockCause,
+    ) -> Result<(), EntityError> {
         validate_node_id(node_id)?;
         let Some(state) = self.shared_state() else {
-            return self.block_node(node_id, reason);
+            return self.block_node_for(node_id, cause);
         };
-        let record = self.block_record(node_id, reason);
+        let record = self.block_record(node_id, cause);
         // Queued first, so that a watch change applied between the two steps keeps it.
         let queued = state.queue_block(node_id, &record);
         self.set_blocked(node_id, Some(record))?;
@@ -112,12 +122,9 @@ impl Engine {
 
     /// The record a block of `node` gets now: a new one, or the node's current record
     /// with this block in its history.
-    pub(super) fn block_record(&self, node: &str, reason: &str) -> BlockRecord {
+    pub(super) fn block_record(&self, node: &str, cause: BlockCause) -> BlockRecord {
         let now = u64::try_from(self.shared.clock.now_unix()).unwrap_or(0);
-        match self.shared.current.load().blocked.get(node) {
-            Some(existing) => existing.clone().blocked_again(reason, now),
-            None => BlockRecord::new(reason, now),
-        }
+        cause.record(self.shared.current.load().blocked.get(node), now)
     }
 
     /// Sets (`Some`) or lifts (`None`) a block in memory only.
@@ -163,6 +170,39 @@ impl Engine {
     /// The names the engine acts on, as the live schema declares them.
     pub fn conventions(&self) -> Arc<crate::conventions::Conventions> {
         Arc::clone(&self.shared.current.load().bundle.conventions)
+    }
+}
+
+/// What one block says: why, and for a failed read, who read and what must stop.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct BlockCause {
+    pub reason: String,
+    pub reader: Option<ReaderPod>,
+    pub stop: Option<String>,
+    pub taint_effect: Option<String>,
+}
+
+impl BlockCause {
+    fn plain(reason: &str) -> Self {
+        Self {
+            reason: reason.to_owned(),
+            ..Self::default()
+        }
+    }
+
+    /// The record after this block: a new one, or `existing` (whose first block's
+    /// fields stay) with this block in its history.
+    fn record(self, existing: Option<&BlockRecord>, now: u64) -> BlockRecord {
+        match existing {
+            Some(existing) => existing
+                .clone()
+                .blocked_again_by(self.reason, now, self.reader),
+            None => BlockRecord::new(self.reason, now).with_stop(
+                self.reader,
+                self.stop,
+                self.taint_effect,
+            ),
+        }
     }
 }
 

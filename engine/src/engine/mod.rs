@@ -32,6 +32,7 @@ mod replication;
 mod snapshot;
 mod world;
 
+pub(crate) use blocklist::BlockCause;
 pub use decide::DecideOptions;
 use entities::ByReferenceAnswer;
 pub use entities::EntitiesByReference;

@@ -90,6 +90,42 @@ fn unknown_obligation_kind_is_rejected() {
     );
 }
 
+/// A block obligation's stop scope and taint effect are what the controller acts on: a
+/// typo is a load error, never a block that stops the wrong pods.
+#[test]
+fn a_block_obligation_with_an_unknown_stop_or_taint_effect_is_rejected() {
+    for (param, message) in [
+        (
+            "@param_stop(\"pod\")",
+            "@param_stop(\"pod\") is not \"reader\"",
+        ),
+        (
+            "@param_taint_effect(\"PreferNoSchedule\")",
+            "@param_taint_effect(\"PreferNoSchedule\") is not one of NoSchedule, NoExecute",
+        ),
+        (
+            "@param_stop(\"{principal.zone}\")",
+            "@param_stop of a block obligation must be plain text",
+        ),
+    ] {
+        let dir = policy_copy();
+        std::fs::write(
+            dir.path().join("integrity/typo.cedar"),
+            format!("@id(\"i.t\") @severity(\"high\") @message(\"m\") @obligation(\"block_node\") @target(\"principal\") {param}\nforbid (principal, action == Action::\"read\", resource);\n"),
+        )
+        .unwrap();
+        let err = build_err(dir.path());
+        assert!(err.problems()[0].message.contains(message), "{err}");
+    }
+    let dir = policy_copy();
+    std::fs::write(
+        dir.path().join("integrity/strict.cedar"),
+        "@id(\"i.s\") @severity(\"high\") @message(\"m\") @obligation(\"block_node\") @target(\"principal\") @param_stop(\"node\") @param_taint_effect(\"NoExecute\")\nforbid (principal, action == Action::\"read\", resource) unless { context.verified };\n",
+    )
+    .unwrap();
+    assert!(Engine::builder(dir.path()).build().is_ok());
+}
+
 #[test]
 fn negative_threshold_is_rejected_with_its_location() {
     let dir = policy_copy();

@@ -209,3 +209,100 @@ fn a_guarded_reader_that_meets_a_flipped_byte_blocks_the_node_through_the_polici
     assert_eq!(records[0].resource, "Checkpoint::\"llm/epoch-8\"");
     assert_eq!(records[0].decision.obligations[0].kind, "block_node");
 }
+
+/// The issue: a block from a failed read must say which pod read the bad data and what
+/// the cluster manager stops, so that the reading workload's pods are stopped first.
+#[test]
+fn a_guarded_read_by_a_named_pod_records_the_reader_and_the_stop_scope() {
+    use std::io::Read;
+
+    let tmp = tempfile::tempdir().unwrap();
+    let anchor = SoftwareAnchor::load_or_generate(&tmp.path().join("anchor.key")).unwrap();
+    let path = tmp.path().join("epoch-9.ckpt");
+    let data: Vec<u8> = (0..2 * 4096 + 3).map(|i| (i * 41 % 251) as u8).collect();
+    std::fs::write(&path, &data).unwrap();
+    let options = HashOptions {
+        chunk_size: 4096,
+        ..HashOptions::default()
+    };
+    let state = Arc::new(StateStore::open(&tmp.path().join("state")).unwrap());
+    let signed =
+        integrity::SignedManifest::seal(&path, "llm/epoch-9", 1, &anchor, state.as_ref(), &options)
+            .unwrap();
+    let verifier = Verifier::new(anchor.public_key().clone());
+    let engine = Engine::from_embedded_defaults().unwrap();
+    engine.attach_state(state.clone()).unwrap();
+    engine.upsert_entities(&crate::cluster()).unwrap();
+    let pod = probity::ReaderPod::new(
+        "train",
+        "llm-0",
+        Some("3f1c2a7e-5b4d-4e8f-9a0b-1c2d3e4f5a6b".into()),
+    )
+    .unwrap();
+    let mut bad = data.clone();
+    bad[9] ^= 0x01;
+    std::fs::write(&path, &bad).unwrap();
+    let read = |pod: Option<probity::ReaderPod>| {
+        let file = std::fs::File::open(&path).unwrap();
+        let reader =
+            integrity::VerifiedReader::new(file, &signed, &verifier, state.as_ref()).unwrap();
+        engine
+            .guard_reader_as(reader, "gpu-a1", pod)
+            .read_to_end(&mut Vec::new())
+    };
+    assert!(read(Some(pod.clone())).is_err());
+    let record = state.blocked("gpu-a1").unwrap().unwrap().record;
+    assert_eq!(record.reader.as_ref(), Some(&pod));
+    assert_eq!(record.stop.as_deref(), Some("reader"));
+    assert_eq!(record.taint_effect, None);
+    assert_eq!(engine.blocked_nodes()["gpu-a1"], record);
+
+    // A second failed read by another pod keeps the first block's reader and scope,
+    // and its history notes the second reader.
+    let other = probity::ReaderPod::new("train", "llm-1", None).unwrap();
+    assert!(read(Some(other.clone())).is_err());
+    let again = state.blocked("gpu-a1").unwrap().unwrap().record;
+    assert_eq!(again.reader.as_ref(), Some(&pod));
+    assert_eq!(again.stop.as_deref(), Some("reader"));
+    assert_eq!(
+        again.history.last().and_then(|e| e.reader.as_ref()),
+        Some(&other)
+    );
+}
+
+#[test]
+fn a_read_without_a_named_pod_records_no_reader_or_stop() {
+    let engine = Engine::from_embedded_defaults().unwrap();
+    engine.upsert_entities(&crate::cluster()).unwrap();
+    let err = std::io::Error::other("chunk 0: hash mismatch");
+    let d = engine.decide_read("gpu-a1", "llm/epoch-9", Err(&err));
+    assert_eq!(d.decision, Effect::Deny);
+    assert_eq!(d.obligations[0].parameters["stop"], "reader");
+    let record = &engine.blocked_nodes()["gpu-a1"];
+    assert_eq!(
+        (record.reader.as_ref(), record.stop.as_deref()),
+        (None, None)
+    );
+    // With a pod, the schema's `readerPod` context fact is filled and validates.
+    let pod = probity::ReaderPod::new("train", "llm-0", None).unwrap();
+    let d = engine.decide_read_as("gpu-h1", "llm/epoch-9", Err(&err), Some(&pod));
+    assert!(d.errors.is_empty(), "{:?}", d.errors);
+    assert_eq!(engine.blocked_nodes()["gpu-h1"].reader.as_ref(), Some(&pod));
+    // A malformed pod (built around the checks) is left out with an error naming the
+    // field; the node is blocked all the same.
+    let bad = probity::ReaderPod {
+        namespace: "Train".into(),
+        name: "x".into(),
+        uid: None,
+    };
+    let d = engine.decide_read_as("gpu-spike", "llm/epoch-9", Err(&err), Some(&bad));
+    assert!(!d.is_allowed());
+    assert!(
+        d.errors[0]
+            .message
+            .starts_with("the reader pod is left out: reader.namespace: "),
+        "{:?}",
+        d.errors
+    );
+    assert_eq!(engine.blocked_nodes()["gpu-spike"].reader, None);
+}

@@ -309,6 +309,7 @@ pub struct VerifyArgs<'a> {
     pub id: &'a str,
     pub manifest: Option<&'a Path>,
     pub node: Option<&'a str>,
+    pub reader_pod: Option<&'a probity::ReaderPod>,
     pub public_key: Option<&'a Path>,
     pub entities: Option<&'a Path>,
 }
@@ -379,7 +380,7 @@ pub fn verify(
         Ok(report) => Ok(report),
         Err(e) => Err(e as &dyn std::error::Error),
     };
-    let decision = engine.decide_read(node, args.id, verification);
+    let decision = engine.decide_read_as(node, args.id, verification, args.reader_pod);
     out::line(serde_json::to_string_pretty(&decision)?)?;
     Ok(if decision.is_allowed() {
         exit::ALLOW
@@ -412,6 +413,18 @@ pub fn nodes(command: &NodesCommand, state_args: &StateArgs) -> Result<u8> {
             let mut v = serde_json::json!({"node": b.node, "reason": b.record.reason, "since": b.record.since});
             if let (Some(o), false) = (v.as_object_mut(), b.record.history.is_empty()) {
                 o.insert("history".into(), serde_json::json!(b.record.history));
+            }
+            // A failed read's block: which pod read, and what must stop.
+            if let Some(o) = v.as_object_mut() {
+                if let Some(reader) = &b.record.reader {
+                    o.insert("reader".into(), serde_json::json!(reader));
+                }
+                if let Some(stop) = &b.record.stop {
+                    o.insert("stop".into(), serde_json::json!(stop));
+                }
+                if let Some(effect) = &b.record.taint_effect {
+                    o.insert("taintEffect".into(), serde_json::json!(effect));
+                }
             }
             v
         })

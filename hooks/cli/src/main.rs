@@ -176,6 +176,10 @@ enum Command {
         /// The node that reads the object.
         #[arg(long)]
         node: Option<String>,
+        /// The pod that reads it, NAMESPACE/NAME[/UID]: a block its failed read causes
+        /// names it, so the cluster manager stops its workload first.
+        #[arg(long, requires = "node", value_name = "NAMESPACE/NAME[/UID]", value_parser = parse_reader_pod)]
+        reader_pod: Option<probity::ReaderPod>,
         /// The file holding the pinned public key: the hex form of an uncompressed
         /// P-256 point (SEC1), as `seal` writes it [default: STATE_DIR/trusted.pub]. It
         /// is refused if others can write it or it belongs to another user than this one
@@ -401,6 +405,7 @@ fn run(cli: Cli) -> Result<u8> {
             id,
             manifest,
             node,
+            reader_pod,
             public_key,
             entities,
             state,
@@ -412,6 +417,7 @@ fn run(cli: Cli) -> Result<u8> {
                 id: &id,
                 manifest: manifest.as_deref(),
                 node: node.as_deref(),
+                reader_pod: reader_pod.as_ref(),
                 public_key: public_key.as_deref(),
                 entities: entities.as_deref(),
             },
@@ -426,6 +432,11 @@ fn run(cli: Cli) -> Result<u8> {
             state,
         } => integrity::audit(command.as_ref(), &list, &state),
     }
+}
+
+/// `--reader-pod`'s value, checked as untrusted input (the error names the field).
+fn parse_reader_pod(text: &str) -> std::result::Result<probity::ReaderPod, String> {
+    probity::ReaderPod::parse(text).map_err(|e| e.to_string())
 }
 
 fn serve(args: ServeArgs) -> Result<u8> {

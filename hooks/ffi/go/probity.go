@@ -313,6 +313,35 @@ type Object struct {
 	// Node is the node that reads it; "" for none. With a node, a failure is decided as
 	// a read through the policies: it is denied and the node blocked.
 	Node string
+	// Reader is the Kubernetes pod that reads it; nil for none. A block the read causes
+	// records it, so the cluster manager stops its workload first.
+	Reader *Pod
+}
+
+// Pod names a Kubernetes pod: a malformed one is an ErrInvalidArgument naming the field.
+type Pod struct {
+	Namespace string
+	Name      string
+	// UID is the pod's uid; "" when unknown.
+	UID string
+}
+
+// readerStrings are the reader's namespace, name and uid as C strings (nil for none).
+func (o Object) readerStrings() (namespace, name, uid *C.char, err error) {
+	if o.Reader == nil {
+		return
+	}
+	if namespace, err = cString(o.Reader.Namespace, "the reader's namespace", false); err != nil {
+		return
+	}
+	if name, err = cString(o.Reader.Name, "the reader's name", false); err != nil {
+		freeAll(namespace)
+		return
+	}
+	if uid, err = cString(o.Reader.UID, "the reader's uid", true); err != nil {
+		freeAll(namespace, name)
+	}
+	return
 }
 
 func (o Object) cStrings() (path, manifest, id, key, node *C.char, err error) {
@@ -345,10 +374,15 @@ func (e *Engine) Verify(o Object) ([]byte, error) {
 		return nil, err
 	}
 	defer freeAll(path, manifest, id, key, node)
+	namespace, name, uid, err := o.readerStrings()
+	if err != nil {
+		return nil, err
+	}
+	defer freeAll(namespace, name, uid)
 	var out *C.uint8_t
 	var n C.size_t
 	err = call(func() C.probity_status {
-		return C.probity_verify(e.h, path, manifest, id, key, node, &out, &n)
+		return C.probity_verify_as(e.h, path, manifest, id, key, node, namespace, name, uid, &out, &n)
 	})
 	report := take(out, n)
 	var perr *Error
@@ -373,9 +407,14 @@ func (e *Engine) OpenReader(o Object) (*Reader, error) {
 		return nil, err
 	}
 	defer freeAll(path, manifest, id, key, node)
+	namespace, name, uid, err := o.readerStrings()
+	if err != nil {
+		return nil, err
+	}
+	defer freeAll(namespace, name, uid)
 	r := &Reader{}
 	if err := call(func() C.probity_status {
-		return C.probity_reader_open(e.h, path, manifest, key, id, node, &r.h)
+		return C.probity_reader_open_as(e.h, path, manifest, key, id, node, namespace, name, uid, &r.h)
 	}); err != nil {
 		return nil, err
 	}

@@ -192,6 +192,22 @@ func TestVerifyReportsAndBlocksThroughThePolicies(t *testing.T) {
 	}
 }
 
+func TestAReadNamesItsPodAndAMalformedOneIsRefused(t *testing.T) {
+	dir := fixtures(t)
+	e := openEngine(t, dir)
+	tampered := filepath.Join(dir, "tampered.ckpt")
+	_, err := e.Verify(Object{Path: tampered, ID: objectID, Node: "gpu-h1", Reader: &Pod{Namespace: "train", Name: "Bad_Name"}})
+	var perr *Error
+	if !errors.As(err, &perr) || perr.Status != StatusInvalidArgument || !strings.HasPrefix(perr.Message, "reader.name: ") {
+		t.Fatalf("malformed pod: %v", err)
+	}
+	pod := &Pod{Namespace: "train", Name: "llm-0", UID: "3f1c2a7e-5b4d-4e8f-9a0b-1c2d3e4f5a6b"}
+	_, err = e.Verify(Object{Path: tampered, ID: objectID, Node: "gpu-h1", Reader: pod})
+	if !errors.As(err, &perr) || perr.Status != StatusIntegrityFailure || !bytes.Contains(perr.Report, []byte(`"stop":"reader"`)) {
+		t.Fatalf("tampered: %v", err)
+	}
+}
+
 func TestMisuseIsAnErrorNotACrash(t *testing.T) {
 	e, err := Open(Options{})
 	if err != nil {

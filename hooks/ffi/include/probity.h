@@ -205,6 +205,19 @@ probity_status probity_remove_entities(probity_engine engine, const uint8_t *uid
 // `report_len_out` point to writable memory.
 probity_status probity_verify(probity_engine engine, const char *path, const char *manifest_path, const char *object_id, const char *public_key_path, const char *node, uint8_t **report_out, size_t *report_len_out);
 
+// `probity_verify` for a read by a named Kubernetes pod: `reader_namespace` and
+// `reader_name` (both, or both NULL) and `reader_uid` (NULL when unknown) name the pod
+// that reads. With `node`, a block the read causes records that pod and what the
+// policy says must stop (its workload, or the whole node), so the cluster manager
+// stops the reading workload first. A malformed pod (not Kubernetes name syntax, a uid
+// that is not a UUID, a namespace without a name) is `PROBITY_STATUS_INVALID_ARGUMENT`
+// naming the field. The library cannot check the claim: the caller is the reader.
+//
+// # Safety
+//
+// As `probity_verify`; the reader strings are NULL or NUL-terminated.
+probity_status probity_verify_as(probity_engine engine, const char *path, const char *manifest_path, const char *object_id, const char *public_key_path, const char *node, const char *reader_namespace, const char *reader_name, const char *reader_uid, uint8_t **report_out, size_t *report_len_out);
+
 // Opens a verified reader over `path`: the manifest's signature, object id, version and
 // the object's size are checked now, each chunk before any byte of it is returned.
 // Arguments as `probity_verify`. With `node`, the read is decided through the
@@ -217,6 +230,15 @@ probity_status probity_verify(probity_engine engine, const char *path, const cha
 //
 // As `probity_verify`; `reader_out` points to writable memory.
 probity_status probity_reader_open(probity_engine engine, const char *path, const char *manifest_path, const char *public_key_path, const char *object_id, const char *node, probity_reader *reader_out);
+
+// `probity_reader_open` for a read by a named Kubernetes pod (the reader arguments as
+// `probity_verify_as`): a failure at open or in any later read records that pod in
+// the node's block.
+//
+// # Safety
+//
+// As `probity_reader_open`; the reader strings are NULL or NUL-terminated.
+probity_status probity_reader_open_as(probity_engine engine, const char *path, const char *manifest_path, const char *public_key_path, const char *object_id, const char *node, const char *reader_namespace, const char *reader_name, const char *reader_uid, probity_reader *reader_out);
 
 // Reads up to `len` bytes at the reader's position into `buf`, filling it unless the
 // object ends; `*n_out` is the count (0 at the end). Returns

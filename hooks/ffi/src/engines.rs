@@ -359,6 +359,29 @@ pub(crate) struct VerifyArgs<'a> {
     pub object_id: &'a str,
     pub public_key: Option<&'a str>,
     pub node: Option<&'a str>,
+    /// The pod that reads, if the caller named it.
+    pub reader: Option<&'a engine::ReaderPod>,
+}
+
+/// The reader pod the C arguments name: none when all are NULL; namespace and name
+/// together, checked as Kubernetes names (an error naming the field otherwise).
+pub(crate) fn reader_pod(
+    namespace: Option<&str>,
+    name: Option<&str>,
+    uid: Option<&str>,
+) -> Result<Option<engine::ReaderPod>, Failure> {
+    let invalid = |message: String| Failure::new(ProbityStatus::InvalidArgument, message);
+    match (namespace, name) {
+        (None, None) if uid.is_none() => Ok(None),
+        (Some(namespace), Some(name)) => {
+            engine::ReaderPod::new(namespace, name, uid.map(str::to_owned))
+                .map(Some)
+                .map_err(|e| invalid(e.to_string()))
+        }
+        _ => Err(invalid(
+            "reader_namespace and reader_name name the reading pod together: give both or neither (and reader_uid only with them)".into(),
+        )),
+    }
 }
 
 /// Verifies a whole object; with a node, decides the read through the policies (a
@@ -389,7 +412,9 @@ pub(crate) fn verify(entry: &EngineEntry, args: &VerifyArgs<'_>) -> Result<Verif
             Ok(report) => Ok(report),
             Err(e) => Err(e as &dyn std::error::Error),
         };
-        entry.engine.decide_read(node, args.object_id, verification)
+        entry
+            .engine
+            .decide_read_as(node, args.object_id, verification, args.reader)
     });
     let mut report = match &outcome {
         Ok(r) => report_json(r),

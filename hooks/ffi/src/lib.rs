@@ -368,26 +368,83 @@ pub unsafe extern "C" fn probity_verify(
     report_out: *mut *mut u8,
     report_len_out: *mut usize,
 ) -> ProbityStatus {
+    // SAFETY: the caller's guarantees are passed on; the reader pod's pointers are NULL.
+    unsafe {
+        probity_verify_as(
+            engine,
+            path,
+            manifest_path,
+            object_id,
+            public_key_path,
+            node,
+            std::ptr::null(),
+            std::ptr::null(),
+            std::ptr::null(),
+            report_out,
+            report_len_out,
+        )
+    }
+}
+
+/// `probity_verify` for a read by a named Kubernetes pod: `reader_namespace` and
+/// `reader_name` (both, or both NULL) and `reader_uid` (NULL when unknown) name the pod
+/// that reads. With `node`, a block the read causes records that pod and what the
+/// policy says must stop (its workload, or the whole node), so the cluster manager
+/// stops the reading workload first. A malformed pod (not Kubernetes name syntax, a uid
+/// that is not a UUID, a namespace without a name) is `PROBITY_STATUS_INVALID_ARGUMENT`
+/// naming the field. The library cannot check the claim: the caller is the reader.
+///
+/// # Safety
+///
+/// As `probity_verify`; the reader strings are NULL or NUL-terminated.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn probity_verify_as(
+    engine: ProbityEngine,
+    path: *const c_char,
+    manifest_path: *const c_char,
+    object_id: *const c_char,
+    public_key_path: *const c_char,
+    node: *const c_char,
+    reader_namespace: *const c_char,
+    reader_name: *const c_char,
+    reader_uid: *const c_char,
+    report_out: *mut *mut u8,
+    report_len_out: *mut usize,
+) -> ProbityStatus {
     entry(|| {
         // SAFETY: the caller gives writable out parameters.
         let mut out = unsafe { OutBuffer::new(report_out, report_len_out, "report_out") }?;
         // SAFETY: the caller gives NUL-terminated strings (NULL where allowed), valid for
         // the call; `strings` reads no further than each NUL.
-        let [path, manifest, object_id, public_key, node] = unsafe {
+        let [
+            path,
+            manifest,
+            object_id,
+            public_key,
+            node,
+            namespace,
+            name,
+            uid,
+        ] = unsafe {
             strings([
                 (path, "path", true),
                 (manifest_path, "manifest_path", false),
                 (object_id, "object_id", true),
                 (public_key_path, "public_key_path", false),
                 (node, "node", false),
+                (reader_namespace, "reader_namespace", false),
+                (reader_name, "reader_name", false),
+                (reader_uid, "reader_uid", false),
             ])
         }?;
+        let reader = engines::reader_pod(namespace, name, uid)?;
         let args = engines::VerifyArgs {
             path: path.unwrap_or_default(),
             manifest,
             object_id: object_id.unwrap_or_default(),
             public_key,
             node,
+            reader: reader.as_ref(),
         };
         let verified = engines::verify(&*ENGINES.get(engine.id)?, &args)?;
         out.put(verified.report);
@@ -419,26 +476,77 @@ pub unsafe extern "C" fn probity_reader_open(
     node: *const c_char,
     reader_out: *mut ProbityReader,
 ) -> ProbityStatus {
+    // SAFETY: the caller's guarantees are passed on; the reader pod's pointers are NULL.
+    unsafe {
+        probity_reader_open_as(
+            engine,
+            path,
+            manifest_path,
+            public_key_path,
+            object_id,
+            node,
+            std::ptr::null(),
+            std::ptr::null(),
+            std::ptr::null(),
+            reader_out,
+        )
+    }
+}
+
+/// `probity_reader_open` for a read by a named Kubernetes pod (the reader arguments as
+/// `probity_verify_as`): a failure at open or in any later read records that pod in
+/// the node's block.
+///
+/// # Safety
+///
+/// As `probity_reader_open`; the reader strings are NULL or NUL-terminated.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn probity_reader_open_as(
+    engine: ProbityEngine,
+    path: *const c_char,
+    manifest_path: *const c_char,
+    public_key_path: *const c_char,
+    object_id: *const c_char,
+    node: *const c_char,
+    reader_namespace: *const c_char,
+    reader_name: *const c_char,
+    reader_uid: *const c_char,
+    reader_out: *mut ProbityReader,
+) -> ProbityStatus {
     entry(|| {
         // SAFETY: the caller gives a writable out parameter.
         let mut out = unsafe { Out::new(reader_out, ProbityReader { id: 0 }, "reader_out") }?;
         // SAFETY: the caller gives NUL-terminated strings (NULL where allowed), valid for
         // the call; `strings` reads no further than each NUL.
-        let [path, manifest, public_key, object_id, node] = unsafe {
+        let [
+            path,
+            manifest,
+            public_key,
+            object_id,
+            node,
+            namespace,
+            name,
+            uid,
+        ] = unsafe {
             strings([
                 (path, "path", true),
                 (manifest_path, "manifest_path", false),
                 (public_key_path, "public_key_path", false),
                 (object_id, "object_id", true),
                 (node, "node", false),
+                (reader_namespace, "reader_namespace", false),
+                (reader_name, "reader_name", false),
+                (reader_uid, "reader_uid", false),
             ])
         }?;
+        let reader = engines::reader_pod(namespace, name, uid)?;
         let args = readers::OpenArgs {
             path: path.unwrap_or_default(),
             manifest,
             public_key,
             object_id: object_id.unwrap_or_default(),
             node,
+            reader,
         };
         let opened = readers::open(&*ENGINES.get(engine.id)?, &args)?;
         out.set(ProbityReader {

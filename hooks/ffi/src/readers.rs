@@ -34,6 +34,8 @@ pub(crate) struct OpenArgs<'a> {
     pub public_key: Option<&'a str>,
     pub object_id: &'a str,
     pub node: Option<&'a str>,
+    /// The pod that reads, if the caller named it.
+    pub reader: Option<engine::ReaderPod>,
 }
 
 /// Opens a verified reader: the manifest's signature, its object id, its version (no
@@ -58,7 +60,9 @@ pub(crate) fn open(entry: &EngineEntry, args: &OpenArgs<'_>) -> Result<ReaderEnt
     // the policies before the caller hears of it.
     let refuse = |e: &dyn std::error::Error| {
         if let Some(node) = args.node {
-            let _ = entry.engine.decide_read(node, args.object_id, Err(e));
+            let _ = entry
+                .engine
+                .decide_read_as(node, args.object_id, Err(e), args.reader.as_ref());
         }
         Failure::new(ProbityStatus::IntegrityFailure, chain(e))
     };
@@ -93,14 +97,21 @@ pub(crate) fn open(entry: &EngineEntry, args: &OpenArgs<'_>) -> Result<ReaderEnt
                 key_id: signed.key_id(),
                 newly_accepted: false,
             };
-            let decision = entry.engine.decide_read(node, args.object_id, Ok(&report));
+            let decision = entry.engine.decide_read_as(
+                node,
+                args.object_id,
+                Ok(&report),
+                args.reader.as_ref(),
+            );
             if !decision.is_allowed() {
                 return Err(Failure::new(
                     ProbityStatus::Denied,
                     engines::denial(&decision),
                 ));
             }
-            entry.engine.guard_reader(reader, node)
+            entry
+                .engine
+                .guard_reader_as(reader, node, args.reader.clone())
         }
     };
     Ok(ReaderEntry {

@@ -496,3 +496,67 @@ fn mutated_requests_never_panic_or_leak() {
     }
     probity_engine_close(e);
 }
+
+/// The issue: the C ABI names the reading pod, and a block the read causes records it
+/// with what must stop; a malformed pod is refused naming the field.
+#[test]
+fn verify_as_a_named_pod_records_the_reader_in_the_block() {
+    let s = sealed();
+    let verify = |namespace: Option<&str>, name: Option<&str>, uid: Option<&str>| {
+        let path = c(s.f.tampered.to_str().unwrap());
+        let id = c(fixtures::OBJECT_ID);
+        let node = c("gpu-a1");
+        let (namespace, name, uid) = (namespace.map(c), name.map(c), uid.map(c));
+        let ptr = |s: &Option<CString>| s.as_ref().map_or(null(), |s| s.as_ptr());
+        let mut out = null_mut();
+        let mut len = 0;
+        // SAFETY: NUL-terminated strings or NULL, and local out parameters.
+        let status = unsafe {
+            probity_verify_as(
+                s.engine,
+                path.as_ptr(),
+                null(),
+                id.as_ptr(),
+                null(),
+                node.as_ptr(),
+                ptr(&namespace),
+                ptr(&name),
+                ptr(&uid),
+                &mut out,
+                &mut len,
+            )
+        };
+        (status, take(out, len))
+    };
+    let (status, report) = verify(Some("train"), Some("Bad_Name"), None);
+    assert_eq!(status, ProbityStatus::InvalidArgument);
+    assert!(report.is_none());
+    assert!(
+        last_error().starts_with("reader.name: "),
+        "{}",
+        last_error()
+    );
+    let (status, _) = verify(None, Some("llm-0"), None);
+    assert_eq!(status, ProbityStatus::InvalidArgument);
+    assert!(
+        last_error().contains("reader_namespace"),
+        "{}",
+        last_error()
+    );
+    let uid = "3f1c2a7e-5b4d-4e8f-9a0b-1c2d3e4f5a6b";
+    let (status, _) = verify(Some("train"), Some("llm-0"), Some(uid));
+    assert_eq!(status, ProbityStatus::IntegrityFailure, "{}", last_error());
+    let blocked = ENGINES.get(s.engine.id).unwrap().engine.blocked_nodes();
+    let record = &blocked["gpu-a1"];
+    let reader = record.reader.as_ref().unwrap();
+    assert_eq!(
+        (
+            reader.namespace.as_str(),
+            reader.name.as_str(),
+            reader.uid.as_deref()
+        ),
+        ("train", "llm-0", Some(uid))
+    );
+    assert_eq!(record.stop.as_deref(), Some("reader"));
+    probity_engine_close(s.engine);
+}

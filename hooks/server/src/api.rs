@@ -473,6 +473,10 @@ pub(crate) struct VerifyBody {
     /// The signed manifest; default `PATH.manifest`.
     #[serde(default)]
     manifest: Option<std::path::PathBuf>,
+    /// The pod that reads, `{namespace, name, uid?}`: a block its failed read causes
+    /// names it, so the cluster manager stops its workload first.
+    #[serde(default)]
+    reader: Option<probity::ReaderPod>,
 }
 
 /// `POST /v1/verify`: verifies `path` against its signed manifest before `node` reads it,
@@ -489,12 +493,20 @@ pub(crate) async fn verify(
 ) -> Result<Json<Value>, ApiError> {
     let caller = caller(&ext);
     let value = json_body(&state, body, "verify request")?;
-    let body: VerifyBody = serde_json::from_value(value).map_err(|e| {
+    let mut body: VerifyBody = serde_json::from_value(value).map_err(|e| {
         ApiError::BadRequest(format!(
-            "expected {{\"path\": .., \"id\": .., \"node\": .., \"manifest\"?: ..}}: {e}"
+            "expected {{\"path\": .., \"id\": .., \"node\": .., \"manifest\"?: .., \"reader\"?: {{\"namespace\", \"name\", \"uid\"?}}}}: {e}"
         ))
     })?;
+    if let Some(reader) = &body.reader {
+        reader
+            .validate()
+            .map_err(|e| ApiError::BadRequest(e.to_string()))?;
+    }
     authorize(&state, &caller, "verify", "verify", Some(&body.node)).await?;
+    if let (Some(reader), Some(peer)) = (&mut body.reader, ext.get::<crate::PeerProcess>()) {
+        check_local_reader(reader, *peer)?;
+    }
     let engine = state.engine().clone();
     let Some(store) = engine.attached() else {
         return Err(ApiError::Unavailable(
@@ -530,6 +542,27 @@ pub(crate) async fn verify(
             crate::limits::Busy::Stopped => ApiError::Internal,
         })??;
     Ok(Json(outcome))
+}
+
+/// A local caller (on the Unix socket) may name only the pod it runs in: the pod uid
+/// in its cgroup must be the claimed one, and becomes the claim's uid when it gave
+/// none. A caller over TCP has no cgroup here; its certificate is what is trusted.
+fn check_local_reader(
+    reader: &mut probity::ReaderPod,
+    peer: crate::PeerProcess,
+) -> Result<(), ApiError> {
+    let refused = |e: crate::ReaderClaimError| {
+        ApiError::Forbidden(format!("reader {}/{}: {e}", reader.namespace, reader.name))
+    };
+    let cgroup = crate::reader_claim::read_cgroup(peer.pid).map_err(refused)?;
+    let uid = crate::reader_claim::check_claim(
+        &cgroup,
+        &format!("{}/{}", reader.namespace, reader.name),
+        reader.uid.as_deref(),
+    )
+    .map_err(refused)?;
+    reader.uid = Some(uid);
+    Ok(())
 }
 
 /// Opens `path` if it lies under one of `roots` and is a regular file or block device:
@@ -623,7 +656,7 @@ fn verify_blocking(
         Ok(report) => Ok(report),
         Err(e) => Err(e as &dyn std::error::Error),
     };
-    let decision = engine.decide_read(&body.node, &body.id, verification);
+    let decision = engine.decide_read_as(&body.node, &body.id, verification, body.reader.as_ref());
     Ok(json!({
         "verified": outcome.is_ok(),
         "failure": outcome.as_ref().err().map(|e| e.to_string()),

@@ -76,6 +76,7 @@ mod keys;
 mod limits;
 mod metrics;
 mod placement;
+mod reader_claim;
 mod server;
 mod stream;
 
@@ -103,6 +104,7 @@ pub use config::{
     StateConfig, StateRole, UnknownKinds, UnknownNodes,
 };
 pub use error::{ApiError, ServeError};
+pub use reader_claim::{PeerProcess, ReaderClaimError};
 pub use server::{Server, init_logging, serve, shutdown_signal};
 
 /// What every handler shares: the engine, the configuration, metrics and readiness.

@@ -135,3 +135,28 @@ pub(super) fn split_revision(raw: &[u8]) -> Option<(u64, &[u8])> {
     let rev = u64::from_be_bytes(raw.get(..8)?.try_into().ok()?);
     Some((rev, raw.get(8..)?))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The issue: block records gained the reader, stop and taint effect; a store
+    /// written before them (JSON without them, or the older binary layout) still reads.
+    #[test]
+    fn block_records_from_before_the_reader_fields_still_decode() {
+        let json = br#"{"reason":"integrity.unverified-read: chunk 2","since":1700000000}"#;
+        let b = decode_block("gpu-a1", json).unwrap();
+        assert_eq!(
+            b.record,
+            BlockRecord::new("integrity.unverified-read: chunk 2", 1700000000)
+        );
+        let mut binary = 1700000000u64.to_be_bytes().to_vec();
+        binary.extend_from_slice(b"operator");
+        let b = decode_block("gpu-a1", &binary).unwrap();
+        assert_eq!((b.record.reader, b.record.stop), (None, None));
+        let pod = crate::block::ReaderPod::new("train", "llm-0", None).unwrap();
+        let new = BlockRecord::new("r", 1).with_stop(Some(pod), Some("reader".into()), None);
+        let bytes = serde_json::to_vec(&new).unwrap();
+        assert_eq!(decode_block("gpu-a1", &bytes).unwrap().record, new);
+    }
+}

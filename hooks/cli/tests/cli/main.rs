@@ -316,6 +316,73 @@ fn probity_env(args: &[&str], env: &[(&str, &std::ffi::OsStr)]) -> Output {
     cmd.output().unwrap()
 }
 
+/// The issue: `probity verify --reader-pod` names the pod that reads, and the block
+/// of its failed read records it with what must stop; a malformed pod is refused
+/// naming the field, before anything is read.
+#[test]
+fn verify_with_a_reader_pod_records_it_in_the_block() {
+    let tmp = tempfile::tempdir().unwrap();
+    let state = tmp.path().join("state");
+    let env = [("PROBITY_STATE_DIR", state.as_os_str())];
+    let file = tmp.path().join("epoch-5.ckpt");
+    std::fs::write(&file, vec![3u8; 70_000]).unwrap();
+    let f = file.to_str().unwrap();
+    let out = probity_env(&["seal", f, "--id", "llm/epoch-5"], &env);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    std::fs::write(&file, vec![4u8; 70_000]).unwrap();
+    let verify = |pod: &str| {
+        probity_env(
+            &[
+                "verify",
+                f,
+                "--id",
+                "llm/epoch-5",
+                "--node",
+                "gpu-a1",
+                "--reader-pod",
+                pod,
+                "--entities",
+                "testdata/entities/cluster.json",
+                "--policies",
+                "policies",
+            ],
+            &env,
+        )
+    };
+    let out = verify("train/LLM-0");
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("reader.name: "),
+        "{}",
+        text(&out.stderr)
+    );
+    let uid = "3f1c2a7e-5b4d-4e8f-9a0b-1c2d3e4f5a6b";
+    let out = verify(&format!("train/llm-0/{uid}"));
+    assert_eq!(out.status.code(), Some(5), "{}", text(&out.stderr));
+    let out = probity_env(&["nodes", "list"], &env);
+    let list: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(list[0]["node"], "gpu-a1");
+    assert_eq!(
+        list[0]["reader"],
+        serde_json::json!({"namespace": "train", "name": "llm-0", "uid": uid}),
+        "{list}"
+    );
+    assert_eq!(list[0]["stop"], "reader", "{list}");
+    // Without --node the flag means nothing, and is refused.
+    let out = probity_env(
+        &[
+            "verify",
+            f,
+            "--id",
+            "llm/epoch-5",
+            "--reader-pod",
+            "train/llm-0",
+        ],
+        &env,
+    );
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+}
+
 #[test]
 fn seal_verify_and_a_flipped_byte_blocks_the_reading_node() {
     let tmp = tempfile::tempdir().unwrap();

@@ -7,7 +7,7 @@
 //!
 //! | key | value |
 //! | --- | --- |
-//! | `blocklist/<node>` | the engine's `BlockRecord` (reason, since, history) |
+//! | `blocklist/<node>` | the engine's `BlockRecord` (reason, since, history; for a failed read, reader, stop, taintEffect) |
 //! | `registry/<object id>` | `{"version", "digest" (hex), "signed_manifest" (base64, absent when too large)}` |
 //! | `keys/<key id>` | the key metadata record's bytes, as the keyring wrote them |
 //! | `facts/<node>` | `NodeFacts`, under the publishing agent's lease |
@@ -199,6 +199,28 @@ mod tests {
         assert!(large.signed_manifest.is_none());
         let entry = decode_registry(&serde_json::to_vec(&large).unwrap()).unwrap();
         assert!(entry.signed_manifest.is_empty());
+    }
+
+    /// The issue: block records gained the reader, stop and taint effect; records
+    /// written before them still read, and the new fields round-trip.
+    #[test]
+    fn old_block_records_still_read_and_new_fields_round_trip() {
+        let old = decode_block(br#"{"reason":"integrity.unverified-read: chunk 2","since":1700000000,"history":[{"reason":"again","at":1700000100}]}"#).unwrap();
+        assert_eq!((old.reader, old.stop, old.taint_effect), (None, None, None));
+        assert_eq!(old.history[0].reader, None);
+        let pod = probity::ReaderPod::new(
+            "train",
+            "llm-0",
+            Some("3f1c2a7e-5b4d-4e8f-9a0b-1c2d3e4f5a6b".into()),
+        )
+        .unwrap();
+        let new = BlockRecord::new("integrity.unverified-read", 5)
+            .with_stop(Some(pod), Some("node".into()), Some("NoExecute".into()))
+            .blocked_again_by("again", 6, None);
+        let bytes = serde_json::to_vec(&new).unwrap();
+        let text = String::from_utf8(bytes.clone()).unwrap();
+        assert!(text.contains(r#""taintEffect":"NoExecute""#), "{text}");
+        assert_eq!(decode_block(&bytes).unwrap(), new);
     }
 
     #[test]

@@ -263,7 +263,19 @@ fn a_queued_block_survives_a_restart_of_the_process() {
     unreachable.endpoints = vec![dead_url];
     {
         let state = EtcdState::open(unreachable, dir.path(), options()).unwrap();
-        let record = probity::BlockRecord::new("failed verification", 5);
+        // A failed read's block: its reader, stop scope and taint effect travel through
+        // the queue on disk and etcd unchanged.
+        let reader = probity::ReaderPod::new(
+            "train",
+            "llm-0",
+            Some("3f1c2a7e-5b4d-4e8f-9a0b-1c2d3e4f5a6b".into()),
+        )
+        .unwrap();
+        let record = probity::BlockRecord::new("failed verification", 5).with_stop(
+            Some(reader),
+            Some("node".into()),
+            Some("NoExecute".into()),
+        );
         state.queue_block("gpu-q", &record).unwrap();
         assert_eq!(state.unshared_blocks().len(), 1);
     }
@@ -280,6 +292,17 @@ fn a_queued_block_survives_a_restart_of_the_process() {
     wait_for(WAIT, "and leaves the queue", || {
         state.unshared_blocks().is_empty().then_some(())
     });
+    let stored = probity::state::SharedState::blocked_nodes(state.as_ref()).unwrap();
+    let record = &stored.iter().find(|b| b.node == "gpu-q").unwrap().record;
+    assert_eq!(
+        record.reader.as_ref().map(|r| r.name.as_str()),
+        Some("llm-0")
+    );
+    assert_eq!(
+        (record.stop.as_deref(), record.taint_effect.as_deref()),
+        (Some("node"), Some("NoExecute"))
+    );
+    assert_eq!(engine.blocked_nodes()["gpu-q"], *record);
 }
 
 /// Many rounds of two processes sealing one object id at once with different manifests:

@@ -154,6 +154,11 @@ def _load():
             "probity_remove_entities": (status, [_Handle, ctypes.c_char_p, ctypes.c_size_t]),
             "probity_verify": (status, [_Handle, cstr, cstr, cstr, cstr, cstr] + out_buf),
             "probity_reader_open": (status, [_Handle, cstr, cstr, cstr, cstr, cstr, ctypes.POINTER(_Handle)]),
+            "probity_verify_as": (status, [_Handle, cstr, cstr, cstr, cstr, cstr, cstr, cstr, cstr] + out_buf),
+            "probity_reader_open_as": (
+                status,
+                [_Handle, cstr, cstr, cstr, cstr, cstr, cstr, cstr, cstr, ctypes.POINTER(_Handle)],
+            ),
             "probity_reader_read": (status, [_Handle, ctypes.c_void_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_size_t)]),
             "probity_reader_read_at": (
                 status,
@@ -323,20 +328,23 @@ class Engine:
         """Reloads the policy directory; a bad set raises PolicyInvalid and the old one keeps serving."""
         _call(self._lib, self._lib.probity_engine_reload, self._handle)
 
-    def verify(self, path, object_id, *, manifest=None, public_key=None, node=None):
+    def verify(self, path, object_id, *, manifest=None, public_key=None, node=None, reader=None):
         """Verifies a whole object against its signed manifest; returns the report (a dict).
 
         Raises IntegrityFailure (the object failed; with a node, the node is blocked) or
         Denied (it verified, but the policies deny the node's read), each with ``.report``.
+        ``reader``: the Kubernetes pod that reads, ``{"namespace", "name", "uid"?}``; a
+        block the read causes records it (a malformed one raises InvalidArgument).
         """
         out = _Buffer(self._lib)
-        status = self._lib.probity_verify(
+        status = self._lib.probity_verify_as(
             self._handle,
             _str(path, "path"),
             _str(manifest, "manifest"),
             _str(object_id, "object_id"),
             _str(public_key, "public_key"),
             _str(node, "node"),
+            *_reader_args(reader),
             *out.args(),
         )
         report = out.take()
@@ -344,9 +352,22 @@ class Engine:
             raise _error(self._lib, status, report)
         return report
 
-    def open_reader(self, path, object_id, *, manifest=None, public_key=None, node=None):
+    def open_reader(self, path, object_id, *, manifest=None, public_key=None, node=None, reader=None):
         """A file-like VerifiedReader over ``path``: see VerifiedReader."""
-        return VerifiedReader(self, path, object_id, manifest=manifest, public_key=public_key, node=node)
+        return VerifiedReader(
+            self, path, object_id, manifest=manifest, public_key=public_key, node=node, reader=reader
+        )
+
+
+def _reader_args(reader):
+    """The three C strings of a reader pod ``{"namespace", "name", "uid"?}`` (or None)."""
+    if reader is None:
+        return (None, None, None)
+    return (
+        _str(reader.get("namespace"), "reader.namespace"),
+        _str(reader.get("name"), "reader.name"),
+        _str(reader.get("uid"), "reader.uid"),
+    )
 
 
 class VerifiedReader(io.RawIOBase):
@@ -359,7 +380,7 @@ class VerifiedReader(io.RawIOBase):
     is denied and the node blocked), and a node they already deny gets Denied at open.
     """
 
-    def __init__(self, engine, path, object_id, *, manifest=None, public_key=None, node=None):
+    def __init__(self, engine, path, object_id, *, manifest=None, public_key=None, node=None, reader=None):
         super().__init__()
         self._lib = engine._lib
         self._handle = _Handle(0)
@@ -367,13 +388,14 @@ class VerifiedReader(io.RawIOBase):
         self.object_id = object_id
         _call(
             self._lib,
-            self._lib.probity_reader_open,
+            self._lib.probity_reader_open_as,
             engine._handle,
             _str(path, "path"),
             _str(manifest, "manifest"),
             _str(public_key, "public_key"),
             _str(object_id, "object_id"),
             _str(node, "node"),
+            *_reader_args(reader),
             ctypes.byref(self._handle),
         )
         size = ctypes.c_uint64(0)

@@ -138,6 +138,16 @@ def test_verify_reports_and_a_failure_blocks_through_the_policies(engine, fixtur
         engine.verify(fixtures / "epoch-7.ckpt", OBJECT_ID, node="gpu-h1")
 
 
+def test_a_read_names_its_pod_and_a_malformed_one_is_refused(engine, fixtures):
+    with pytest.raises(probity.InvalidArgument) as bad:
+        engine.verify(fixtures / "tampered.ckpt", OBJECT_ID, node="gpu-h1", reader={"namespace": "train", "name": "Bad_Name"})
+    assert str(bad.value).startswith("reader.name: ")
+    pod = {"namespace": "train", "name": "llm-0", "uid": "3f1c2a7e-5b4d-4e8f-9a0b-1c2d3e4f5a6b"}
+    with pytest.raises(probity.IntegrityFailure) as failure:
+        engine.verify(fixtures / "tampered.ckpt", OBJECT_ID, node="gpu-h1", reader=pod)
+    assert failure.value.report["decision"]["obligations"][0]["parameters"] == {"stop": "reader"}
+
+
 def test_misuse_is_an_exception_not_a_crash(fixtures):
     e = probity.Engine()
     e.close()

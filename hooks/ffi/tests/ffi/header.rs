@@ -58,6 +58,8 @@ fn the_header_declares_every_entry_point() {
         "probity_upsert_entities",
         "probity_remove_entities",
         "probity_verify",
+        "probity_verify_as",
+        "probity_reader_open_as",
         "probity_reader_open",
         "probity_reader_read",
         "probity_reader_read_at",

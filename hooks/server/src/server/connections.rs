@@ -39,7 +39,12 @@ pub(super) async fn accept_unix(
         };
         match accepted {
             Ok((stream, _)) => {
-                let caller = stream.peer_cred().ok().map(|c| Caller::unix_uid(c.uid()));
+                let cred = stream.peer_cred().ok();
+                let caller = cred.map(|c| Caller::unix_uid(c.uid()));
+                // A local reader's claim to be a pod is checked against this process.
+                let peer = cred.map(|c| crate::PeerProcess {
+                    pid: c.pid().unwrap_or(0),
+                });
                 let key = caller.as_ref().map_or("unix:unknown", |c| c.0.as_str());
                 let Ok(permit) = limits.connections.admit(key) else {
                     tracing::debug!(
@@ -51,6 +56,7 @@ pub(super) async fn accept_unix(
                 serve_connection(
                     stream,
                     caller,
+                    peer,
                     router.clone(),
                     graceful.watcher(),
                     permit,
@@ -98,6 +104,7 @@ pub(super) async fn accept_tcp(
                 serve_connection(
                     stream,
                     Some(Caller::anonymous_at(peer.ip())),
+                    None,
                     router.clone(),
                     graceful.watcher(),
                     permit,
@@ -157,6 +164,7 @@ pub(super) async fn accept_tcp(
                     serve_connection(
                         tls,
                         Some(caller),
+                        None,
                         router,
                         watcher,
                         permit,
@@ -171,6 +179,7 @@ pub(super) async fn accept_tcp(
 fn serve_connection<I>(
     io: I,
     caller: Option<Caller>,
+    peer: Option<crate::PeerProcess>,
     router: Router,
     watcher: Watcher,
     permit: crate::limits::ConnectionPermit,
@@ -181,6 +190,9 @@ fn serve_connection<I>(
     let service = hyper::service::service_fn(move |mut req: hyper::Request<Incoming>| {
         if let Some(c) = &caller {
             req.extensions_mut().insert(c.clone());
+        }
+        if let Some(p) = peer {
+            req.extensions_mut().insert(p);
         }
         router.clone().oneshot(req)
     });

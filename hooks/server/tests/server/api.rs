@@ -1393,4 +1393,96 @@ async fn events_posted_by_a_permitted_caller_are_appended_to_the_event_log() {
     .await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
     assert_eq!(store.events(0).unwrap().len(), 1);
+
+/// The issue: a failed verified read names its pod, and the block record says so, with
+/// what the cluster manager must stop; a malformed pod is a 400 naming the field.
+#[tokio::test]
+async fn verify_by_a_named_pod_puts_the_reader_and_stop_in_the_block_record() {
+    use probity::integrity::{self, Anchor, HashOptions, SoftwareAnchor};
+    use probity::state::StateStore;
+    use std::sync::Arc;
+
+    let tmp = tempfile::tempdir().unwrap();
+    let state_dir = tmp.path().join("state");
+    let store = Arc::new(StateStore::open(&state_dir).unwrap());
+    let anchor = SoftwareAnchor::load_or_generate(&tmp.path().join("anchor.key")).unwrap();
+    std::fs::write(state_dir.join("trusted.pub"), anchor.public_key().to_hex()).unwrap();
+    let file = tmp.path().join("epoch-3.ckpt");
+    let data: Vec<u8> = (0..20_000u32).map(|i| (i % 249) as u8).collect();
+    std::fs::write(&file, &data).unwrap();
+    let options = HashOptions {
+        chunk_size: 4096,
+        ..HashOptions::default()
+    };
+    let signed =
+        integrity::SignedManifest::seal(&file, "llm/epoch-3", 1, &anchor, store.as_ref(), &options)
+            .unwrap();
+    std::fs::write(tmp.path().join("epoch-3.ckpt.manifest"), signed.encode()).unwrap();
+    let mut config = Config::default();
+    config.integrity.state_dir = Some(state_dir.clone());
+    config.integrity.data_roots = vec![tmp.path().to_owned()];
+    let engine = crate::engine();
+    engine.attach_state(store.clone()).unwrap();
+    let s = probity_server::AppState::new(engine, config);
+    let uid = "3f1c2a7e-5b4d-4e8f-9a0b-1c2d3e4f5a6b";
+
+    // Bad pods are refused before anything is read, naming the field.
+    for (reader, field) in [
+        (
+            json!({"namespace": "Train", "name": "llm-0"}),
+            "reader.namespace",
+        ),
+        (
+            json!({"namespace": "train", "name": "llm 0"}),
+            "reader.name",
+        ),
+        (
+            json!({"namespace": "train", "name": "llm-0", "uid": "x"}),
+            "reader.uid",
+        ),
+    ] {
+        let body = json!({"path": file, "id": "llm/epoch-3", "node": "gpu-a1", "reader": reader});
+        let (status, out) = call(&s, Method::POST, "/v1/verify", Some(&body), Some("uid:0")).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{out}");
+        assert!(
+            out["error"]
+                .as_str()
+                .unwrap()
+                .starts_with(&format!("{field}: ")),
+            "{out}"
+        );
+    }
+    let body = json!({"path": file, "id": "llm/epoch-3", "node": "gpu-a1", "reader": {"namespace": "train"}});
+    let (status, _) = call(&s, Method::POST, "/v1/verify", Some(&body), Some("uid:0")).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert!(store.blocked("gpu-a1").unwrap().is_none());
+
+    let mut bad = data.clone();
+    bad[5000] ^= 0x02;
+    std::fs::write(&file, &bad).unwrap();
+    let body = json!({"path": file, "id": "llm/epoch-3", "node": "gpu-a1",
+                      "reader": {"namespace": "train", "name": "llm-0", "uid": uid}});
+    let (status, out) = call(&s, Method::POST, "/v1/verify", Some(&body), Some("uid:0")).await;
+    assert_eq!(status, StatusCode::OK, "{out}");
+    assert_eq!(out["decision"]["decision"], "deny");
+    let (_, blocked) = call(&s, Method::GET, "/v1/nodes/blocked", None, None).await;
+    let record = &blocked["nodes"]["gpu-a1"];
+    assert_eq!(
+        record["reader"],
+        json!({"namespace": "train", "name": "llm-0", "uid": uid}),
+        "{blocked}"
+    );
+    assert_eq!(record["stop"], "reader", "{blocked}");
+    assert!(record.get("taintEffect").is_none(), "{blocked}");
+    assert_eq!(
+        store
+            .blocked("gpu-a1")
+            .unwrap()
+            .unwrap()
+            .record
+            .reader
+            .unwrap()
+            .name,
+        "llm-0"
+    );
 }

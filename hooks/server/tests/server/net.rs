@@ -897,3 +897,81 @@ async fn a_sealed_server_serves_its_sealed_set_and_refuses_a_changed_one() {
         "{err}"
     );
 }
+
+/// The issue: a local process may name only the pod it runs in. This test process runs
+/// in no pod's cgroup, so its claim to be a pod is refused (403, saying why) and
+/// nothing is read or blocked.
+#[tokio::test]
+async fn a_reader_pod_claimed_over_the_unix_socket_must_match_the_callers_cgroup() {
+    use probity::integrity::{self, Anchor, HashOptions, SoftwareAnchor};
+    use probity::state::StateStore;
+
+    let tmp = tempfile::tempdir().unwrap();
+    let state_dir = tmp.path().join("state");
+    let file = tmp.path().join("data/epoch-1.ckpt");
+    std::fs::create_dir_all(file.parent().unwrap()).unwrap();
+    std::fs::write(&file, vec![7u8; 9000]).unwrap();
+    {
+        let store = StateStore::open(&state_dir).unwrap();
+        let anchor = SoftwareAnchor::load_or_generate(&tmp.path().join("anchor.key")).unwrap();
+        std::fs::write(state_dir.join("trusted.pub"), anchor.public_key().to_hex()).unwrap();
+        let signed = integrity::SignedManifest::seal(
+            &file,
+            "llm/epoch-1",
+            1,
+            &anchor,
+            &store,
+            &HashOptions::default(),
+        )
+        .unwrap();
+        std::fs::write(
+            tmp.path().join("data/epoch-1.ckpt.manifest"),
+            signed.encode(),
+        )
+        .unwrap();
+    }
+    std::fs::write(&file, vec![8u8; 9000]).unwrap();
+    let path = tmp.path().join("probity.sock");
+    let mut config = Config::default();
+    config.server.socket = path.clone();
+    config.integrity.state_dir = Some(state_dir);
+    config.integrity.data_roots = vec![tmp.path().join("data")];
+    let me = format!("uid:{}", owner_uid(tmp.path()));
+    config.auth.groups.insert("admins".into(), vec![me]);
+    let running = Running::start(config).await;
+    let mut c = connect(tokio::net::UnixStream::connect(&path).await.unwrap()).await;
+    let claimed = "3f1c2a7e-5b4d-4e8f-9a0b-1c2d3e4f5a6b";
+    let body = json!({"path": file, "id": "llm/epoch-1", "node": "gpu-a1",
+                      "reader": {"namespace": "train", "name": "llm-0", "uid": claimed}});
+    let (status, out) = send(&mut c, Method::POST, "/v1/verify", Some(&body)).await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{out}");
+    let message = out["error"].as_str().unwrap();
+    assert!(
+        message.starts_with(
+            "reader train/llm-0: reader.uid: the calling process is in no pod's cgroup"
+        ),
+        "{out}"
+    );
+    assert!(message.contains(claimed), "{out}");
+    assert!(
+        !running
+            .state
+            .engine()
+            .blocked_nodes()
+            .contains_key("gpu-a1")
+    );
+    // Without a claim, the same read goes through the policies and blocks the node.
+    let body = json!({"path": file, "id": "llm/epoch-1", "node": "gpu-a1"});
+    let (status, out) = send(&mut c, Method::POST, "/v1/verify", Some(&body)).await;
+    assert_eq!(status, StatusCode::OK, "{out}");
+    assert_eq!(out["verified"], false, "{out}");
+    assert!(
+        running
+            .state
+            .engine()
+            .blocked_nodes()
+            .contains_key("gpu-a1")
+    );
+    drop(c);
+    running.stop().await;
+}
