@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
-use probity_kube::Cluster;
 use probity_kube::controller::{self, BreakerLimits, Controller, ControllerOptions, ProbityApi};
+use probity_kube::{Cluster, Retries};
 
 use crate::exit;
 
@@ -124,9 +124,11 @@ impl Target {
     }
 
     async fn cluster(&self) -> Result<Cluster> {
+        // The controller retries what the apiserver refuses for now (an eviction a
+        // disruption budget forbids) itself, reporting each refusal.
         Ok(match &self.kubeconfig {
-            Some(path) => Cluster::from_kubeconfig(path).await?,
-            None => Cluster::in_cluster()?,
+            Some(path) => Cluster::from_kubeconfig_with(path, Retries::Caller).await?,
+            None => Cluster::in_cluster(Retries::Caller)?,
         })
     }
 }

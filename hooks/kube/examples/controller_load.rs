@@ -15,7 +15,7 @@
 //! 4. the controller process's CPU seconds and its peak resident memory (VmHWM).
 //!
 //! ```sh
-//! cargo build --release -p probity-cli -p probity-kube --example controller_load
+//! cargo build --release -p probity-cli && cargo build --release -p probity-kube --example controller_load
 //! PROBITY_KUBE_BIN=$(bash scripts/build-control-plane.sh) \
 //!   target/release/examples/controller_load 1000 10000 100
 //! ```

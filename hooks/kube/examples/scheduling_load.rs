@@ -16,7 +16,7 @@
 //! they are not what is measured.
 //!
 //! ```sh
-//! cargo build --release -p probity-cli -p probity-kube --example scheduling_load
+//! cargo build --release -p probity-cli && cargo build --release -p probity-kube --example scheduling_load
 //! PROBITY_KUBE_BIN=$(bash scripts/build-control-plane.sh) \
 //!   target/release/examples/scheduling_load 1000 1000
 //! ```

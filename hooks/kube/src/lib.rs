@@ -25,6 +25,17 @@ use kube::discovery::{ApiCapabilities, ApiResource, Scope};
 use serde::Deserialize;
 use serde_json::Value;
 
+/// Who retries a request the apiserver answers 429, 503 or 504.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Retries {
+    /// The client, honouring `Retry-After`, up to 15 times: a call may wait minutes.
+    Client,
+    /// The caller: every answer comes back at once. The controller's choice, since an
+    /// eviction a disruption budget refuses is answered 429 with `Retry-After`, and the
+    /// controller must report it and go on, not stall its pass.
+    Caller,
+}
+
 /// What went wrong talking to Kubernetes or reading manifests.
 #[derive(Debug, thiserror::Error)]
 pub enum KubeError {
@@ -172,19 +183,26 @@ pub struct Cluster {
 }
 
 impl Cluster {
-    /// A client from a kubeconfig file (its current context).
+    /// A client from the kubeconfig at `path`, retrying transient answers (429, 503,
+    /// 504) itself, as the kube client does by default.
     pub async fn from_kubeconfig(path: &Path) -> Result<Cluster, KubeError> {
+        Cluster::from_kubeconfig_with(path, Retries::Client).await
+    }
+
+    /// A client from the kubeconfig at `path`, with `retries` saying who retries.
+    pub async fn from_kubeconfig_with(path: &Path, retries: Retries) -> Result<Cluster, KubeError> {
         let kubeconfig = Kubeconfig::read_from(path).map_err(|source| KubeError::Kubeconfig {
             path: path.to_owned(),
             source,
         })?;
-        let config =
+        let mut config =
             kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
                 .await
                 .map_err(|source| KubeError::Kubeconfig {
                     path: path.to_owned(),
                     source,
                 })?;
+        config.default_retry = retries == Retries::Client;
         let client = kube::Client::try_from(config).map_err(|source| KubeError::Client {
             path: path.to_owned(),
             source,
@@ -193,9 +211,11 @@ impl Cluster {
     }
 
     /// A client from the pod's own service account (the controller in the cluster).
-    pub fn in_cluster() -> Result<Cluster, KubeError> {
+    pub fn in_cluster(retries: Retries) -> Result<Cluster, KubeError> {
         let path = PathBuf::from("/var/run/secrets/kubernetes.io/serviceaccount");
-        let config = kube::Config::incluster().map_err(|source| KubeError::InCluster { source })?;
+        let mut config =
+            kube::Config::incluster().map_err(|source| KubeError::InCluster { source })?;
+        config.default_retry = retries == Retries::Client;
         let client =
             kube::Client::try_from(config).map_err(|source| KubeError::Client { path, source })?;
         Ok(Cluster { client })

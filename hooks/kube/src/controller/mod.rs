@@ -686,6 +686,15 @@ impl Controller {
                 }
             }
         }
+        for record in &records {
+            tracing::info!(
+                node,
+                action = "stop",
+                outcome = record.outcome,
+                detail = record.detail,
+                "stop"
+            );
+        }
         (complete, records)
     }
 

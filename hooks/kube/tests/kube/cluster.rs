@@ -502,8 +502,9 @@ impl Drop for ControlPlane {
     }
 }
 
-/// `probity controller run` as `identity` against `plane` and `probity`, with a short
-/// lease and `extra` flags. The breaker's pool share is opened to 100% (its default, 10%
+/// `probity controller run` as `identity` against `plane` and `probity`, with `extra`
+/// flags, and unless they set them a short lease, a pass every 100 ms, and the breaker's
+/// pool share is opened to 100% (its default, 10%
 /// of a pool but at least a node, would stop the second block in these small pools); the
 /// breaker's own test sets its limits.
 pub fn start_controller(
@@ -529,10 +530,15 @@ pub fn start_controller(
         .arg("--probity-key")
         .arg(key)
         .args(["--namespace", "probity-system", "--identity", identity])
-        .args(["--lease-seconds", "2", "--interval-ms", "100"])
         .args(extra);
-    if !extra.contains(&"--max-percent") {
-        command.args(["--max-percent", "100"]);
+    for (flag, value) in [
+        ("--lease-seconds", "2"),
+        ("--interval-ms", "100"),
+        ("--max-percent", "100"),
+    ] {
+        if !extra.contains(&flag) {
+            command.args([flag, value]);
+        }
     }
     Proc::spawn(
         "probity controller",
@@ -636,6 +642,8 @@ impl Scheduler {
 pub struct Probity {
     pub port: u16,
     pub state_dir: PathBuf,
+    /// The data root verified reads are allowed under.
+    pub data_dir: PathBuf,
     config: PathBuf,
     entities: PathBuf,
     dir: PathBuf,
@@ -667,11 +675,21 @@ impl Probity {
             std::os::unix::fs::PermissionsExt::from_mode(0o700),
         )
         .unwrap();
+        // Verified reads: objects under `data/`, manifests signed by the integrity
+        // fixtures' signer (testdata/integrity), whose key the state directory pins.
+        let data = dir.join("data");
+        std::fs::create_dir_all(&data).unwrap();
+        std::fs::copy(
+            root().join("testdata/integrity/signer-public-key.hex"),
+            state_dir.join("trusted.pub"),
+        )
+        .unwrap();
         let config = dir.join("probity-server.toml");
         std::fs::write(
             &config,
             format!(
-                "[server]\nsocket = \"\"\nlisten = \"127.0.0.1:{port}\"\ntls_cert = {crt:?}\n\
+                "[integrity]\ndata_roots = [{data:?}]\n\
+                 [server]\nsocket = \"\"\nlisten = \"127.0.0.1:{port}\"\ntls_cert = {crt:?}\n\
                  tls_key = {key:?}\nclient_ca = {ca:?}\nclient_auth = \"optional\"\n\
                  [auth.groups]\nadmins = [\"cn:probity-test-admin\"]\n\
                  event-recorders = [\"cn:probity-controller\"]\n",
@@ -682,6 +700,7 @@ impl Probity {
         let mut probity = Probity {
             port,
             state_dir,
+            data_dir: data,
             config,
             entities: entities.to_owned(),
             dir,

@@ -107,8 +107,32 @@ impl Harness {
         .await
     }
 
-    /// Waits until the controller's shared state satisfies `ready`; the state.
+    /// Waits until the controller's shared state satisfies `ready`; the state. A test
+    /// that times out here prints the state as it was.
     async fn state_until(&self, what: &str, ready: impl Fn(&Value) -> bool) -> Value {
+        struct ShowState(std::path::PathBuf);
+        impl Drop for ShowState {
+            fn drop(&mut self) {
+                if std::thread::panicking() {
+                    let out = Command::new(crate::cluster::kube_bin("kubectl"))
+                        .arg("--kubeconfig")
+                        .arg(&self.0)
+                        .args([
+                            "-n",
+                            NAMESPACE,
+                            "get",
+                            "configmap",
+                            "probity-controller-state",
+                        ])
+                        .args(["-o", "jsonpath={.data.state}"])
+                        .output();
+                    if let Ok(out) = out {
+                        eprintln!("controller state: {}", String::from_utf8_lossy(&out.stdout));
+                    }
+                }
+            }
+        }
+        let _show = ShowState(self.plane.kubeconfig.clone());
         let maps: Api<ConfigMap> = Api::namespaced(self.plane.client(), NAMESPACE);
         watch_until(
             &maps,
@@ -694,4 +718,211 @@ async fn nodes_without_probitys_zone_label_get_it_from_the_store_and_gpu_pods_bi
     let labels = a1.metadata.labels.unwrap();
     assert_eq!(labels["topology.kubernetes.io/zone"], "zone-a");
     assert_eq!(labels["kubernetes.io/hostname"], "gpu-a1");
+}
+
+/// A pod bound to `node` in `namespace` (no kubelet: it stays as created), made Running
+/// and Ready when `ready`, so a disruption budget counts it. Its uid.
+async fn bound_pod(
+    h: &Harness,
+    namespace: &str,
+    name: &str,
+    node: &str,
+    labels: Value,
+    ready: bool,
+) -> String {
+    let pods: Api<Pod> = Api::namespaced(h.plane.client(), namespace);
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": name, "labels": labels},
+        "spec": {"nodeName": node, "containers": [{"name": "main", "image": "trainer:1"}]}
+    }))
+    .unwrap();
+    let created = pods.create(&PostParams::default(), &pod).await.unwrap();
+    if ready {
+        let status = json!({"status": {"phase": "Running", "conditions": [
+            {"type": "Ready", "status": "True"}]}});
+        pods.patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
+            .await
+            .unwrap();
+    }
+    created.metadata.uid.unwrap()
+}
+
+/// A checkpoint under Probity's data root with one byte flipped, beside its signed
+/// manifest: the verified read of it fails.
+fn tampered_checkpoint(h: &Harness) -> std::path::PathBuf {
+    let path = h.probity.data_dir.join("epoch-7.ckpt");
+    let mut data = std::fs::read(root().join("testdata/integrity/object-7chunks.bin")).unwrap();
+    data[100] ^= 0x01;
+    std::fs::write(&path, data).unwrap();
+    std::fs::copy(
+        root().join("testdata/integrity/signed-manifest-v1.bin"),
+        h.probity.data_dir.join("epoch-7.ckpt.manifest"),
+    )
+    .unwrap();
+    path
+}
+
+/// The reading pod reads the tampered checkpoint through Probity's API, naming itself.
+async fn failed_read(h: &Harness, node: &str, namespace: &str, pod: &str, uid: &str) {
+    let path = tampered_checkpoint(h);
+    let (status, body) = h
+        .probity
+        .call(
+            "POST",
+            "/v1/verify",
+            &json!({"path": path, "id": "testdata/known-answer", "node": node,
+                    "reader": {"namespace": namespace, "name": pod, "uid": uid}}),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["verified"], false, "{body}");
+    let (_, blocked) = h.probity.call("GET", "/v1/nodes/blocked", &json!({})).await;
+    assert_eq!(blocked["nodes"][node]["reader"]["name"], pod, "{blocked}");
+    assert_eq!(blocked["nodes"][node]["stop"], "reader", "{blocked}");
+}
+
+fn terminating(pod: &Pod) -> bool {
+    pod.metadata.deletion_timestamp.is_some()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_verified_read_taints_the_node_and_evicts_only_the_reading_pod() {
+    let h = Harness::start(&["gpu-1", "gpu-2"]).await;
+    h.plane.namespace("training").await;
+    let uid = bound_pod(
+        &h,
+        "training",
+        "trainer-0",
+        "gpu-1",
+        json!({"app": "trainer"}),
+        false,
+    )
+    .await;
+    bound_pod(
+        &h,
+        "training",
+        "bystander",
+        "gpu-1",
+        json!({"app": "other"}),
+        false,
+    )
+    .await;
+    let _controller = h.controller("c1", &[]);
+    failed_read(&h, "gpu-1", "training", "trainer-0", &uid).await;
+
+    let node = h
+        .node_until("gpu-1", "tainted after the failed read", |n| {
+            has_taint(n, TAINT)
+        })
+        .await;
+    assert_eq!(annotation(&node).unwrap()["reader"]["name"], "trainer-0");
+    let pods: Api<Pod> = Api::namespaced(h.plane.client(), "training");
+    // Evicted (no kubelet finishes it: the eviction is accepted and the pod terminating).
+    watch_until(
+        &pods,
+        &WatchParams::default().fields("metadata.name=trainer-0"),
+        "trainer-0 evicted",
+        WAIT,
+        |p: &Pod| terminating(p).then_some(()),
+    )
+    .await;
+    let state = h
+        .state_until("the stop reported", |s| s["stopped"]["gpu-1"].is_u64())
+        .await;
+    let stop = state["report"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["action"] == "stop")
+        .unwrap();
+    assert_eq!(stop["outcome"], "done", "{state}");
+    assert_eq!(stop["detail"], "training/trainer-0 evicted", "{state}");
+    // The policy says `reader`: the other pod on the node keeps running.
+    assert!(!terminating(&pods.get("bystander").await.unwrap()));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_eviction_a_disruption_budget_forbids_is_retried_and_reported_and_deleted_only_by_escalation()
+ {
+    let h = Harness::start(&["gpu-1"]).await;
+    h.plane.namespace("training").await;
+    let uid = bound_pod(
+        &h,
+        "training",
+        "guarded-0",
+        "gpu-1",
+        json!({"app": "guarded"}),
+        true,
+    )
+    .await;
+    bound_pod(
+        &h,
+        "training",
+        "guarded-1",
+        "gpu-1",
+        json!({"app": "guarded"}),
+        true,
+    )
+    .await;
+    let budgets: Api<k8s_openapi::api::policy::v1::PodDisruptionBudget> =
+        Api::namespaced(h.plane.client(), "training");
+    budgets
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "metadata": {"name": "guarded"},
+                "spec": {"minAvailable": 2, "selector": {"matchLabels": {"app": "guarded"}}}
+            }))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    watch_until(
+        &budgets,
+        &WatchParams::default().fields("metadata.name=guarded"),
+        "the budget counting both pods healthy",
+        WAIT,
+        |b: &k8s_openapi::api::policy::v1::PodDisruptionBudget| {
+            let status = b.status.as_ref()?;
+            (status.current_healthy == Some(2) && status.disruptions_allowed == Some(0))
+                .then_some(())
+        },
+    )
+    .await;
+    let controller = h.controller("c1", &[]);
+    failed_read(&h, "gpu-1", "training", "guarded-0", &uid).await;
+    // Refused, retried with back-off, reported each time, never deleted.
+    let state = h
+        .state_until("two refused evictions", |s| {
+            s["report"]
+                .as_array()
+                .is_some_and(|r| r.iter().filter(|r| r["outcome"] == "disrupted").count() >= 2)
+        })
+        .await;
+    assert!(state["stopping"]["training/guarded-0"]["attempts"].as_u64() >= Some(2));
+    assert!(state["stopped"]["gpu-1"].is_null(), "{state}");
+    let pods: Api<Pod> = Api::namespaced(h.plane.client(), "training");
+    assert!(!terminating(&pods.get("guarded-0").await.unwrap()));
+
+    // The operator's escalation: past its timeout the pod is deleted, and said so.
+    drop(controller);
+    let _controller = h.controller("c2", &["--evict-escalate-after-seconds", "1"]);
+    let state = h
+        .state_until("the escalation", |s| s["stopped"]["gpu-1"].is_u64())
+        .await;
+    assert!(
+        state["report"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|r| r["outcome"] == "escalated"
+                && r["detail"]
+                    .as_str()
+                    .unwrap()
+                    .starts_with("training/guarded-0 deleted")),
+        "{state}"
+    );
+    let guarded = pods.get_opt("guarded-0").await.unwrap();
+    assert!(guarded.as_ref().is_none_or(terminating));
+    assert!(!terminating(&pods.get("guarded-1").await.unwrap()));
 }

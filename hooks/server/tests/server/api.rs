@@ -1332,7 +1332,7 @@ async fn bug_one_anonymous_client_spent_every_anonymous_clients_budget() {
 
 #[tokio::test]
 async fn events_posted_by_a_permitted_caller_are_appended_to_the_event_log() {
-    use probity::state::{LocalLog, StateStore};
+    use probity::state::StateStore;
     use std::sync::Arc;
 
     let tmp = tempfile::tempdir().unwrap();
@@ -1393,6 +1393,7 @@ async fn events_posted_by_a_permitted_caller_are_appended_to_the_event_log() {
     .await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
     assert_eq!(store.events(0).unwrap().len(), 1);
+}
 
 /// The issue: a failed verified read names its pod, and the block record says so, with
 /// what the cluster manager must stop; a malformed pod is a 400 naming the field.
