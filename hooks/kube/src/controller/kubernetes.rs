@@ -113,6 +113,23 @@ mod tests {
     }
 }
 
+/// A node's taints as they are (none: an empty list).
+fn node_taints(node: &Node) -> Vec<Taint> {
+    node.spec
+        .as_ref()
+        .and_then(|s| s.taints.clone())
+        .unwrap_or_default()
+}
+
+/// The delete precondition that makes sure the pod meant is the pod stopped: a pod
+/// recreated under the same name has another uid.
+fn same_pod(pod: &PodRef) -> Option<Preconditions> {
+    pod.uid.clone().map(|uid| Preconditions {
+        uid: Some(uid),
+        resource_version: None,
+    })
+}
+
 /// Reads Probity's annotation from a node, if it set one (and it still parses).
 pub fn applied_mark(node: &Node) -> Option<AppliedMark> {
     let text = node.metadata.annotations.as_ref()?.get(BLOCK_ANNOTATION)?;
@@ -311,10 +328,7 @@ impl Actuator for KubeActuator {
     async fn delete_pod(&self, pod: &PodRef, reason: &str) -> Result<Outcome, ControllerError> {
         let pods: Api<Pod> = Api::namespaced(self.client.clone(), &pod.namespace);
         let params = DeleteParams {
-            preconditions: pod.uid.clone().map(|uid| Preconditions {
-                uid: Some(uid),
-                resource_version: None,
-            }),
+            preconditions: same_pod(pod),
             ..DeleteParams::default()
         };
         match pods.delete(&pod.name, &params).await {
@@ -333,11 +347,7 @@ impl Actuator for KubeActuator {
         let taint = self.taint.clone();
         let changed = self
             .change_node(name, |node| {
-                let taints = node
-                    .spec
-                    .as_ref()
-                    .and_then(|s| s.taints.clone())
-                    .unwrap_or_default();
+                let taints = node_taints(node);
                 let has_taint = taints.iter().any(|t| taint.matches(t));
                 let previous = applied_mark(node);
                 if has_taint && previous.as_ref().is_some_and(|p| p.block == *block) {
@@ -391,11 +401,7 @@ impl Actuator for KubeActuator {
         let taint = self.taint.clone();
         let changed = self
             .change_node(name, |node| {
-                let taints = node
-                    .spec
-                    .as_ref()
-                    .and_then(|s| s.taints.clone())
-                    .unwrap_or_default();
+                let taints = node_taints(node);
                 let has_mark = node
                     .metadata
                     .annotations
@@ -442,10 +448,7 @@ impl Actuator for KubeActuator {
         let params = EvictParams {
             delete_options: Some(DeleteParams {
                 dry_run,
-                preconditions: pod.uid.clone().map(|uid| Preconditions {
-                    uid: Some(uid),
-                    resource_version: None,
-                }),
+                preconditions: same_pod(pod),
                 ..DeleteParams::default()
             }),
             post_options: PostParams {
