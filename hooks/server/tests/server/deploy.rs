@@ -1589,6 +1589,20 @@ fn the_prometheus_rule_renders_only_with_its_api() {
     let r = render(&[], &["--api-versions", "monitoring.coreos.com/v1"]);
     let rule = r.workload("PrometheusRule");
     assert!(rule.to_string().contains("probity_state_connected"));
+    // A tripped breaker is an alert (it stays tripped until an operator resets it).
+    assert!(
+        rule.to_string()
+            .contains("probity_controller_breaker_tripped")
+    );
+    let r = render(
+        &["controller: {enabled: false}"],
+        &["--api-versions", "monitoring.coreos.com/v1"],
+    );
+    assert!(
+        !r.workload("PrometheusRule")
+            .to_string()
+            .contains("probity_controller")
+    );
 }
 
 /// The real kube-scheduler (`$PROBITY_KUBE_BIN/kube-scheduler`) loads the rendered
