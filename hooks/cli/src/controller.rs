@@ -98,6 +98,10 @@ pub struct RunArgs {
     /// server's `[admission] zone_label`).
     #[arg(long, default_value = "topology.probity.io/zone")]
     zone_label: String,
+    /// The Node attribute that names a node's zone in Probity's store (the schema's
+    /// `@placement_group`).
+    #[arg(long, default_value = "zone")]
+    zone_attribute: String,
     /// Seconds between comparisons of the zone labels with the store.
     #[arg(long, default_value_t = 30)]
     label_interval_seconds: u64,
@@ -222,6 +226,7 @@ async fn run(args: RunArgs) -> Result<u8> {
     }
     options.dry_run = args.dry_run;
     options.zone_label = args.zone_label.clone();
+    options.zone_attribute = args.zone_attribute.clone();
     options.label_interval = Duration::from_secs(args.label_interval_seconds.max(1));
     options.evict_escalation = args.evict_escalate_after_seconds.map(Duration::from_secs);
     // With a client certificate the controller can be let record its actions in
