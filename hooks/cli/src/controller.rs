@@ -210,7 +210,11 @@ async fn run(args: RunArgs) -> Result<u8> {
     let cluster = args.target.cluster().await?;
     let identity = args.identity.clone().unwrap_or_else(|| {
         let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
-        format!("{}-{}", host.trim(), std::process::id())
+        // The pid alone repeats across hosts with one pid namespace per container.
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+        format!("{}-{}-{nanos:08x}", host.trim(), std::process::id())
     });
     let mut options = args.target.options();
     options.identity = identity;

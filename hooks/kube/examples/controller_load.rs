@@ -266,6 +266,7 @@ async fn main() {
                     namespace: "load".into(),
                     name: format!("p-{i:06}"),
                     uid: None,
+                    node: None,
                 };
                 if actuator.stop_pod(&pod, "load", false).await.is_err() {
                     refused.fetch_add(1, std::sync::atomic::Ordering::Relaxed);

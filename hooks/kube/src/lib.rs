@@ -36,6 +36,15 @@ pub enum Retries {
     Caller,
 }
 
+/// Who retries, and for a caller that retries itself a bound on each call: the kube
+/// client waits for an answer without limit by default, and a controller's pass must not.
+fn configure(config: &mut kube::Config, retries: Retries) {
+    config.default_retry = retries == Retries::Client;
+    if retries == Retries::Caller {
+        config.read_timeout = Some(std::time::Duration::from_secs(30));
+    }
+}
+
 /// What went wrong talking to Kubernetes or reading manifests.
 #[derive(Debug, thiserror::Error)]
 pub enum KubeError {
@@ -202,7 +211,7 @@ impl Cluster {
                     path: path.to_owned(),
                     source,
                 })?;
-        config.default_retry = retries == Retries::Client;
+        configure(&mut config, retries);
         let client = kube::Client::try_from(config).map_err(|source| KubeError::Client {
             path: path.to_owned(),
             source,
@@ -215,7 +224,7 @@ impl Cluster {
         let path = PathBuf::from("/var/run/secrets/kubernetes.io/serviceaccount");
         let mut config =
             kube::Config::incluster().map_err(|source| KubeError::InCluster { source })?;
-        config.default_retry = retries == Retries::Client;
+        configure(&mut config, retries);
         let client =
             kube::Client::try_from(config).map_err(|source| KubeError::Client { path, source })?;
         Ok(Cluster { client })

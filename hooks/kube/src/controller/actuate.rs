@@ -12,6 +12,8 @@ pub enum Outcome {
     Done,
     /// It already was as asked (an action already taken is not taken twice).
     Unchanged,
+    /// The pod named is not on the node named (or has another uid): not stopped.
+    NotThere,
 }
 
 impl Outcome {
@@ -20,6 +22,7 @@ impl Outcome {
         match self {
             Outcome::Done => "done",
             Outcome::Unchanged => "unchanged",
+            Outcome::NotThere => "not-there",
         }
     }
 }
@@ -33,6 +36,9 @@ pub struct PodRef {
     pub name: String,
     /// Its uid, so a pod recreated under the same name is not the one meant.
     pub uid: Option<String>,
+    /// The node it must be on (a reader's claim is checked against it); `None` for a
+    /// pod the cluster listed on the node itself.
+    pub node: Option<String>,
 }
 
 /// The levers a cluster manager gives Probity.

@@ -86,6 +86,11 @@ impl BreakerState {
         }
         let horizon = now.saturating_sub(limits.window_secs);
         self.admitted.retain(|a| a.at > horizon);
+        // A node admitted in this window and asked again (its taint failed, or the node
+        // cache has not seen it yet) is the same block, not a new one.
+        if self.admitted.iter().any(|a| a.node == node) {
+            return Ok(());
+        }
         let refuse = |reason: String| Trip {
             at: now,
             reason,
@@ -170,6 +175,22 @@ mod tests {
         );
         state.reset();
         assert!(state.admit(&limits, "d", &[], &sizes, 10_000).is_ok());
+    }
+
+    #[test]
+    fn a_node_asked_again_within_the_window_is_counted_once() {
+        let limits = BreakerLimits {
+            max_nodes: 1,
+            max_percent: 100,
+            window_secs: 60,
+        };
+        let mut state = BreakerState::default();
+        let sizes = BTreeMap::new();
+        for at in 100..110 {
+            assert!(state.admit(&limits, "a", &[], &sizes, at).is_ok());
+        }
+        assert_eq!(state.admitted.len(), 1);
+        assert!(state.admit(&limits, "b", &[], &sizes, 111).is_err());
     }
 
     #[test]

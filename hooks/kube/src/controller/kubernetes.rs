@@ -320,6 +320,7 @@ impl Actuator for KubeActuator {
                     namespace: pod.metadata.namespace?,
                     name: pod.metadata.name?,
                     uid: pod.metadata.uid,
+                    node: None,
                 })
             })
             .collect())
@@ -444,6 +445,22 @@ impl Actuator for KubeActuator {
         reason: &str,
         dry_run: bool,
     ) -> Result<Outcome, ControllerError> {
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), &pod.namespace);
+        // The reader's name is its own claim: only a pod that is on the blocked node
+        // (and has the uid claimed, when one was) is stopped.
+        if let Some(node) = &pod.node {
+            let found = pods.get_opt(&pod.name).await.map_err(|e| {
+                ControllerError::kube(format!("reading pod {}/{}", pod.namespace, pod.name), e)
+            })?;
+            let Some(found) = found else {
+                return Ok(Outcome::Unchanged);
+            };
+            let on_node = found.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node);
+            let same = pod.uid.is_none() || found.metadata.uid == pod.uid;
+            if !(on_node && same) {
+                return Ok(Outcome::NotThere);
+            }
+        }
         let pods: Api<Pod> = Api::namespaced(self.client.clone(), &pod.namespace);
         let params = EvictParams {
             delete_options: Some(DeleteParams {

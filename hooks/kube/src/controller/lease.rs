@@ -67,6 +67,9 @@ impl LeaseLock {
 
     /// Takes or renews the lease if it may; answers whether this replica leads.
     pub async fn try_hold(&self) -> Result<bool, ControllerError> {
+        // Leadership counts from before the read: a slow answer shortens it, never
+        // stretches it past what a waiting replica allows.
+        let asked = Instant::now();
         let now = MicroTime(jiff::Timestamp::now());
         let seconds = i32::try_from(self.duration.as_secs().max(1)).unwrap_or(i32::MAX);
         let current = self
@@ -90,7 +93,7 @@ impl LeaseLock {
                 }),
             };
             return self
-                .settle(self.api.create(&PostParams::default(), &lease).await)
+                .settle(self.api.create(&PostParams::default(), &lease).await, asked)
                 .await;
         };
         let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
@@ -129,16 +132,20 @@ impl LeaseLock {
             .api
             .replace(&self.name, &PostParams::default(), &lease)
             .await;
-        self.settle(written).await
+        self.settle(written, asked).await
     }
 
-    async fn settle(&self, written: Result<Lease, kube::Error>) -> Result<bool, ControllerError> {
+    async fn settle(
+        &self,
+        written: Result<Lease, kube::Error>,
+        asked: Instant,
+    ) -> Result<bool, ControllerError> {
         let mut observed = self.observed.lock().unwrap_or_else(|p| p.into_inner());
         match written {
             Ok(lease) => {
                 let version = lease.metadata.resource_version.unwrap_or_default();
                 observed.record = Some((version, Instant::now()));
-                observed.renewed = Some(Instant::now());
+                observed.renewed = Some(asked);
                 Ok(true)
             }
             // Another replica wrote first: it leads.

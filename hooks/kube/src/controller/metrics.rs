@@ -151,6 +151,8 @@ pub async fn serve(listener: tokio::net::TcpListener, metrics: std::sync::Arc<Me
         let Ok((stream, _peer)): Result<(tokio::net::TcpStream, SocketAddr), _> =
             listener.accept().await
         else {
+            // Out of descriptors, most likely: wait rather than spin.
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
             continue;
         };
         let metrics = metrics.clone();

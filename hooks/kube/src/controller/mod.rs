@@ -261,12 +261,28 @@ impl Controller {
         }
         let leads = self.lease.leads();
         self.metrics.set_leader(leads);
-        if !leads || self.nodes.wait_until_ready().await.is_err() {
+        if !leads {
+            return;
+        }
+        // The node cache fills from the first list; until then (or if listing nodes is
+        // refused) a pass would plan from nothing, so it waits a little and skips.
+        let ready =
+            tokio::time::timeout(self.options.interval, self.nodes.wait_until_ready()).await;
+        if !matches!(ready, Ok(Ok(()))) {
+            tracing::warn!("the node cache is not ready: pass skipped");
             return;
         }
         if let Err(error) = self.pass().await {
             self.metrics.error();
             tracing::warn!(error = %error_chain(&error), "reconcile pass failed: nothing acted on");
+        }
+        // The labels are their own job, after the pass (its state write is at the version
+        // it read), and failing them holds no block back.
+        if self.lease.leads()
+            && let Err(error) = self.sync_zone_labels().await
+        {
+            self.metrics.error();
+            tracing::warn!(error = %error_chain(&error), "the zone labels could not be brought in step");
         }
     }
 
@@ -280,18 +296,14 @@ impl Controller {
         let mut state = read.state.clone();
         let dry_run = self.options.dry_run || state.dry_run;
         self.metrics.pass();
-        // The labels are their own job: failing them holds no block back.
-        if !state.paused
-            && let Err(error) = self.sync_zone_labels(&settings_taint, dry_run).await
-        {
-            self.metrics.error();
-            tracing::warn!(error = %error_chain(&error), "the zone labels could not be brought in step");
-        }
+
         if dry_run {
             let mut simulated = state.clone();
             let steps = plan::plan(&blocks, &nodes, &mut simulated, &self.options.limits, now);
+            // Bounded: the state is one ConfigMap (1 MiB at most).
             let would: Vec<ActionRecord> = steps
                 .iter()
+                .take(plan::MAX_REPORT)
                 .map(|step| record(step, now, "would", describe(step)))
                 .collect();
             self.metrics
@@ -379,7 +391,16 @@ impl Controller {
         let mut done = Vec::new();
         let mut stops = state.clone();
         let mut stopped = Vec::new();
+        let mut taint_failed: Vec<&str> = Vec::new();
         for step in &steps {
+            // A pass may take longer than the lease: a replica that lost it stops here,
+            // rather than acting from a plan another replica may be carrying out.
+            if !self.lease.leads() {
+                tracing::warn!(
+                    "the lease was lost during the pass: the rest is left to the leader"
+                );
+                break;
+            }
             let result = match step {
                 Step::Block { block, .. } | Step::Refresh { block, .. } => {
                     let taint = BlockTaint {
@@ -416,6 +437,10 @@ impl Controller {
                         .await
                 }
                 Step::StopWork { node, block } => {
+                    // Pods evicted from a node whose taint failed could land on it again.
+                    if taint_failed.contains(&node.as_str()) {
+                        continue;
+                    }
                     let actuator = self.actuator.with_taint(settings_taint.clone());
                     let (complete, records) = self
                         .stop_work(&actuator, node, block, &mut stops, now, false)
@@ -446,6 +471,9 @@ impl Controller {
                 }
                 Err(error) => {
                     self.metrics.error();
+                    if matches!(step, Step::Block { .. } | Step::Refresh { .. }) {
+                        taint_failed.push(step.node());
+                    }
                     let error = error_chain(&error);
                     tracing::warn!(node = step.node(), action = step.kind(), %error, "action failed");
                     record(step, now, "failed", error)
@@ -495,11 +523,12 @@ impl Controller {
     /// mutating webhook's affinity matches the nodes it means (a node without the label
     /// matches no term). Owns that label alone; a node the store has no group for keeps
     /// whatever it has. Runs every `label_interval`, or when a node lacks the label.
-    async fn sync_zone_labels(
-        &self,
-        settings_taint: &BlockTaint,
-        dry_run: bool,
-    ) -> Result<(), ControllerError> {
+    async fn sync_zone_labels(&self) -> Result<(), ControllerError> {
+        let control = self.shared.load().await?.state;
+        if control.paused {
+            return Ok(());
+        }
+        let dry_run = self.options.dry_run || control.dry_run;
         let label = &self.options.zone_label;
         let nodes = self.nodes.state();
         let unlabelled = nodes.iter().any(|n| {
@@ -521,7 +550,7 @@ impl Controller {
             .await?;
         *self.labelled_at.lock().unwrap_or_else(|p| p.into_inner()) =
             Some(std::time::Instant::now());
-        let actuator = self.actuator.with_taint(settings_taint.clone());
+        let actuator = &self.actuator;
         let now = unix_now();
         let mut records = Vec::new();
         for node in &nodes {
@@ -560,7 +589,7 @@ impl Controller {
                     let fresh: Vec<ActionRecord> = records
                         .iter()
                         .filter(|r| {
-                            r.outcome != "failed"
+                            !matches!(r.outcome.as_str(), "failed" | "would")
                                 || !s.report.iter().any(|k| {
                                     k.node == r.node
                                         && k.outcome == r.outcome
@@ -607,6 +636,7 @@ impl Controller {
                 namespace: r.namespace.clone(),
                 name: r.name.clone(),
                 uid: r.uid.clone(),
+                node: Some(node.to_owned()),
             })
             .collect();
         match block.stop.as_deref() {
@@ -646,6 +676,7 @@ impl Controller {
                     let what = match outcome {
                         Outcome::Done => "evicted",
                         Outcome::Unchanged => "already gone",
+                        Outcome::NotThere => "not on this node: not stopped",
                     };
                     records.push(note(outcome.as_str(), format!("{key} {what}")));
                 }

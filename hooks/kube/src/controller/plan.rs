@@ -337,6 +337,11 @@ pub fn plan(
         .tombstones
         .retain(|name, _| nodes.iter().any(|n| &n.name == name));
     state.stopped.retain(|name, _| blocks.contains_key(name));
+    // An eviction retried for a day (reported at every attempt) is given up, so the
+    // shared state stays bounded.
+    state
+        .stopping
+        .retain(|_, b| now.saturating_sub(b.first) < 86_400);
     steps
 }
 

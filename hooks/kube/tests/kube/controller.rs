@@ -839,6 +839,28 @@ async fn a_failed_verified_read_taints_the_node_and_evicts_only_the_reading_pod(
     assert_eq!(stop["detail"], "training/trainer-0 evicted", "{state}");
     // The policy says `reader`: the other pod on the node keeps running.
     assert!(!terminating(&pods.get("bystander").await.unwrap()));
+
+    // A reader's name is its claim: a failed read on gpu-2 naming a pod that runs on
+    // gpu-1 taints gpu-2 and stops nothing.
+    let bystander = pods.get("bystander").await.unwrap().metadata.uid.unwrap();
+    failed_read(&h, "gpu-2", "training", "bystander", &bystander).await;
+    let state = h
+        .state_until("gpu-2's stop reported", |s| s["stopped"]["gpu-2"].is_u64())
+        .await;
+    assert!(
+        state["report"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|r| r["node"] == "gpu-2"
+                && r["outcome"] == "not-there"
+                && r["detail"]
+                    .as_str()
+                    .unwrap()
+                    .starts_with("training/bystander not on this node")),
+        "{state}"
+    );
+    assert!(!terminating(&pods.get("bystander").await.unwrap()));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
