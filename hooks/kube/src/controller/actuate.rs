@@ -3,7 +3,7 @@
 
 use std::future::Future;
 
-use super::plan::BlockMark;
+use super::plan::AppliedMark;
 
 /// What an action changed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -50,11 +50,12 @@ pub trait Actuator {
     /// The manager's error.
     type Error: std::error::Error + Send + Sync + 'static;
 
-    /// Keeps new work off a node and marks it with the block record acted on.
+    /// Keeps new work off a node and marks it with `mark` (the block record acted on,
+    /// and whether the taint is Probity's to remove later).
     fn block_node(
         &self,
         node: &str,
-        block: &BlockMark,
+        mark: &AppliedMark,
     ) -> impl Future<Output = Result<Outcome, Self::Error>> + Send;
 
     /// Undoes [`Actuator::block_node`]: removes what it set, nothing else.

@@ -15,7 +15,7 @@ use serde_json::json;
 
 use super::ControllerError;
 use super::actuate::{Actuator, Outcome, PodRef};
-use super::plan::{AppliedMark, BlockMark};
+use super::plan::AppliedMark;
 
 /// The annotation naming the block record a node's taint stands for.
 pub const BLOCK_ANNOTATION: &str = "probity.io/block";
@@ -344,20 +344,22 @@ impl Actuator for KubeActuator {
         }
     }
 
-    async fn block_node(&self, name: &str, block: &BlockMark) -> Result<Outcome, ControllerError> {
+    async fn block_node(&self, name: &str, mark: &AppliedMark) -> Result<Outcome, ControllerError> {
         let taint = self.taint.clone();
+        let text = serde_json::to_string(mark).unwrap_or_default();
         let changed = self
             .change_node(name, |node| {
-                let taints = node_taints(node);
+                let mut taints = node_taints(node);
                 let has_taint = taints.iter().any(|t| taint.matches(t));
-                let previous = applied_mark(node);
-                if has_taint && previous.as_ref().is_some_and(|p| p.block == *block) {
+                let marked = node
+                    .metadata
+                    .annotations
+                    .as_ref()
+                    .and_then(|a| a.get(BLOCK_ANNOTATION))
+                    == Some(&text);
+                if has_taint && marked {
                     return None;
                 }
-                // Whether Probity added the taint is decided once, at the first block:
-                // a taint found already there is someone else's and stays on release.
-                let taint_added = previous.map_or(!has_taint, |p| p.taint_added);
-                let mut taints = taints;
                 if !has_taint {
                     taints.push(Taint {
                         key: taint.key.clone(),
@@ -366,13 +368,8 @@ impl Actuator for KubeActuator {
                         time_added: None,
                     });
                 }
-                let mark = AppliedMark {
-                    block: block.clone(),
-                    taint_added,
-                    effect: Some(taint.effect.clone()),
-                };
                 Some(NodeChange {
-                    annotation: Some(serde_json::to_string(&mark).unwrap_or_default()),
+                    annotation: Some(text.clone()),
                     taints: Some(taints),
                 })
             })
@@ -387,7 +384,7 @@ impl Actuator for KubeActuator {
             "Taint",
             format!(
                 "blocked by Probity ({}), since {}; taint {}:{}",
-                block.reason, block.since, self.taint.key, self.taint.effect
+                mark.block.reason, mark.block.since, self.taint.key, self.taint.effect
             ),
         )
         .await;

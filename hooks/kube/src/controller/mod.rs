@@ -32,6 +32,7 @@ pub mod plan;
 pub mod shared;
 pub mod source;
 
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
@@ -178,7 +179,13 @@ pub struct Controller {
     metrics: Arc<metrics::Metrics>,
     client: Client,
     labelled_at: std::sync::Mutex<Option<std::time::Instant>>,
+    /// Per node, the answers in a row without its block, and with a stale one.
+    confirmations: std::sync::Mutex<(BTreeMap<String, u32>, BTreeMap<String, u32>)>,
 }
+
+/// Answers in a row that confirm an absence (before a release) or a stale block (before
+/// it is taken as the truth).
+const CONFIRM_PASSES: u32 = 3;
 
 impl Controller {
     /// A controller acting through `client` on what `probity` reports, with the taint
@@ -205,6 +212,7 @@ impl Controller {
             metrics: Arc::default(),
             client,
             labelled_at: std::sync::Mutex::new(None),
+            confirmations: std::sync::Mutex::default(),
         }
     }
 
@@ -288,18 +296,26 @@ impl Controller {
 
     /// One reconcile pass.
     async fn pass(&self) -> Result<(), ControllerError> {
-        let blocks = self.probity.blocks().await?;
+        let answered = self.probity.blocks().await?;
         let settings_taint = self.probity.block_taint().await?;
         let read = self.shared.load().await?;
-        let nodes = self.node_views();
+        let nodes = self.node_views(&read.state, &settings_taint.key);
         let now = unix_now();
         let mut state = read.state.clone();
+        let blocks = self.confirmed(answered, &mut state);
         let dry_run = self.options.dry_run || state.dry_run;
         self.metrics.pass();
 
         if dry_run {
             let mut simulated = state.clone();
-            let steps = plan::plan(&blocks, &nodes, &mut simulated, &self.options.limits, now);
+            let steps = plan::plan(
+                &blocks,
+                &nodes,
+                &mut simulated,
+                &self.options.limits,
+                &settings_taint.effect,
+                now,
+            );
             // Bounded: the state is one ConfigMap (1 MiB at most).
             let would: Vec<ActionRecord> = steps
                 .iter()
@@ -346,7 +362,14 @@ impl Controller {
             return Ok(());
         }
         let was_tripped = state.breaker.tripped.is_some();
-        let steps = plan::plan(&blocks, &nodes, &mut state, &self.options.limits, now);
+        let steps = plan::plan(
+            &blocks,
+            &nodes,
+            &mut state,
+            &self.options.limits,
+            &settings_taint.effect,
+            now,
+        );
         state.would.clear();
         // Refusals and stale records are reported once, not on every pass.
         let notes: Vec<ActionRecord> = steps
@@ -392,6 +415,7 @@ impl Controller {
         let mut stops = state.clone();
         let mut stopped = Vec::new();
         let mut taint_failed: Vec<&str> = Vec::new();
+        let mut released: Vec<String> = Vec::new();
         for step in &steps {
             // A pass may take longer than the lease: a replica that lost it stops here,
             // rather than acting from a plan another replica may be carrying out.
@@ -402,11 +426,11 @@ impl Controller {
                 break;
             }
             let result = match step {
-                Step::Block { block, .. } | Step::Refresh { block, .. } => {
+                Step::Block { mark, .. } | Step::Refresh { mark, .. } => {
                     let taint = BlockTaint {
                         key: settings_taint.key.clone(),
-                        effect: block
-                            .taint_effect
+                        effect: mark
+                            .effect
                             .clone()
                             .unwrap_or_else(|| settings_taint.effect.clone()),
                     };
@@ -414,7 +438,7 @@ impl Controller {
                         Ok(()) => {
                             self.actuator
                                 .with_taint(taint)
-                                .block_node(step.node(), block)
+                                .block_node(step.node(), mark)
                                 .await
                         }
                         Err(reason) => Err(ControllerError::Probity {
@@ -458,6 +482,9 @@ impl Controller {
             };
             let note = match result {
                 Ok(outcome) => {
+                    if let Step::Release { node, .. } = step {
+                        released.push(node.clone());
+                    }
                     if let (Step::Block { block, .. }, Outcome::Done) = (step, outcome) {
                         self.metrics.lag(now.saturating_sub(block.since) as f64);
                     }
@@ -509,6 +536,10 @@ impl Controller {
         if !done.is_empty() || stops.stopping != state.stopping || unlogged != read.state.unlogged {
             self.shared
                 .update(|s| {
+                    // What a release removed is no longer Probity's on that node.
+                    for node in &released {
+                        s.applied.remove(node);
+                    }
                     s.record(done.clone());
                     s.stopped.extend(stopped.iter().cloned());
                     s.stopping = stops.stopping.clone();
@@ -517,6 +548,47 @@ impl Controller {
                 .await?;
         }
         Ok(())
+    }
+
+    /// The blocklist as the plan may act on it. Probity's answer can lag (a replica
+    /// behind, a process just restarted): a node Probity set a taint on is released only
+    /// once its block has been absent from [`CONFIRM_PASSES`] answers in a row, and a
+    /// block not newer than the node's last release (stale, for a tombstone) is taken
+    /// as the truth once it has been in that many answers in a row.
+    fn confirmed(
+        &self,
+        mut blocks: BTreeMap<String, plan::BlockMark>,
+        state: &mut ControlState,
+    ) -> BTreeMap<String, plan::BlockMark> {
+        let mut seen = self.confirmations.lock().unwrap_or_else(|p| p.into_inner());
+        let (absent, stale) = &mut *seen;
+        for (node, mark) in &state.applied {
+            if blocks.contains_key(node) {
+                absent.remove(node);
+                continue;
+            }
+            let count = absent.entry(node.clone()).or_default();
+            *count += 1;
+            if *count < CONFIRM_PASSES {
+                blocks.insert(node.clone(), mark.block.clone());
+            }
+        }
+        absent.retain(|node, _| state.applied.contains_key(node) && !blocks.contains_key(node));
+        for (node, block) in &blocks {
+            let Some(&released) = state.tombstones.get(node) else {
+                continue;
+            };
+            if block.since > released {
+                continue;
+            }
+            let count = stale.entry(node.clone()).or_default();
+            *count += 1;
+            if *count >= CONFIRM_PASSES {
+                state.tombstones.remove(node);
+            }
+        }
+        stale.retain(|node, _| state.tombstones.contains_key(node) && blocks.contains_key(node));
+        blocks
     }
 
     /// Keeps the zone label of every node equal to its group in Probity's store, so the
@@ -729,7 +801,7 @@ impl Controller {
         (complete, records)
     }
 
-    fn node_views(&self) -> Vec<NodeView> {
+    fn node_views(&self, state: &ControlState, taint_key: &str) -> Vec<NodeView> {
         let mut views: Vec<NodeView> = self
             .nodes
             .state()
@@ -746,9 +818,15 @@ impl Controller {
                         Some((label.clone(), value.clone()))
                     })
                     .collect();
+                let has_taint = node
+                    .spec
+                    .as_ref()
+                    .and_then(|s| s.taints.as_ref())
+                    .is_some_and(|t| t.iter().any(|t| t.key == taint_key));
                 Some(NodeView {
+                    applied: state.applied.get(&name).cloned(),
                     name,
-                    applied: kubernetes::applied_mark(node),
+                    has_taint,
                     pools,
                 })
             })

@@ -78,8 +78,11 @@ pub struct AppliedMark {
 pub struct NodeView {
     /// The Node's name.
     pub name: String,
-    /// Probity's annotation, if it set one.
+    /// What Probity set on it, as its shared state records (never read from the node:
+    /// a node may edit its own annotations).
     pub applied: Option<AppliedMark>,
+    /// Whether it carries a taint with Probity's key now.
+    pub has_taint: bool,
     /// The pools the node belongs to.
     pub pools: Vec<Pool>,
 }
@@ -93,13 +96,18 @@ pub enum Step {
         node: String,
         /// The record acted on.
         block: BlockMark,
+        /// What the node carries once done (also in the shared state).
+        mark: AppliedMark,
     },
-    /// The node stays tainted; its mark names a newer record.
+    /// The node is blocked already: its mark names a newer record, or its taint went
+    /// missing (removed by hand), and is set again.
     Refresh {
         /// The node.
         node: String,
         /// The record acted on.
         block: BlockMark,
+        /// What the node carries once done (also in the shared state).
+        mark: AppliedMark,
     },
     /// Remove what Probity set.
     Release {
@@ -193,6 +201,10 @@ pub struct ControlState {
     /// The last actions taken, refused or failed, oldest first.
     #[serde(default)]
     pub report: Vec<ActionRecord>,
+    /// Per node, what Probity set on it (the taint, whether it added it, the record): the
+    /// only source of what a release may remove.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub applied: BTreeMap<String, AppliedMark>,
     /// Per node, the revision (`since`) of the block whose work was stopped: a block's
     /// work is stopped once.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
@@ -251,6 +263,7 @@ pub fn plan(
     nodes: &[NodeView],
     state: &mut ControlState,
     limits: &BreakerLimits,
+    settings_effect: &str,
     now: u64,
 ) -> Vec<Step> {
     if state.paused {
@@ -277,12 +290,25 @@ pub fn plan(
                     });
                     continue;
                 }
+                let effect = block
+                    .taint_effect
+                    .clone()
+                    .unwrap_or_else(|| settings_effect.to_owned());
                 let tainted = match applied {
-                    Some(applied) if applied.block == *block => true,
-                    Some(_) => {
+                    Some(applied) if applied.block == *block && node.has_taint => true,
+                    Some(applied) => {
+                        // Whether Probity added the taint stays as first decided while the
+                        // taint is there; a taint gone missing is Probity's to add again.
+                        let mark = AppliedMark {
+                            block: block.clone(),
+                            taint_added: applied.taint_added || !node.has_taint,
+                            effect: Some(effect),
+                        };
+                        state.applied.insert(node.name.clone(), mark.clone());
                         steps.push(Step::Refresh {
                             node: node.name.clone(),
                             block: block.clone(),
+                            mark,
                         });
                         true
                     }
@@ -292,9 +318,18 @@ pub fn plan(
                             .admit(limits, &node.name, &node.pools, &pool_sizes, now)
                         {
                             Ok(()) => {
+                                // A taint found already there is someone else's: it stays
+                                // on release.
+                                let mark = AppliedMark {
+                                    block: block.clone(),
+                                    taint_added: !node.has_taint,
+                                    effect: Some(effect),
+                                };
+                                state.applied.insert(node.name.clone(), mark.clone());
                                 steps.push(Step::Block {
                                     node: node.name.clone(),
                                     block: block.clone(),
+                                    mark,
                                 });
                                 true
                             }
@@ -337,6 +372,9 @@ pub fn plan(
         .tombstones
         .retain(|name, _| nodes.iter().any(|n| &n.name == name));
     state.stopped.retain(|name, _| blocks.contains_key(name));
+    state
+        .applied
+        .retain(|name, _| nodes.iter().any(|n| &n.name == name));
     // An eviction retried for a day (reported at every attempt) is given up, so the
     // shared state stays bounded.
     state
@@ -352,6 +390,7 @@ mod tests {
     fn node(name: &str, applied: Option<(&str, u64)>) -> NodeView {
         NodeView {
             name: name.into(),
+            has_taint: applied.is_some(),
             applied: applied.map(|(reason, since)| AppliedMark {
                 block: mark(reason, since),
                 taint_added: true,
@@ -383,13 +422,18 @@ mod tests {
             node("n4", None),
         ];
         let mut state = ControlState::default();
-        let steps = plan(&blocks, &nodes, &mut state, &limits(), 100);
+        let steps = plan(&blocks, &nodes, &mut state, &limits(), "NoSchedule", 100);
         assert_eq!(
             steps,
             vec![
                 Step::Block {
                     node: "n1".into(),
-                    block: mark("r", 10)
+                    block: mark("r", 10),
+                    mark: AppliedMark {
+                        block: mark("r", 10),
+                        taint_added: true,
+                        effect: Some("NoSchedule".into()),
+                    },
                 },
                 Step::Release {
                     node: "n3".into(),
@@ -403,6 +447,24 @@ mod tests {
         );
         assert_eq!(state.tombstones.get("n3"), Some(&5));
         assert_eq!(state.breaker.admitted.len(), 1);
+        // The mark is in the shared state before anything acts.
+        assert_eq!(state.applied.get("n1").map(|m| m.taint_added), Some(true));
+    }
+
+    #[test]
+    fn a_taint_removed_by_hand_is_set_again_and_a_taint_found_is_not_probitys() {
+        let blocks = BTreeMap::from([("n1".into(), mark("r", 10))]);
+        let mut gone = node("n1", Some(("r", 10)));
+        gone.has_taint = false;
+        let mut state = ControlState::default();
+        let steps = plan(&blocks, &[gone], &mut state, &limits(), "NoSchedule", 100);
+        assert!(matches!(&steps[..], [Step::Refresh { mark, .. }] if mark.taint_added));
+        // An operator's taint with Probity's key, there before the block: not Probity's.
+        let mut found = node("n1", None);
+        found.has_taint = true;
+        let mut state = ControlState::default();
+        let steps = plan(&blocks, &[found], &mut state, &limits(), "NoSchedule", 100);
+        assert!(matches!(&steps[..], [Step::Block { mark, .. }] if !mark.taint_added));
     }
 
     #[test]
@@ -410,11 +472,25 @@ mod tests {
         let mut state = ControlState::default();
         state.tombstones.insert("n1".into(), 10);
         let blocks = BTreeMap::from([("n1".into(), mark("r", 10))]);
-        let steps = plan(&blocks, &[node("n1", None)], &mut state, &limits(), 100);
+        let steps = plan(
+            &blocks,
+            &[node("n1", None)],
+            &mut state,
+            &limits(),
+            "NoSchedule",
+            100,
+        );
         assert!(matches!(&steps[..], [Step::Stale { released: 10, .. }]));
         // A block made after the release is acted on.
         let blocks = BTreeMap::from([("n1".into(), mark("r", 11))]);
-        let steps = plan(&blocks, &[node("n1", None)], &mut state, &limits(), 100);
+        let steps = plan(
+            &blocks,
+            &[node("n1", None)],
+            &mut state,
+            &limits(),
+            "NoSchedule",
+            100,
+        );
         assert!(matches!(&steps[..], [Step::Block { .. }]));
     }
 
@@ -424,7 +500,7 @@ mod tests {
             (1..=4).map(|i| (format!("n{i}"), mark("r", 10))).collect();
         let nodes: Vec<NodeView> = (1..=4).map(|i| node(&format!("n{i}"), None)).collect();
         let mut state = ControlState::default();
-        let steps = plan(&blocks, &nodes, &mut state, &limits(), 100);
+        let steps = plan(&blocks, &nodes, &mut state, &limits(), "NoSchedule", 100);
         let kinds: Vec<bool> = steps
             .iter()
             .map(|s| matches!(s, Step::Block { .. }))
@@ -446,7 +522,7 @@ mod tests {
             ..limits()
         };
         let mut state = ControlState::default();
-        let steps = plan(&blocks, &nodes, &mut state, &limits, 100);
+        let steps = plan(&blocks, &nodes, &mut state, &limits, "NoSchedule", 100);
         let kinds: Vec<&str> = steps.iter().map(|s| s.kind()).collect();
         assert_eq!(kinds, ["block", "stop", "block"]);
         assert!(matches!(&steps[2], Step::Refused { .. }));
@@ -458,6 +534,7 @@ mod tests {
                 taint_added: true,
                 effect: None,
             }),
+            has_taint: true,
             ..node("n1", None)
         };
         let only_n1 = BTreeMap::from([("n1".into(), stopping(10))]);
@@ -465,12 +542,29 @@ mod tests {
             stopped: state.stopped.clone(),
             ..ControlState::default()
         };
-        assert!(plan(&only_n1, &[applied(10)], &mut fresh, &limits, 100).is_empty());
+        assert!(
+            plan(
+                &only_n1,
+                &[applied(10)],
+                &mut fresh,
+                &limits,
+                "NoSchedule",
+                100
+            )
+            .is_empty()
+        );
         let newer = BTreeMap::from([("n1".into(), stopping(20))]);
-        let kinds: Vec<&'static str> = plan(&newer, &[applied(10)], &mut fresh, &limits, 100)
-            .iter()
-            .map(|s| s.kind())
-            .collect();
+        let kinds: Vec<&'static str> = plan(
+            &newer,
+            &[applied(10)],
+            &mut fresh,
+            &limits,
+            "NoSchedule",
+            100,
+        )
+        .iter()
+        .map(|s| s.kind())
+        .collect();
         assert_eq!(kinds, ["refresh", "stop"]);
     }
 
@@ -492,7 +586,17 @@ mod tests {
             paused: true,
             ..ControlState::default()
         };
-        assert!(plan(&blocks, &[node("n1", None)], &mut state, &limits(), 1).is_empty());
+        assert!(
+            plan(
+                &blocks,
+                &[node("n1", None)],
+                &mut state,
+                &limits(),
+                "NoSchedule",
+                1
+            )
+            .is_empty()
+        );
     }
 
     #[test]
