@@ -562,18 +562,21 @@ impl Controller {
     ) -> BTreeMap<String, plan::BlockMark> {
         let mut seen = self.confirmations.lock().unwrap_or_else(|p| p.into_inner());
         let (absent, stale) = &mut *seen;
+        // Counters of nodes Probity's answer holds again, or that are no longer
+        // Probity's, start over.
+        absent.retain(|node, _| state.applied.contains_key(node) && !blocks.contains_key(node));
+        let mut held = Vec::new();
         for (node, mark) in &state.applied {
             if blocks.contains_key(node) {
-                absent.remove(node);
                 continue;
             }
             let count = absent.entry(node.clone()).or_default();
             *count += 1;
             if *count < CONFIRM_PASSES {
-                blocks.insert(node.clone(), mark.block.clone());
+                held.push((node.clone(), mark.block.clone()));
             }
         }
-        absent.retain(|node, _| state.applied.contains_key(node) && !blocks.contains_key(node));
+        blocks.extend(held);
         for (node, block) in &blocks {
             let Some(&released) = state.tombstones.get(node) else {
                 continue;
