@@ -518,18 +518,15 @@ impl Controller {
                 .chain(&done)
                 .cloned()
                 .collect();
-            match pending.is_empty() {
-                true => Vec::new(),
-                false => match self.probity.record_events(&pending).await {
-                    Ok(()) => Vec::new(),
-                    Err(error) => {
-                        self.metrics.error();
-                        tracing::warn!(error = %error_chain(&error), kept = pending.len(), "the actions could not be appended to Probity's event log: kept for the next pass");
-                        let excess = pending.len().saturating_sub(plan::MAX_REPORT * 5);
-                        pending.into_iter().skip(excess).collect()
-                    }
-                },
+            let (sent, error) = self.probity.record_events(&pending).await;
+            let mut rest: Vec<ActionRecord> = pending.into_iter().skip(sent).collect();
+            if let Some(error) = error {
+                self.metrics.error();
+                tracing::warn!(error = %error_chain(&error), kept = rest.len(), "actions could not be appended to Probity's event log: kept for the next pass");
             }
+            let excess = rest.len().saturating_sub(plan::MAX_REPORT * 5);
+            rest.drain(..excess);
+            rest
         } else {
             Vec::new()
         };

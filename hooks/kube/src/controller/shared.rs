@@ -27,6 +27,8 @@ pub struct Versioned {
     pub state: ControlState,
     /// The ConfigMap's resourceVersion (None: it does not exist yet).
     version: Option<String>,
+    /// Its metadata as read: others' labels, annotations and owners are written back.
+    metadata: ObjectMeta,
 }
 
 impl SharedControl {
@@ -50,6 +52,7 @@ impl SharedControl {
             return Ok(Versioned {
                 state: ControlState::default(),
                 version: None,
+                metadata: ObjectMeta::default(),
             });
         };
         let text = map
@@ -63,7 +66,8 @@ impl SharedControl {
         })?;
         Ok(Versioned {
             state,
-            version: map.metadata.resource_version,
+            version: map.metadata.resource_version.clone(),
+            metadata: map.metadata,
         })
     }
 
@@ -78,16 +82,17 @@ impl SharedControl {
             name: self.name.clone(),
             reason: e.to_string(),
         })?;
+        let mut metadata = read.metadata.clone();
+        metadata.name = Some(self.name.clone());
+        metadata.resource_version = read.version.clone();
+        // Left out, the apiserver keeps them as they are.
+        metadata.managed_fields = None;
+        metadata.labels.get_or_insert_with(BTreeMap::new).insert(
+            "app.kubernetes.io/component".to_owned(),
+            "controller".to_owned(),
+        );
         let map = ConfigMap {
-            metadata: ObjectMeta {
-                name: Some(self.name.clone()),
-                resource_version: read.version.clone(),
-                labels: Some(BTreeMap::from([(
-                    "app.kubernetes.io/component".to_owned(),
-                    "controller".to_owned(),
-                )])),
-                ..ObjectMeta::default()
-            },
+            metadata,
             data: Some(BTreeMap::from([(STATE_KEY.to_owned(), text)])),
             ..ConfigMap::default()
         };

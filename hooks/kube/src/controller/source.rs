@@ -166,11 +166,13 @@ impl ProbityApi {
     }
 
     /// Appends the controller's actions to Probity's event log (`POST /v1/events`), so
-    /// they are chained, checkpointed and forwarded to the SIEM with Probity's own.
+    /// they are chained, checkpointed and forwarded to the SIEM with Probity's own, in
+    /// requests of 256; how many were appended, and the error that stopped the rest.
     pub async fn record_events(
         &self,
         records: &[super::ActionRecord],
-    ) -> Result<(), ControllerError> {
+    ) -> (usize, Option<ControllerError>) {
+        let mut sent = 0;
         for chunk in records.chunks(256) {
             let events: Vec<serde_json::Value> = chunk
                 .iter()
@@ -183,17 +185,17 @@ impl ProbityApi {
                     })
                 })
                 .collect();
-            let body =
-                serde_json::to_vec(&serde_json::json!({ "events": events })).map_err(|e| {
-                    ControllerError::Probity {
-                        what: "POST /v1/events".into(),
-                        reason: e.to_string(),
-                    }
-                })?;
-            self.request(hyper::Method::POST, "/v1/events", Bytes::from(body))
-                .await?;
+            let body = serde_json::json!({ "events": events }).to_string();
+            if let Err(error) = self
+                .request(hyper::Method::POST, "/v1/events", Bytes::from(body))
+                .await
+            {
+                // What went before is in the log: only the rest is sent again.
+                return (sent, Some(error));
+            }
+            sent += chunk.len();
         }
-        Ok(())
+        (sent, None)
     }
 
     async fn get(&self, path: &str) -> Result<Bytes, ControllerError> {

@@ -529,9 +529,27 @@ async fn a_paused_controller_acts_on_nothing_until_resumed() {
     let text = metrics_text(metrics_port).await;
     assert!(text.contains("probity_controller_paused 1"), "{text}");
 
+    // Someone else's label on the state ConfigMap survives the controller's writes.
+    let maps: Api<ConfigMap> = Api::namespaced(h.plane.client(), NAMESPACE);
+    maps.patch(
+        "probity-controller-state",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"labels": {"team": "ops"}}})),
+    )
+    .await
+    .unwrap();
     h.command(&["resume"]);
     h.node_until("gpu-1", "tainted once resumed", |n| has_taint(n, TAINT))
         .await;
+    let state = h
+        .state_until("the block reported", |s| outcomes(s, "done") == ["gpu-1"])
+        .await;
+    let map = maps.get("probity-controller-state").await.unwrap();
+    assert_eq!(
+        map.metadata.labels.unwrap().get("team").map(String::as_str),
+        Some("ops"),
+        "{state}"
+    );
 }
 
 async fn metrics_text(port: u16) -> String {
