@@ -10,6 +10,7 @@
 //! * [`clock`] — the [`Clock`] trait, the [`SystemClock`] and the [`ManualClock`] of tests;
 //! * [`time`] — RFC 3339 in UTC and the proleptic Gregorian calendar arithmetic under it;
 //! * [`trust`] — trust material on disk: created tight, refused when others can change it;
+//! * [`error`] — an error and its causes on one line (`error::chain`).
 //! * [`prometheus`] — the Prometheus text exposition format, written.
 //!
 //! Invariant: nothing here knows about policies, keys or wire protocols.
@@ -21,6 +22,7 @@
 //! ```
 
 pub mod clock;
+pub mod error;
 pub mod prometheus;
 pub mod time;
 pub mod trust;

@@ -42,6 +42,7 @@ use k8s_openapi::api::core::v1::Node;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
+use probity_base::error::chain as error_chain;
 
 pub use actuate::{Actuator, Outcome, PodRef};
 pub use breaker::BreakerLimits;
@@ -880,18 +881,6 @@ fn describe(step: &Step) -> String {
             block.since
         ),
     }
-}
-
-/// An error and its causes on one line.
-pub fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut cause = error.source();
-    while let Some(c) = cause {
-        text.push_str(": ");
-        text.push_str(&c.to_string());
-        cause = c.source();
-    }
-    text
 }
 
 fn unix_now() -> u64 {

@@ -227,7 +227,7 @@ impl ProbityApi {
                 .client
                 .request(request)
                 .await
-                .map_err(|e| fail(super::error_chain(&e)))?;
+                .map_err(|e| fail(probity_base::error::chain(&e)))?;
             let status = response.status();
             let body = Limited::new(response.into_body(), MAX_ANSWER_BYTES)
                 .collect()
