@@ -11,6 +11,8 @@
 //! - [`breaker`] — the circuit breaker (nodes and pool shares per window);
 //! - [`actuate`] — the [`Actuator`] trait, one implementation per cluster manager;
 //! - [`kubernetes`] — Kubernetes' implementation (taint, annotation, Event, eviction);
+//! - `stop.rs` — a block's work stopped: the reading pod, or what a drain stops;
+//! - `labels.rs` — the zone label kept equal to the store's zones;
 //! - [`lease`] — one active replica through a `coordination.k8s.io` Lease;
 //! - [`shared`] — the pause, the dry run, the breaker and the report in a ConfigMap;
 //! - [`source`] — Probity's API (`GET /v1/nodes/blocked`);
@@ -26,11 +28,13 @@
 pub mod actuate;
 pub mod breaker;
 pub mod kubernetes;
+mod labels;
 pub mod lease;
 pub mod metrics;
 pub mod plan;
 pub mod shared;
 pub mod source;
+mod stop;
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -590,216 +594,6 @@ impl Controller {
         }
         stale.retain(|node, _| state.tombstones.contains_key(node) && blocks.contains_key(node));
         blocks
-    }
-
-    /// Keeps the zone label of every node equal to its group in Probity's store, so the
-    /// mutating webhook's affinity matches the nodes it means (a node without the label
-    /// matches no term). Owns that label alone; a node the store has no group for keeps
-    /// whatever it has. Runs every `label_interval`, or when a node lacks the label.
-    async fn sync_zone_labels(&self) -> Result<(), ControllerError> {
-        let control = self.shared.load().await?.state;
-        if control.paused {
-            return Ok(());
-        }
-        let dry_run = self.options.dry_run || control.dry_run;
-        let label = &self.options.zone_label;
-        let nodes = self.nodes.state();
-        let unlabelled = nodes.iter().any(|n| {
-            n.metadata
-                .labels
-                .as_ref()
-                .is_none_or(|l| !l.contains_key(label))
-        });
-        let due = {
-            let at = self.labelled_at.lock().unwrap_or_else(|p| p.into_inner());
-            at.is_none_or(|at| at.elapsed() >= self.options.label_interval)
-        };
-        if !(due || unlabelled) {
-            return Ok(());
-        }
-        let groups = self
-            .probity
-            .node_groups(&self.options.zone_attribute)
-            .await?;
-        *self.labelled_at.lock().unwrap_or_else(|p| p.into_inner()) =
-            Some(std::time::Instant::now());
-        let actuator = &self.actuator;
-        let now = unix_now();
-        let mut records = Vec::new();
-        for node in &nodes {
-            let Some(name) = node.metadata.name.as_deref() else {
-                continue;
-            };
-            let Some(zone) = groups.get(name) else {
-                continue;
-            };
-            let current = node.metadata.labels.as_ref().and_then(|l| l.get(label));
-            if current == Some(zone) {
-                continue;
-            }
-            let note = |outcome: &str, detail: String| ActionRecord {
-                at: now,
-                node: name.to_owned(),
-                action: "label".into(),
-                outcome: outcome.into(),
-                detail,
-            };
-            let record = if dry_run {
-                note("would", format!("{label}={zone}"))
-            } else {
-                match actuator.set_label(name, label, zone).await {
-                    Ok(outcome) => note(outcome.as_str(), format!("{label}={zone}")),
-                    Err(error) => note("failed", error_chain(&error)),
-                }
-            };
-            self.metrics.action(&record.action, &record.outcome);
-            records.push(record);
-        }
-        if !records.is_empty() {
-            // A label that cannot be set is reported once, not on every pass.
-            self.shared
-                .update(|s| {
-                    let fresh: Vec<ActionRecord> = records
-                        .iter()
-                        .filter(|r| {
-                            !matches!(r.outcome.as_str(), "failed" | "would")
-                                || !s.report.iter().any(|k| {
-                                    k.node == r.node
-                                        && k.outcome == r.outcome
-                                        && k.detail == r.detail
-                                })
-                        })
-                        .cloned()
-                        .collect();
-                    s.record(fresh);
-                })
-                .await?;
-        }
-        Ok(())
-    }
-
-    /// Stops the work the block record names: its reader's pod, then (`stop = "node"`)
-    /// every pod a drain stops, by eviction. An eviction refused for now is retried with
-    /// back-off (in `state.stopping`) and turned into a delete only past the operator's
-    /// escalation timeout. Answers whether every pod is stopped, and the records.
-    async fn stop_work(
-        &self,
-        actuator: &KubeActuator,
-        node: &str,
-        block: &BlockMark,
-        state: &mut ControlState,
-        now: u64,
-        dry_run: bool,
-    ) -> (bool, Vec<ActionRecord>) {
-        let note = |outcome: &str, detail: String| ActionRecord {
-            at: now,
-            node: node.to_owned(),
-            action: "stop".into(),
-            outcome: if dry_run {
-                "would".into()
-            } else {
-                outcome.into()
-            },
-            detail,
-        };
-        let mut pods: Vec<PodRef> = block
-            .reader
-            .iter()
-            .map(|r| PodRef {
-                namespace: r.namespace.clone(),
-                name: r.name.clone(),
-                uid: r.uid.clone(),
-                node: Some(node.to_owned()),
-            })
-            .collect();
-        match block.stop.as_deref() {
-            Some("reader") => {}
-            Some("node") => match actuator.node_pods(node).await {
-                Ok(on_node) => {
-                    for pod in on_node {
-                        if !pods
-                            .iter()
-                            .any(|p| p.namespace == pod.namespace && p.name == pod.name)
-                        {
-                            pods.push(pod);
-                        }
-                    }
-                }
-                Err(error) => return (false, vec![note("failed", error_chain(&error))]),
-            },
-            other => {
-                // A stop this controller does not know is reported once and not acted on:
-                // guessing would be acting by mistake.
-                let detail = format!("unknown stop {other:?} in the block record: nothing stopped");
-                return (true, vec![note("failed", detail)]);
-            }
-        }
-        let reason = format!("Probity blocked node {node}: {}", block.reason);
-        let mut complete = true;
-        let mut records = Vec::new();
-        for pod in &pods {
-            let key = format!("{}/{}", pod.namespace, pod.name);
-            if !dry_run && state.stopping.get(&key).is_some_and(|b| b.next > now) {
-                complete = false;
-                continue;
-            }
-            match actuator.stop_pod(pod, &reason, dry_run).await {
-                Ok(outcome) => {
-                    state.stopping.remove(&key);
-                    let what = match outcome {
-                        Outcome::Done => "evicted",
-                        Outcome::Unchanged => "already gone",
-                        Outcome::NotThere => "not on this node: not stopped",
-                    };
-                    records.push(note(outcome.as_str(), format!("{key} {what}")));
-                }
-                Err(ControllerError::Disrupted { message, .. }) => {
-                    let backoff = plan::Backoff::refused(state.stopping.get(&key), now);
-                    let escalate = self
-                        .options
-                        .evict_escalation
-                        .is_some_and(|limit| now.saturating_sub(backoff.first) >= limit.as_secs());
-                    if escalate && !dry_run {
-                        state.stopping.remove(&key);
-                        let record = match actuator.delete_pod(pod, &reason).await {
-                            Ok(_) => note(
-                                "escalated",
-                                format!("{key} deleted: evictions refused since {}", backoff.first),
-                            ),
-                            Err(error) => {
-                                complete = false;
-                                note("failed", error_chain(&error))
-                            }
-                        };
-                        records.push(record);
-                    } else {
-                        complete = false;
-                        records.push(note(
-                            "disrupted",
-                            format!(
-                                "{key}: eviction refused ({message}); retried at {}",
-                                backoff.next
-                            ),
-                        ));
-                        state.stopping.insert(key, backoff);
-                    }
-                }
-                Err(error) => {
-                    complete = false;
-                    records.push(note("failed", error_chain(&error)));
-                }
-            }
-        }
-        for record in &records {
-            tracing::info!(
-                node,
-                action = "stop",
-                outcome = record.outcome,
-                detail = record.detail,
-                "stop"
-            );
-        }
-        (complete, records)
     }
 
     fn node_views(&self, state: &ControlState, taint_key: &str) -> Vec<NodeView> {
