@@ -130,12 +130,6 @@ fn same_pod(pod: &PodRef) -> Option<Preconditions> {
     })
 }
 
-/// Reads Probity's annotation from a node, if it set one (and it still parses).
-pub fn applied_mark(node: &Node) -> Option<AppliedMark> {
-    let text = node.metadata.annotations.as_ref()?.get(BLOCK_ANNOTATION)?;
-    serde_json::from_str(text).ok()
-}
-
 /// Kubernetes' levers.
 #[derive(Clone)]
 pub struct KubeActuator {
@@ -159,11 +153,6 @@ impl KubeActuator {
             taint,
             recorder,
         }
-    }
-
-    /// The taint it sets.
-    pub fn taint(&self) -> &BlockTaint {
-        &self.taint
     }
 
     /// The same actuator setting `taint` (Probity's settings name it, and may change).

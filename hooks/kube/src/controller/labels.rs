@@ -9,13 +9,9 @@ impl Controller {
     /// Keeps the zone label of every node equal to its group in Probity's store, so the
     /// mutating webhook's affinity matches the nodes it means (a node without the label
     /// matches no term). Owns that label alone; a node the store has no group for keeps
-    /// whatever it has. Runs every `label_interval`, or when a node lacks the label.
-    pub(super) async fn sync_zone_labels(&self) -> Result<(), ControllerError> {
-        let control = self.shared.load().await?.state;
-        if control.paused {
-            return Ok(());
-        }
-        let dry_run = self.options.dry_run || control.dry_run;
+    /// whatever it has. Runs every `label_interval`, or when a node lacks the label; not
+    /// while paused (the caller's modes, as the pass read them).
+    pub(super) async fn sync_zone_labels(&self, dry_run: bool) -> Result<(), ControllerError> {
         let label = &self.options.zone_label;
         let nodes = self.nodes.state();
         let unlabelled = nodes.iter().any(|n| {

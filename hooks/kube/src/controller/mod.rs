@@ -188,6 +188,13 @@ pub struct Controller {
     confirmations: std::sync::Mutex<(BTreeMap<String, u32>, BTreeMap<String, u32>)>,
 }
 
+/// The modes a pass found the shared state in.
+#[derive(Debug, Clone, Copy)]
+struct Modes {
+    paused: bool,
+    dry_run: bool,
+}
+
 /// Answers in a row that confirm an absence (before a release) or a stale block (before
 /// it is taken as the truth).
 const CONFIRM_PASSES: u32 = 3;
@@ -285,22 +292,28 @@ impl Controller {
             tracing::warn!("the node cache is not ready: pass skipped");
             return;
         }
-        if let Err(error) = self.pass().await {
-            self.metrics.error();
-            tracing::warn!(error = %error_chain(&error), "reconcile pass failed: nothing acted on");
-        }
-        // The labels are their own job, after the pass (its state write is at the version
-        // it read), and failing them holds no block back.
-        if self.lease.leads()
-            && let Err(error) = self.sync_zone_labels().await
-        {
-            self.metrics.error();
-            tracing::warn!(error = %error_chain(&error), "the zone labels could not be brought in step");
+        match self.pass().await {
+            // The labels are their own job, after the pass (its state write is at the
+            // version it read), under the modes that pass read; failing them holds no
+            // block back.
+            Ok(modes) => {
+                if !modes.paused
+                    && self.lease.leads()
+                    && let Err(error) = self.sync_zone_labels(modes.dry_run).await
+                {
+                    self.metrics.error();
+                    tracing::warn!(error = %error_chain(&error), "the zone labels could not be brought in step");
+                }
+            }
+            Err(error) => {
+                self.metrics.error();
+                tracing::warn!(error = %error_chain(&error), "reconcile pass failed: nothing acted on");
+            }
         }
     }
 
-    /// One reconcile pass.
-    async fn pass(&self) -> Result<(), ControllerError> {
+    /// One reconcile pass; the modes the shared state was in.
+    async fn pass(&self) -> Result<Modes, ControllerError> {
         let answered = self.probity.blocks().await?;
         let settings_taint = self.probity.block_taint().await?;
         let read = self.shared.load().await?;
@@ -309,6 +322,10 @@ impl Controller {
         let mut state = read.state.clone();
         let blocks = self.confirmed(answered, &mut state);
         let dry_run = self.options.dry_run || state.dry_run;
+        let modes = Modes {
+            paused: state.paused,
+            dry_run,
+        };
         self.metrics.pass();
 
         if dry_run {
@@ -345,7 +362,7 @@ impl Controller {
                 }
                 state.would = would;
                 if !self.shared.store(&read, &state).await? {
-                    return Ok(());
+                    return Ok(modes);
                 }
                 // The stops it would make, asked of the apiserver as dry-run evictions
                 // (`dryRun=All`): a disruption budget's refusal shows here too.
@@ -364,7 +381,7 @@ impl Controller {
                     self.shared.update(|s| s.record(seen.clone())).await?;
                 }
             }
-            return Ok(());
+            return Ok(modes);
         }
         let was_tripped = state.breaker.tripped.is_some();
         let steps = plan::plan(
@@ -414,7 +431,7 @@ impl Controller {
         if state != read.state && !self.shared.store(&read, &state).await? {
             // Someone (an operator's command, another replica) wrote in between: plan
             // again on the next pass, from what they wrote.
-            return Ok(());
+            return Ok(modes);
         }
         let mut done = Vec::new();
         let mut stops = state.clone();
@@ -549,7 +566,7 @@ impl Controller {
                 })
                 .await?;
         }
-        Ok(())
+        Ok(modes)
     }
 
     /// The blocklist as the plan may act on it. Probity's answer can lag (a replica
