@@ -34,6 +34,13 @@ pub struct BlockRecord {
     /// settings' default. `NoExecute` here says the policy opted in to it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub taint_effect: Option<String>,
+    /// The store's number for this block, monotonic across the store's blocks and
+    /// unblocks (etcd: its key's create revision; the local store: its own counter), so
+    /// a record can be told apart from a replay of one the node's last unblock
+    /// ([`crate::state::SharedState::block_tombstones`]) already lifted. Absent where no
+    /// store numbered it (an engine without a state store, a block not yet shared).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revision: Option<u64>,
 }
 
 /// A block of an already blocked node.
@@ -199,6 +206,7 @@ impl BlockRecord {
             reader: None,
             stop: None,
             taint_effect: None,
+            revision: None,
         }
     }
 

@@ -45,9 +45,9 @@ impl Engine {
         let state = self.shared.state.get().cloned();
         let now = u64::try_from(self.shared.clock.now_unix()).unwrap_or(0);
         self.write(Box::new(move |w: &mut Working| {
-            let record = cause.record(w.blocked.get(&node), now);
+            let mut record = cause.record(w.blocked.get(&node), now);
             if let Some(state) = &state {
-                state
+                record.revision = state
                     .put_block(&node, &record)
                     .map_err(EntityError::State)?;
             }
@@ -154,6 +154,15 @@ impl Engine {
     /// The blocked nodes and why.
     pub fn blocked_nodes(&self) -> BTreeMap<String, BlockRecord> {
         BTreeMap::clone(&self.shared.current.load().blocked)
+    }
+
+    /// Per node, the revision of its last unblock in the state store
+    /// ([`crate::state::SharedState::block_tombstones`]); empty without a store.
+    pub fn block_tombstones(&self) -> Result<BTreeMap<String, u64>, EntityError> {
+        match self.shared.state.get() {
+            Some(state) => state.block_tombstones().map_err(EntityError::State),
+            None => Ok(BTreeMap::new()),
+        }
     }
 
     /// The entity type the blocklist blocks (the schema's `@owned("blocklist")`

@@ -62,14 +62,14 @@ impl Engine {
             // and the store agree from here on.
             let on_disk: std::collections::BTreeSet<&str> =
                 blocked.iter().map(|b| b.node.as_str()).collect();
-            for (node, record) in w.blocked.iter() {
+            let mut map = BTreeMap::clone(&w.blocked);
+            for (node, record) in map.iter_mut() {
                 if !on_disk.contains(node.as_str()) {
-                    durable
+                    record.revision = durable
                         .put_block(node, record)
                         .map_err(EntityError::State)?;
                 }
             }
-            let mut map = BTreeMap::clone(&w.blocked);
             for node in blocked {
                 map.insert(node.node.clone(), node.record);
             }

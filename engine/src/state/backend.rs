@@ -43,8 +43,12 @@ pub trait SharedState: Send + Sync + std::fmt::Debug {
         signed_manifest: &[u8],
     ) -> Result<(), StateError>;
 
-    /// Stores `node`'s block record as it is (the engine computes it).
-    fn put_block(&self, node: &str, record: &BlockRecord) -> Result<(), StateError>;
+    /// Stores `node`'s block record as it is (the engine computes it), except for its
+    /// revision, which the store gives ([`BlockRecord::revision`]). Returns that
+    /// revision when the store numbers the block in this write (the local store), `None`
+    /// when it numbers it otherwise (etcd: the key's create revision, which its watch
+    /// delivers).
+    fn put_block(&self, node: &str, record: &BlockRecord) -> Result<Option<u64>, StateError>;
 
     /// Unblocks `node`; whether it was blocked.
     fn unblock_node(&self, node: &str) -> Result<bool, StateError>;
@@ -58,11 +62,20 @@ pub trait SharedState: Send + Sync + std::fmt::Debug {
             Some(b) => b.record.blocked_again(reason, now),
             None => BlockRecord::new(reason, now),
         };
-        self.put_block(node, &record)
+        self.put_block(node, &record).map(|_| ())
     }
 
     /// Every blocked node.
     fn blocked_nodes(&self) -> Result<Vec<BlockedNode>, StateError>;
+
+    /// Per node, the revision of its last unblock, numbered like
+    /// [`BlockRecord::revision`]: a block record whose revision is not above its
+    /// node's tombstone is one that unblock lifted (a lagging replica's, a replayed
+    /// event's), and a cluster manager must not act on it. Empty for a store that
+    /// numbers nothing.
+    fn block_tombstones(&self) -> Result<std::collections::BTreeMap<String, u64>, StateError> {
+        Ok(std::collections::BTreeMap::new())
+    }
 
     /// A key's metadata record and its revision.
     fn key_record(&self, id: &str) -> Result<Option<(Vec<u8>, u64)>, StateError>;
@@ -133,7 +146,7 @@ pub trait SharedState: Send + Sync + std::fmt::Debug {
     /// [`SharedState::put_block`], returning the backend's revision of the write when
     /// it is shared (`None` otherwise), for [`SharedState::await_applied`].
     fn put_block_at(&self, node: &str, record: &BlockRecord) -> Result<Option<u64>, StateError> {
-        self.put_block(node, record).map(|()| None)
+        self.put_block(node, record).map(|_| None)
     }
 
     /// [`SharedState::unblock_node`], also returning the backend's revision of the
@@ -156,7 +169,7 @@ pub trait SharedState: Send + Sync + std::fmt::Debug {
     /// node that failed verification is blocked here at once. A backend that is not
     /// shared writes it at once.
     fn queue_block(&self, node: &str, record: &BlockRecord) -> Result<(), StateError> {
-        self.put_block(node, record)
+        self.put_block(node, record).map(|_| ())
     }
 
     /// Blocks queued by [`SharedState::queue_block`] that have not landed yet. An

@@ -23,7 +23,14 @@ pub enum ControllerCommand {
     /// Act again after `pause`.
     Resume(Target),
     /// Reset a tripped circuit breaker, with a fresh window.
-    Reset(Target),
+    Reset {
+        #[command(flatten)]
+        target: Target,
+        /// Also forget the release tombstones: after Probity's store was replaced (a new
+        /// etcd, a wiped state directory), whose block numbers start again below them.
+        #[arg(long)]
+        tombstones: bool,
+    },
     /// Report what would be done, change nothing (`on`), or act again (`off`).
     DryRun {
         #[command(flatten)]
@@ -153,7 +160,15 @@ pub fn controller(command: ControllerCommand) -> Result<u8> {
             }
             ControllerCommand::Pause(target) => change(&target, |s| s.paused = true).await,
             ControllerCommand::Resume(target) => change(&target, |s| s.paused = false).await,
-            ControllerCommand::Reset(target) => change(&target, |s| s.breaker.reset()).await,
+            ControllerCommand::Reset { target, tombstones } => {
+                change(&target, move |s| {
+                    s.breaker.reset();
+                    if tombstones {
+                        s.tombstones.clear();
+                    }
+                })
+                .await
+            }
             ControllerCommand::DryRun { target, mode } => {
                 let on = mode == "on";
                 change(&target, move |s| {

@@ -267,6 +267,32 @@ impl EtcdClient {
         .await
     }
 
+    /// Deletes `key` and, in the same transaction, puts `marker` (with `value`), only if
+    /// `key` exists: a delete that leaves a tombstone whose mod revision is the delete's.
+    /// `existed` says whether it did; a retry after a lost answer finds the key gone and
+    /// leaves the tombstone the first attempt wrote.
+    pub async fn delete_leaving(
+        &self,
+        key: &str,
+        marker: &str,
+        value: impl Into<Vec<u8>>,
+    ) -> Result<crate::client::Deleted, EtcdError> {
+        let full = self.inner.keyspace.full(key);
+        let exists =
+            etcd_client::Compare::version(full.clone(), etcd_client::CompareOp::Greater, 0);
+        let ops = vec![
+            TxnOp::delete(full, None),
+            TxnOp::put(self.inner.keyspace.full(marker), value.into(), None),
+        ];
+        let resp = self
+            .txn(key, Retry::Always, vec![exists], ops, Vec::new())
+            .await?;
+        Ok(crate::client::Deleted {
+            revision: resp.header().map(|h| h.revision()).unwrap_or(0),
+            existed: resp.succeeded(),
+        })
+    }
+
     async fn swap(
         &self,
         key: &str,

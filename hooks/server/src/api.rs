@@ -374,7 +374,35 @@ pub(crate) async fn blocked_nodes(State(state): State<AppState>) -> Json<Value> 
         .state()
         .map(|s| s.unshared_blocks().into_iter().map(|b| b.node).collect())
         .unwrap_or_default();
-    Json(json!({ "nodes": state.engine().blocked_nodes(), "unshared": unshared }))
+    let nodes = state.engine().blocked_nodes();
+    // Read after the blocklist, so a record this answer holds and its node's unblock
+    // (already in the store, not yet in memory) show up together: the record is stale.
+    let engine = state.engine().clone();
+    let tombstones = tokio::task::spawn_blocking(move || engine.block_tombstones()).await;
+    let mut answer = serde_json::Map::new();
+    answer.insert("nodes".into(), json!(nodes));
+    answer.insert("unshared".into(), json!(unshared));
+    match tombstones {
+        Ok(Ok(tombstones)) => {
+            answer.insert("tombstones".into(), json!(tombstones));
+        }
+        // Without them a caller cannot tell a stale record from a live one: it says so,
+        // and a cluster manager acts on nothing new until they read again.
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, "reading the blocklist's tombstones failed");
+            answer.insert(
+                "tombstonesError".into(),
+                json!(probity_base::error::chain(&e)),
+            );
+        }
+        Err(_) => {
+            answer.insert(
+                "tombstonesError".into(),
+                json!("the tombstone read did not finish"),
+            );
+        }
+    }
+    Json(Value::Object(answer))
 }
 
 /// `GET /v1/cluster/digests`: the policy digest every process reported serving, newest

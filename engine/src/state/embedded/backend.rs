@@ -25,14 +25,17 @@ impl SharedState for StateStore {
     ) -> Result<(), StateError> {
         StateStore::accept(self, object_id, version, digest, signed_manifest)
     }
-    fn put_block(&self, node: &str, record: &BlockRecord) -> Result<(), StateError> {
-        StateStore::put_block(self, node, record)
+    fn put_block(&self, node: &str, record: &BlockRecord) -> Result<Option<u64>, StateError> {
+        StateStore::put_block(self, node, record).map(Some)
     }
     fn unblock_node(&self, node: &str) -> Result<bool, StateError> {
         StateStore::unblock_node(self, node)
     }
     fn blocked_nodes(&self) -> Result<Vec<BlockedNode>, StateError> {
         StateStore::blocked_nodes(self)
+    }
+    fn block_tombstones(&self) -> Result<std::collections::BTreeMap<String, u64>, StateError> {
+        StateStore::block_tombstones(self)
     }
     fn key_record(&self, id: &str) -> Result<Option<(Vec<u8>, u64)>, StateError> {
         let read = |txn: &redb::ReadTransaction| -> Result<Option<Vec<u8>>, redb::Error> {

@@ -1,6 +1,7 @@
 //! [`StateStore`]: the state on one machine, in a redb database under the state
 //! directory, which recovers by itself from I/O errors (a full disk).
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::{Mutex, PoisonError, RwLock};
@@ -29,6 +30,10 @@ pub(crate) use codec::{decode_event, encode_event};
 const MANIFESTS: TableDefinition<&str, &[u8]> = TableDefinition::new("manifests");
 /// Node id -> blocklist record (time, reason).
 const BLOCKLIST: TableDefinition<&str, &[u8]> = TableDefinition::new("blocklist");
+/// Node id -> the revision of its last unblock (see [`StateStore::unblock_node`]).
+const TOMBSTONES: TableDefinition<&str, u64> = TableDefinition::new("tombstones");
+/// [`META`]'s key of the last revision given to a block or an unblock.
+const BLOCK_REVISION: &str = "blocklist.revision";
 /// Sequence number -> event record.
 const EVENTS: TableDefinition<u64, &[u8]> = TableDefinition::new("events");
 /// Decision log: sequence number -> the record as JSON ([`DecisionRecord`]).
@@ -227,6 +232,7 @@ impl StateStore {
             txn.open_table(CHAIN)?;
             txn.open_table(CHECKPOINTS)?;
             txn.open_table(ADMITTED)?;
+            txn.open_table(TOMBSTONES)?;
             Ok(())
         })?;
         Ok(store)
@@ -496,24 +502,58 @@ impl StateStore {
         }
     }
 
-    /// Stores `node`'s block record as it is (the engine computes it).
-    pub fn put_block(&self, node: &str, record: &BlockRecord) -> Result<(), StateError> {
-        let encoded = serde_json::to_vec(record).map_err(|e| StateError::Database {
-            path: self.path.clone(),
-            operation: "encoding a block record",
-            source: Box::new(e),
-        })?;
+    /// Stores `node`'s block record (the engine computes it) and returns its revision:
+    /// the one it already has while the node stays blocked, else the next of the
+    /// store's counter, which blocks and unblocks share, so a block made after an
+    /// unblock is always numbered after that unblock's tombstone.
+    pub fn put_block(&self, node: &str, record: &BlockRecord) -> Result<u64, StateError> {
+        let mut record = record.clone();
+        let path = self.path.clone();
         self.write("blocking a node", |txn| {
-            txn.open_table(BLOCKLIST)?
-                .insert(node, encoded.as_slice())?;
-            Ok(())
+            let mut table = txn.open_table(BLOCKLIST)?;
+            let kept = table
+                .get(node)?
+                .and_then(|g| decode_block(node, g.value()))
+                .and_then(|b| b.record.revision);
+            let revision = match kept {
+                Some(revision) => revision,
+                None => next_block_revision(txn)?,
+            };
+            record.revision = Some(revision);
+            let encoded = serde_json::to_vec(&record).map_err(|e| {
+                redb::Error::Io(std::io::Error::other(format!(
+                    "encoding a block record for {}: {e}",
+                    path.display()
+                )))
+            })?;
+            table.insert(node, encoded.as_slice())?;
+            Ok(revision)
         })
     }
 
-    /// Unblocks `node`; returns whether it was blocked.
+    /// Unblocks `node`; returns whether it was blocked. An unblock leaves a tombstone,
+    /// the next revision of the store's counter, which no earlier block record passes.
     pub fn unblock_node(&self, node: &str) -> Result<bool, StateError> {
         self.write("unblocking a node", |txn| {
-            Ok(txn.open_table(BLOCKLIST)?.remove(node)?.is_some())
+            let existed = txn.open_table(BLOCKLIST)?.remove(node)?.is_some();
+            if existed {
+                let revision = next_block_revision(txn)?;
+                txn.open_table(TOMBSTONES)?.insert(node, revision)?;
+            }
+            Ok(existed)
+        })
+    }
+
+    /// Per node, the revision of its last unblock.
+    pub fn block_tombstones(&self) -> Result<BTreeMap<String, u64>, StateError> {
+        self.read("reading the blocklist's tombstones", |txn| {
+            let table = txn.open_table(TOMBSTONES)?;
+            let mut out = BTreeMap::new();
+            for row in table.iter()? {
+                let (k, v) = row?;
+                out.insert(k.value().to_owned(), v.value());
+            }
+            Ok(out)
         })
     }
 
@@ -549,6 +589,17 @@ impl StateStore {
             })
             .collect()
     }
+}
+
+/// The next revision of the blocklist's counter, stored in the same transaction.
+fn next_block_revision(txn: &redb::WriteTransaction) -> Result<u64, redb::Error> {
+    let mut meta = txn.open_table(META)?;
+    let next = meta
+        .get(BLOCK_REVISION)?
+        .map_or(0, |g| g.value())
+        .saturating_add(1);
+    meta.insert(BLOCK_REVISION, next)?;
+    Ok(next)
 }
 
 impl StateStore {

@@ -328,6 +328,44 @@ fn blocklist_and_events_persist() {
 }
 
 #[test]
+fn blocks_are_numbered_after_every_earlier_unblock_and_the_numbers_survive_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let revision = |s: &StateStore, node: &str| s.blocked(node).unwrap().unwrap().record.revision;
+    {
+        let s = StateStore::open(dir.path()).unwrap();
+        assert_eq!(
+            s.put_block("n1", &BlockRecord::new("first", 10)).unwrap(),
+            1
+        );
+        // Blocked again while blocked: the same block, the same number.
+        let again = BlockRecord::new("first", 10).blocked_again("second", 11);
+        assert_eq!(s.put_block("n1", &again).unwrap(), 1);
+        assert_eq!(revision(&s, "n1"), Some(1));
+        assert_eq!(
+            s.put_block("n2", &BlockRecord::new("other", 12)).unwrap(),
+            2
+        );
+        assert!(s.unblock_node("n1").unwrap());
+        // An unblock of a node not blocked leaves no tombstone and takes no number.
+        assert!(!s.unblock_node("n9").unwrap());
+        assert_eq!(
+            s.block_tombstones().unwrap(),
+            BTreeMap::from([("n1".to_owned(), 3)])
+        );
+    }
+    let s = StateStore::open(dir.path()).unwrap();
+    // A record offered with a number of its own (copied from elsewhere) gets the
+    // store's, which is above the tombstone of the node's last unblock.
+    let offered = BlockRecord {
+        revision: Some(1),
+        ..BlockRecord::new("re-blocked", 20)
+    };
+    assert_eq!(s.put_block("n1", &offered).unwrap(), 4);
+    assert_eq!(revision(&s, "n1"), Some(4));
+    assert_eq!(s.block_tombstones().unwrap()["n1"], 3);
+}
+
+#[test]
 fn bug_the_store_stamped_its_records_with_the_machines_time_not_its_clocks() {
     let dir = tempfile::tempdir().unwrap();
     let clock = Arc::new(crate::clock::ManualClock::at(1_000_000));

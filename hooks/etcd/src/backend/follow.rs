@@ -79,6 +79,12 @@ pub(super) fn blocked_node(entry: &Entry) -> Option<BlockedNode> {
             0,
         )
     });
+    // etcd numbers the block, whatever the record says: a record copied from elsewhere
+    // (a local store's outbox) carries that store's number.
+    let record = BlockRecord {
+        revision: u64::try_from(entry.create_revision).ok(),
+        ..record
+    };
     Some(BlockedNode {
         node: node.to_owned(),
         record,

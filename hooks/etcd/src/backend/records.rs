@@ -8,6 +8,7 @@
 //! | key | value |
 //! | --- | --- |
 //! | `blocklist/<node>` | the engine's `BlockRecord` (reason, since, history; for a failed read, reader, stop, taintEffect) |
+//! | `tombstones/<node>` | the node's name; its mod revision is the revision of the node's last unblock, written in the delete's transaction |
 //! | `registry/<object id>` | `{"version", "digest" (hex), "signed_manifest" (base64, absent when too large)}` |
 //! | `keys/<key id>` | the key metadata record's bytes, as the keyring wrote them |
 //! | `facts/<node>` | `NodeFacts`, under the publishing agent's lease |
@@ -21,6 +22,9 @@ use thiserror::Error;
 
 /// Key prefix of the blocklist.
 pub const BLOCKLIST: &str = "blocklist/";
+/// Key prefix of unblock tombstones: `tombstones/<node>`'s mod revision is the
+/// revision at which the node's block was last deleted.
+pub const TOMBSTONES: &str = "tombstones/";
 /// Key prefix of the manifest registry.
 pub const REGISTRY: &str = "registry/";
 /// Key prefix of key metadata.

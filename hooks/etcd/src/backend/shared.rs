@@ -1,3 +1,4 @@
+use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, PoisonError};
 use std::time::{Duration, Instant};
@@ -9,7 +10,7 @@ use probity::state::{
 };
 
 use super::housekeeping::put_digest;
-use super::records::{self, BLOCKLIST, DIGESTS, FACTS, KEYS, REGISTRY, RegistryRecord};
+use super::records::{self, BLOCKLIST, DIGESTS, FACTS, KEYS, REGISTRY, RegistryRecord, TOMBSTONES};
 use super::{BLOCK_ROUNDS, EtcdState, FactsLease, Queued, follow, lock, run_on};
 use crate::{EtcdError, Swap, VersionedError};
 
@@ -106,8 +107,10 @@ impl SharedState for EtcdState {
         }
     }
 
-    fn put_block(&self, node: &str, record: &BlockRecord) -> Result<(), StateError> {
-        self.put_block_at(node, record).map(|_| ())
+    /// etcd numbers the block with its key's create revision, which the watch (and
+    /// [`SharedState::blocked_nodes`]) report; nothing to return here.
+    fn put_block(&self, node: &str, record: &BlockRecord) -> Result<Option<u64>, StateError> {
+        self.put_block_at(node, record).map(|_| None)
     }
 
     fn unblock_node(&self, node: &str) -> Result<bool, StateError> {
@@ -163,6 +166,21 @@ impl SharedState for EtcdState {
             .entries
             .iter()
             .filter_map(follow::blocked_node)
+            .collect())
+    }
+
+    fn block_tombstones(&self) -> Result<BTreeMap<String, u64>, StateError> {
+        let client = self.core.client.clone();
+        let listing = self.run("reading the blocklist's tombstones", async move {
+            client.list(TOMBSTONES).await
+        })?;
+        Ok(listing
+            .entries
+            .iter()
+            .filter_map(|e| {
+                let node = e.key.strip_prefix(TOMBSTONES).filter(|n| !n.is_empty())?;
+                Some((node.to_owned(), u64::try_from(e.mod_revision).ok()?))
+            })
             .collect())
     }
 
@@ -399,10 +417,11 @@ impl SharedState for EtcdState {
         }
         let client = self.core.client.clone();
         let key = format!("{BLOCKLIST}{node}");
-        let deleted = self.run(
-            "unblocking a node",
-            async move { client.delete(&key).await },
-        )?;
+        let tombstone = format!("{TOMBSTONES}{node}");
+        let name = node.to_owned();
+        let deleted = self.run("unblocking a node", async move {
+            client.delete_leaving(&key, &tombstone, name).await
+        })?;
         Ok((
             deleted.existed,
             Some(u64::try_from(deleted.revision).unwrap_or(0)),
@@ -443,7 +462,7 @@ impl SharedState for EtcdState {
         // Durable after being in force: a full disk must not delay the block.
         let kept = self.core.local.put_block(node, record);
         self.core.outbox_wake.notify_one();
-        kept
+        kept.map(|_| ())
     }
 
     fn unshared_blocks(&self) -> Vec<BlockedNode> {

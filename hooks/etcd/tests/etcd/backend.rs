@@ -89,6 +89,47 @@ fn sidecar(node: &str) -> Role {
 }
 
 #[test]
+fn blocks_carry_etcds_create_revision_and_an_unblock_leaves_a_higher_tombstone() {
+    let rt = runtime();
+    let etcd = Etcd::single();
+    rt.block_on(etcd.wait_healthy(None));
+    let a = Peer::new(etcd.config(), Role::Webhook, "webhook:a");
+    let b = Peer::new(etcd.config(), Role::Webhook, "webhook:b");
+    let revision = |p: &Peer, node: &str| p.engine.blocked_nodes()[node].revision.unwrap();
+
+    a.engine.block_node("gpu-1", "first").unwrap();
+    let first = revision(&a, "gpu-1");
+    // Blocked again: the same key, the same block number, in every process.
+    b.engine.block_node("gpu-1", "again").unwrap();
+    assert_eq!(revision(&b, "gpu-1"), first);
+    wait_for(WAIT, "a sees the history", || {
+        (a.engine.blocked_nodes()["gpu-1"].history.len() == 1).then_some(())
+    });
+    assert_eq!(revision(&a, "gpu-1"), first);
+    assert!(a.engine.block_tombstones().unwrap().is_empty());
+
+    b.engine.unblock_node("gpu-1").unwrap();
+    let tombstones = a.engine.block_tombstones().unwrap();
+    let unblocked = tombstones["gpu-1"];
+    assert!(unblocked > first, "{unblocked} > {first}");
+    // Unblocking a node not blocked leaves no tombstone.
+    b.engine.unblock_node("gpu-2").unwrap();
+    assert_eq!(b.engine.block_tombstones().unwrap(), tombstones);
+
+    a.engine.block_node("gpu-1", "re-blocked").unwrap();
+    let again = revision(&a, "gpu-1");
+    assert!(again > unblocked, "{again} > {unblocked}");
+    wait_for(WAIT, "b sees the new block", || {
+        (b.engine
+            .blocked_nodes()
+            .get("gpu-1")
+            .and_then(|r| r.revision)
+            == Some(again))
+        .then_some(())
+    });
+}
+
+#[test]
 fn blocks_from_two_engines_reach_both_in_etcds_order_and_each_reads_its_own_writes() {
     let rt = runtime();
     let etcd = Etcd::single();

@@ -372,8 +372,15 @@ impl Actuator for KubeActuator {
             "ProbityBlocked",
             "Taint",
             format!(
-                "blocked by Probity ({}), since {}; taint {}:{}",
-                mark.block.reason, mark.block.since, self.taint.key, self.taint.effect
+                "blocked by Probity ({}), block record {}since {}; taint {}:{}",
+                mark.block.reason,
+                mark.block
+                    .revision
+                    .map(|r| format!("revision {r}, "))
+                    .unwrap_or_default(),
+                mark.block.since,
+                self.taint.key,
+                self.taint.effect
             ),
         )
         .await;

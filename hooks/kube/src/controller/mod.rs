@@ -496,7 +496,7 @@ impl Controller {
                     }
                     done.extend(records);
                     if complete {
-                        stopped.push((node.clone(), block.since));
+                        stopped.push((node.clone(), block.number()));
                     }
                     continue;
                 }
@@ -572,13 +572,25 @@ impl Controller {
     /// The blocklist as the plan may act on it. Probity's answer can lag (a replica
     /// behind, a process just restarted): a node Probity set a taint on is released only
     /// once its block has been absent from [`CONFIRM_PASSES`] answers in a row, and a
-    /// block not newer than the node's last release (stale, for a tombstone) is taken
-    /// as the truth once it has been in that many answers in a row.
+    /// block not newer than the node's last release (stale, for a tombstone) is never
+    /// acted on if Probity's store numbered it, and is taken as the truth once it has
+    /// been in that many answers in a row if it is ordered by its time only.
+    ///
+    /// A block Probity's own store has lifted since (its revision not above the
+    /// node's tombstone in the same answer: Probity's memory lags its store) counts as
+    /// absent.
     fn confirmed(
         &self,
-        mut blocks: BTreeMap<String, plan::BlockMark>,
+        answered: source::Blocklist,
         state: &mut ControlState,
     ) -> BTreeMap<String, plan::BlockMark> {
+        let source::Blocklist {
+            mut blocks,
+            tombstones,
+        } = answered;
+        for node in plan::drop_lifted(&mut blocks, &tombstones) {
+            tracing::info!(%node, "a block record Probity's store has since lifted is not acted on");
+        }
         let mut seen = self.confirmations.lock().unwrap_or_else(|p| p.into_inner());
         let (absent, stale) = &mut *seen;
         // Counters of nodes Probity's answer holds again, or that are no longer
@@ -600,7 +612,11 @@ impl Controller {
             let Some(&released) = state.tombstones.get(node) else {
                 continue;
             };
-            if block.since > released {
+            // A block Probity's store numbered is ordered exactly: one not above the
+            // last release is a replay (a restored backup, a lagging answer), however
+            // often it is answered. Only a block ordered by its time is believed after
+            // enough answers (clocks disagree).
+            if block.number() > released || block.revision.is_some() {
                 continue;
             }
             let count = stale.entry(node.clone()).or_default();
@@ -670,27 +686,36 @@ fn strip_time(record: &ActionRecord) -> (&str, &str, &str, &str) {
 fn describe(step: &Step) -> String {
     match step {
         Step::Block { block, .. } | Step::Refresh { block, .. } => {
-            format!("{} (since {})", block.reason, block.since)
+            format!("{} ({})", block.reason, record_name(block))
         }
         Step::Release { applied, .. } => format!(
-            "unblocked; was {} (since {})",
-            applied.block.reason, applied.block.since
+            "unblocked; was {} ({})",
+            applied.block.reason,
+            record_name(&applied.block)
         ),
         Step::Refused { trip, .. } => format!(
             "circuit breaker (tripped at {} by {}): {}",
             trip.at, trip.node, trip.reason
         ),
         Step::StopWork { block, .. } => format!(
-            "stop {} (block since {})",
+            "stop {} (block {})",
             block.stop.as_deref().unwrap_or(""),
-            block.since
+            record_name(block)
         ),
         Step::Stale {
             block, released, ..
         } => format!(
-            "block since {} is not newer than the release of the block since {released}",
-            block.since
+            "block {} is not newer than the node's last release (number {released})",
+            record_name(block)
         ),
+    }
+}
+
+/// A block record as a report names it: its store revision and time.
+fn record_name(block: &plan::BlockMark) -> String {
+    match block.revision {
+        Some(revision) => format!("revision {revision}, since {}", block.since),
+        None => format!("since {}", block.since),
     }
 }
 

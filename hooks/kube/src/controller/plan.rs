@@ -15,8 +15,14 @@ pub const MAX_REPORT: usize = 200;
 pub struct BlockMark {
     /// What blocked the node first (a policy id, an operator's note).
     pub reason: String,
-    /// When it was first blocked, in Unix seconds: the block record's revision.
+    /// When it was first blocked, in Unix seconds.
     pub since: u64,
+    /// The block's number in Probity's state store, monotonic across its blocks and
+    /// unblocks (etcd's create revision, or the local store's counter); absent from a
+    /// Probity without a store, whose blocks are numbered by their time
+    /// ([`BlockMark::number`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revision: Option<u64>,
     /// The pod that read the data that failed verification, when the block came from
     /// such a read and the reader named itself.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -55,7 +61,15 @@ impl BlockMark {
             reader: None,
             stop: None,
             taint_effect: None,
+            revision: None,
         }
+    }
+
+    /// What orders this block against the node's last release: its store revision, or
+    /// (from a Probity without a store) the time it was made. One deployment uses one
+    /// or the other; a switch is healed by the stale rule's confirmations.
+    pub fn number(&self) -> u64 {
+        self.revision.unwrap_or(self.since)
     }
 }
 
@@ -194,8 +208,9 @@ pub struct ControlState {
     /// The circuit breaker.
     #[serde(default)]
     pub breaker: BreakerState,
-    /// Per node, the revision (`since`) of the last block released: a record not newer
-    /// is stale (a lagging replica, a replayed event) and never acted on.
+    /// Per node, the number ([`BlockMark::number`]) of the last block released: a record
+    /// not newer is stale (a lagging replica, a replayed event) and is not acted on
+    /// unless Probity keeps answering it.
     #[serde(default)]
     pub tombstones: BTreeMap<String, u64>,
     /// The last actions taken, refused or failed, oldest first.
@@ -205,8 +220,8 @@ pub struct ControlState {
     /// only source of what a release may remove.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub applied: BTreeMap<String, AppliedMark>,
-    /// Per node, the revision (`since`) of the block whose work was stopped: a block's
-    /// work is stopped once.
+    /// Per node, the number ([`BlockMark::number`]) of the block whose work was stopped:
+    /// a block's work is stopped once.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub stopped: BTreeMap<String, u64>,
     /// Evictions refused for now (a disruption budget), by `namespace/name`: retried
@@ -254,6 +269,27 @@ impl ControlState {
     }
 }
 
+/// Drops from `blocks` each record Probity's store has lifted since: its revision is
+/// not above its node's unblock tombstone from the same answer (Probity's memory lags
+/// its store). The nodes dropped.
+pub fn drop_lifted(
+    blocks: &mut BTreeMap<String, BlockMark>,
+    tombstones: &BTreeMap<String, u64>,
+) -> Vec<String> {
+    let mut dropped = Vec::new();
+    blocks.retain(|node, block| {
+        let lifted = matches!(
+            (block.revision, tombstones.get(node)),
+            (Some(revision), Some(&unblocked)) if revision <= unblocked
+        );
+        if lifted {
+            dropped.push(node.clone());
+        }
+        !lifted
+    });
+    dropped
+}
+
 /// Plans one pass: the steps, with the breaker's admissions and the tombstones of the
 /// releases already written into `state` (which is written back before anything acts,
 /// so a crash after acting never forgets what the breaker counted). A paused controller
@@ -281,7 +317,7 @@ pub fn plan(
         match (wanted, &node.applied) {
             (Some(block), applied) => {
                 if let Some(&released) = state.tombstones.get(&node.name)
-                    && block.since <= released
+                    && block.number() <= released
                 {
                     steps.push(Step::Stale {
                         node: node.name.clone(),
@@ -347,7 +383,7 @@ pub fn plan(
                 // and once per block record.
                 if tainted
                     && block.stop.is_some()
-                    && state.stopped.get(&node.name) != Some(&block.since)
+                    && state.stopped.get(&node.name) != Some(&block.number())
                 {
                     steps.push(Step::StopWork {
                         node: node.name.clone(),
@@ -357,7 +393,7 @@ pub fn plan(
             }
             (None, Some(applied)) => {
                 let released = state.tombstones.entry(node.name.clone()).or_default();
-                *released = (*released).max(applied.block.since);
+                *released = (*released).max(applied.block.number());
                 steps.push(Step::Release {
                     node: node.name.clone(),
                     applied: applied.clone(),
@@ -611,5 +647,75 @@ mod tests {
         }));
         assert_eq!(state.report.len(), MAX_REPORT);
         assert_eq!(state.report.first().map(|r| r.at), Some(5));
+    }
+
+    #[test]
+    fn a_record_probitys_store_has_lifted_since_is_dropped_and_a_newer_one_kept() {
+        let numbered = |revision| BlockMark {
+            revision: Some(revision),
+            ..mark("blocked", 1_700_000_000)
+        };
+        let mut blocks = BTreeMap::from([
+            ("lifted".to_owned(), numbered(7)),
+            ("at-tombstone".to_owned(), numbered(9)),
+            ("reblocked".to_owned(), numbered(12)),
+            ("never-unblocked".to_owned(), numbered(3)),
+            // No store numbered it: a tombstone cannot judge it.
+            ("unnumbered".to_owned(), mark("blocked", 5)),
+        ]);
+        let tombstones = BTreeMap::from([
+            ("lifted".to_owned(), 8),
+            ("at-tombstone".to_owned(), 9),
+            ("reblocked".to_owned(), 11),
+            ("unnumbered".to_owned(), 10),
+        ]);
+        let dropped = drop_lifted(&mut blocks, &tombstones);
+        assert_eq!(dropped, ["at-tombstone", "lifted"]);
+        assert_eq!(
+            blocks.keys().map(String::as_str).collect::<Vec<_>>(),
+            ["never-unblocked", "reblocked", "unnumbered"]
+        );
+    }
+
+    #[test]
+    fn a_block_is_ordered_by_its_store_revision_not_its_time() {
+        let mut state = ControlState::default();
+        // Released: the block numbered 40 (made at a later second than the next one).
+        state.tombstones.insert("n1".into(), 40);
+        let nodes = [node("n1", None)];
+        let newer = BlockMark {
+            revision: Some(41),
+            ..mark("re-blocked", 100)
+        };
+        let steps = plan(
+            &BTreeMap::from([("n1".to_owned(), newer)]),
+            &nodes,
+            &mut state,
+            &limits(),
+            "NoSchedule",
+            1_000,
+        );
+        assert!(
+            matches!(steps.as_slice(), [Step::Block { .. }]),
+            "{steps:?}"
+        );
+        let replayed = BlockMark {
+            revision: Some(40),
+            ..mark("old", 2_000_000_000)
+        };
+        let mut state = ControlState::default();
+        state.tombstones.insert("n1".into(), 40);
+        let steps = plan(
+            &BTreeMap::from([("n1".to_owned(), replayed)]),
+            &nodes,
+            &mut state,
+            &limits(),
+            "NoSchedule",
+            1_000,
+        );
+        assert!(
+            matches!(steps.as_slice(), [Step::Stale { released: 40, .. }]),
+            "{steps:?}"
+        );
     }
 }

@@ -37,6 +37,20 @@ pub struct ProbityApi {
 #[derive(Deserialize)]
 struct Blocked {
     nodes: BTreeMap<String, BlockMark>,
+    #[serde(default)]
+    tombstones: BTreeMap<String, u64>,
+    #[serde(default, rename = "tombstonesError")]
+    tombstones_error: Option<String>,
+}
+
+/// Probity's blocklist as one answer gave it.
+#[derive(Debug, Clone, Default)]
+pub struct Blocklist {
+    /// The blocked nodes, with the record of each.
+    pub blocks: BTreeMap<String, BlockMark>,
+    /// Per node, the store revision of its last unblock: a block numbered no higher
+    /// was lifted by it, whatever a lagging answer still holds.
+    pub tombstones: BTreeMap<String, u64>,
 }
 
 impl ProbityApi {
@@ -88,15 +102,26 @@ impl ProbityApi {
         })
     }
 
-    /// The nodes Probity's blocklist holds now, with the record of each.
-    pub async fn blocks(&self) -> Result<BTreeMap<String, BlockMark>, ControllerError> {
+    /// The nodes Probity's blocklist holds now, with the record of each, and the
+    /// tombstones of its unblocks. An answer whose tombstones Probity could not read is
+    /// an error: without them a stale record cannot be told from a live one.
+    pub async fn blocks(&self) -> Result<Blocklist, ControllerError> {
         let body = self.get("/v1/nodes/blocked").await?;
-        let blocked: Blocked =
-            serde_json::from_slice(&body).map_err(|e| ControllerError::Probity {
-                what: "GET /v1/nodes/blocked".into(),
-                reason: format!("the answer is not a blocklist: {e}"),
-            })?;
-        Ok(blocked.nodes)
+        let fail = |reason: String| ControllerError::Probity {
+            what: "GET /v1/nodes/blocked".into(),
+            reason,
+        };
+        let blocked: Blocked = serde_json::from_slice(&body)
+            .map_err(|e| fail(format!("the answer is not a blocklist: {e}")))?;
+        if let Some(error) = blocked.tombstones_error {
+            return Err(fail(format!(
+                "Probity could not read its unblock tombstones: {error}"
+            )));
+        }
+        Ok(Blocklist {
+            blocks: blocked.nodes,
+            tombstones: blocked.tombstones,
+        })
     }
 
     /// The taint Probity's settings name for blocked nodes (`Settings::"active"`'s

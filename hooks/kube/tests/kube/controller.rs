@@ -552,6 +552,94 @@ async fn a_paused_controller_acts_on_nothing_until_resumed() {
     );
 }
 
+/// Stale-event replay: Probity restarted from a backup of its store taken while a node
+/// was blocked serves that block again after its unblock. Its store number is not above
+/// the release the controller recorded, so it is reported stale and never acted on,
+/// however often it is answered; a block made after it is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_block_replayed_from_a_restored_backup_of_probitys_store_is_never_acted_on() {
+    let mut h = Harness::start(&["gpu-1"]).await;
+    let metrics_port = free_port();
+    let _controller = h.controller(
+        "c1",
+        &["--metrics-listen", &format!("127.0.0.1:{metrics_port}")],
+    );
+    h.block("gpu-1", "before the backup").await;
+    h.node_until("gpu-1", "tainted", |n| has_taint(n, TAINT))
+        .await;
+    let backup = h.probity.state_dir.with_extension("backup");
+    h.probity.stop();
+    copy_dir(&h.probity.state_dir, &backup);
+    h.probity.restart().await;
+    h.unblock("gpu-1").await;
+    h.node_until("gpu-1", "released", |n| !has_taint(n, TAINT))
+        .await;
+    let state = h
+        .state_until("the release's tombstone", |s| {
+            s["tombstones"]["gpu-1"].is_u64()
+        })
+        .await;
+    let released = state["tombstones"]["gpu-1"].as_u64().unwrap();
+
+    // Restored: Probity holds the block again, under its old number.
+    h.probity.stop();
+    std::fs::remove_dir_all(&h.probity.state_dir).unwrap();
+    copy_dir(&backup, &h.probity.state_dir);
+    h.probity.restart().await;
+    let (_, blocked) = h.probity.call("GET", "/v1/nodes/blocked", &json!({})).await;
+    assert_eq!(
+        blocked["nodes"]["gpu-1"]["revision"].as_u64(),
+        Some(released),
+        "{blocked}"
+    );
+    h.state_until("the replay reported stale", |s| {
+        outcomes(s, "stale") == ["gpu-1"]
+    })
+    .await;
+    let passes = |text: &str| -> Option<u64> {
+        text.lines()
+            .find_map(|l| l.strip_prefix("probity_controller_passes_total "))
+            .and_then(|v| v.trim().parse().ok())
+    };
+    let start = metrics_passes(metrics_port, &passes).await;
+    crate::cluster::poll_ready("five passes answered the replay", WAIT, || async {
+        let now = metrics_passes(metrics_port, &passes).await;
+        (now >= start + 5).then_some(())
+    })
+    .await;
+    let node = h.nodes().get("gpu-1").await.unwrap();
+    assert!(taints(&node).is_empty(), "{:?}", taints(&node));
+
+    // Unblocked and blocked again in the restored store: numbered after the replay,
+    // so acted on.
+    h.unblock("gpu-1").await;
+    h.block("gpu-1", "after the restore").await;
+    let node = h
+        .node_until("gpu-1", "tainted by the new block", |n| has_taint(n, TAINT))
+        .await;
+    assert_eq!(
+        annotation(&node).unwrap()["reason"],
+        "after the restore",
+        "{node:?}"
+    );
+}
+
+/// Copies a state directory (files and subdirectories), owner-only like the original.
+fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::create_dir_all(to).unwrap();
+    std::fs::set_permissions(to, std::fs::Permissions::from_mode(0o700)).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let target = to.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            copy_dir(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), &target).unwrap();
+        }
+    }
+}
+
 async fn metrics_text(port: u16) -> String {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let Ok(mut tcp) = tokio::net::TcpStream::connect(("127.0.0.1", port)).await else {

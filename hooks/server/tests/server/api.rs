@@ -289,6 +289,36 @@ async fn nodes_are_blocked_and_unblocked_under_policy() {
 }
 
 #[tokio::test]
+async fn the_blocklist_numbers_each_block_and_shows_the_tombstone_of_each_unblock() {
+    let tmp = tempfile::tempdir().unwrap();
+    let store =
+        std::sync::Arc::new(probity::state::StateStore::open(&tmp.path().join("state")).unwrap());
+    let engine = crate::engine();
+    engine.attach_state(store).unwrap();
+    let s = probity_server::AppState::new(engine, Config::default());
+    let post = |path: &'static str| {
+        let s = s.clone();
+        async move {
+            let (status, body) = call(&s, Method::POST, path, None, Some("uid:0")).await;
+            assert_eq!(status, StatusCode::OK, "{path}: {body}");
+        }
+    };
+    // The fixture's block, made before the store was attached, took the first number.
+    let (_, body) = call(&s, Method::GET, "/v1/nodes/blocked", None, None).await;
+    assert_eq!(body["nodes"]["gpu-blocked"]["revision"], 1, "{body}");
+    post("/v1/nodes/gpu-a1/block").await;
+    let (_, body) = call(&s, Method::GET, "/v1/nodes/blocked", None, None).await;
+    assert_eq!(body["nodes"]["gpu-a1"]["revision"], 2, "{body}");
+    assert_eq!(body["tombstones"], json!({}), "{body}");
+    post("/v1/nodes/gpu-a1/unblock").await;
+    post("/v1/nodes/gpu-a1/block").await;
+    let (_, body) = call(&s, Method::GET, "/v1/nodes/blocked", None, None).await;
+    // The new block is numbered after the unblock that lifted the first one.
+    assert_eq!(body["tombstones"], json!({"gpu-a1": 3}), "{body}");
+    assert_eq!(body["nodes"]["gpu-a1"]["revision"], 4, "{body}");
+}
+
+#[tokio::test]
 async fn status_health_readiness_and_metrics() {
     let s = state();
     let (status, body) = call(&s, Method::GET, "/v1/policy/status", None, None).await;
