@@ -99,6 +99,9 @@ fn blocks_carry_etcds_create_revision_and_an_unblock_leaves_a_higher_tombstone()
 
     a.engine.block_node("gpu-1", "first").unwrap();
     let first = revision(&a, "gpu-1");
+    wait_for(WAIT, "b sees a's block", || {
+        b.engine.blocked_nodes().contains_key("gpu-1").then_some(())
+    });
     // Blocked again: the same key, the same block number, in every process.
     b.engine.block_node("gpu-1", "again").unwrap();
     assert_eq!(revision(&b, "gpu-1"), first);

@@ -51,11 +51,14 @@ pub trait Actuator {
     type Error: std::error::Error + Send + Sync + 'static;
 
     /// Keeps new work off a node and marks it with `mark` (the block record acted on,
-    /// and whether the taint is Probity's to remove later).
+    /// and whether the taint is Probity's to remove later). `replaces`, when given, is
+    /// the mark set before whose taint Probity added and no longer wants (the taint's
+    /// settings changed): it goes in the same change.
     fn block_node(
         &self,
         node: &str,
         mark: &AppliedMark,
+        replaces: Option<&AppliedMark>,
     ) -> impl Future<Output = Result<Outcome, Self::Error>> + Send;
 
     /// Undoes [`Actuator::block_node`]: removes what it set, nothing else.

@@ -333,12 +333,33 @@ impl Actuator for KubeActuator {
         }
     }
 
-    async fn block_node(&self, name: &str, mark: &AppliedMark) -> Result<Outcome, ControllerError> {
+    async fn block_node(
+        &self,
+        name: &str,
+        mark: &AppliedMark,
+        replaces: Option<&AppliedMark>,
+    ) -> Result<Outcome, ControllerError> {
         let taint = self.taint.clone();
+        // The taint Probity set before under other settings, if it added it.
+        let old = replaces
+            .filter(|r| r.taint_added)
+            .and_then(|r| {
+                Some(BlockTaint {
+                    key: r.key.clone()?,
+                    effect: r.effect.clone()?,
+                })
+            })
+            .filter(|old| *old != taint);
         let text = serde_json::to_string(mark).unwrap_or_default();
         let changed = self
             .change_node(name, |node| {
                 let mut taints = node_taints(node);
+                let had_old = old
+                    .as_ref()
+                    .is_some_and(|old| taints.iter().any(|t| old.matches(t)));
+                if let Some(old) = &old {
+                    taints.retain(|t| !old.matches(t));
+                }
                 let has_taint = taints.iter().any(|t| taint.matches(t));
                 let marked = node
                     .metadata
@@ -346,7 +367,7 @@ impl Actuator for KubeActuator {
                     .as_ref()
                     .and_then(|a| a.get(BLOCK_ANNOTATION))
                     == Some(&text);
-                if has_taint && marked {
+                if has_taint && marked && !had_old {
                     return None;
                 }
                 if !has_taint {

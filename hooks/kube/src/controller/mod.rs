@@ -317,7 +317,11 @@ impl Controller {
         let answered = self.probity.blocks().await?;
         let settings_taint = self.probity.block_taint().await?;
         let read = self.shared.load().await?;
-        let nodes = self.node_views(&read.state, &settings_taint.key);
+        let nodes = self.node_views(&read.state);
+        let spec = plan::TaintSpec {
+            key: settings_taint.key.clone(),
+            effect: settings_taint.effect.clone(),
+        };
         let now = unix_now();
         let mut state = read.state.clone();
         let blocks = self.confirmed(answered, &mut state);
@@ -335,7 +339,7 @@ impl Controller {
                 &nodes,
                 &mut simulated,
                 &self.options.limits,
-                &settings_taint.effect,
+                &spec,
                 now,
             );
             // Bounded: the state is one ConfigMap (1 MiB at most).
@@ -389,7 +393,7 @@ impl Controller {
             &nodes,
             &mut state,
             &self.options.limits,
-            &settings_taint.effect,
+            &spec,
             now,
         );
         state.would.clear();
@@ -449,18 +453,17 @@ impl Controller {
             }
             let result = match step {
                 Step::Block { mark, .. } | Step::Refresh { mark, .. } => {
-                    let taint = BlockTaint {
-                        key: settings_taint.key.clone(),
-                        effect: mark
-                            .effect
-                            .clone()
-                            .unwrap_or_else(|| settings_taint.effect.clone()),
+                    let replaces = match step {
+                        Step::Refresh { replaces, .. } => replaces.as_deref(),
+                        _ => None,
                     };
+                    let (key, effect) = mark.taint(&spec);
+                    let taint = BlockTaint { key, effect };
                     match taint.check() {
                         Ok(()) => {
                             self.actuator
                                 .with_taint(taint)
-                                .block_node(step.node(), mark)
+                                .block_node(step.node(), mark, replaces)
                                 .await
                         }
                         Err(reason) => Err(ControllerError::Probity {
@@ -470,15 +473,9 @@ impl Controller {
                     }
                 }
                 Step::Release { node, applied } => {
-                    let taint = BlockTaint {
-                        key: settings_taint.key.clone(),
-                        effect: applied
-                            .effect
-                            .clone()
-                            .unwrap_or_else(|| settings_taint.effect.clone()),
-                    };
+                    let (key, effect) = applied.taint(&spec);
                     self.actuator
-                        .with_taint(taint)
+                        .with_taint(BlockTaint { key, effect })
                         .release_node(node, applied.taint_added)
                         .await
                 }
@@ -496,7 +493,7 @@ impl Controller {
                     }
                     done.extend(records);
                     if complete {
-                        stopped.push((node.clone(), block.number()));
+                        stopped.push((node.clone(), block.number(), block.readers().count()));
                     }
                     continue;
                 }
@@ -560,7 +557,10 @@ impl Controller {
                         s.applied.remove(node);
                     }
                     s.record(done.clone());
-                    s.stopped.extend(stopped.iter().cloned());
+                    for (node, number, readers) in &stopped {
+                        s.stopped.insert(node.clone(), *number);
+                        s.stopped_readers.insert(node.clone(), *readers);
+                    }
                     s.stopping = stops.stopping.clone();
                     s.unlogged = unlogged.clone();
                 })
@@ -629,7 +629,7 @@ impl Controller {
         blocks
     }
 
-    fn node_views(&self, state: &ControlState, taint_key: &str) -> Vec<NodeView> {
+    fn node_views(&self, state: &ControlState) -> Vec<NodeView> {
         let mut views: Vec<NodeView> = self
             .nodes
             .state()
@@ -646,15 +646,20 @@ impl Controller {
                         Some((label.clone(), value.clone()))
                     })
                     .collect();
-                let has_taint = node
+                let taints = node
                     .spec
                     .as_ref()
                     .and_then(|s| s.taints.as_ref())
-                    .is_some_and(|t| t.iter().any(|t| t.key == taint_key));
+                    .map(|t| {
+                        t.iter()
+                            .map(|t| (t.key.clone(), t.effect.clone()))
+                            .collect()
+                    })
+                    .unwrap_or_default();
                 Some(NodeView {
                     applied: state.applied.get(&name).cloned(),
                     name,
-                    has_taint,
+                    taints,
                     pools,
                 })
             })

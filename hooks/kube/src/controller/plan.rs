@@ -7,11 +7,14 @@ use serde::{Deserialize, Serialize};
 
 use super::breaker::{BreakerLimits, BreakerState, Pool, Trip};
 
+/// A block record's `stop` that drains the node (every pod a drain stops).
+pub const STOP_NODE: &str = "node";
+
 /// Most action records the report keeps (oldest dropped first).
 pub const MAX_REPORT: usize = 200;
 
 /// A block as Probity's blocklist holds it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct BlockMark {
     /// What blocked the node first (a policy id, an operator's note).
     pub reason: String,
@@ -38,6 +41,35 @@ pub struct BlockMark {
         skip_serializing_if = "Option::is_none"
     )]
     pub taint_effect: Option<String>,
+    /// The later blocks of the node while it stayed blocked, as Probity's answer gives
+    /// them: read for the pods that read bad data since (each is stopped like the
+    /// first reader), never written to the shared state or the node's annotation (32
+    /// entries a node would not fit a ConfigMap at scale), and not part of what makes
+    /// two marks the same block.
+    #[serde(default, skip_serializing)]
+    pub history: Vec<LaterBlock>,
+}
+
+impl PartialEq for BlockMark {
+    /// The same block, as set on a node: every field but the later blocks' history.
+    fn eq(&self, other: &Self) -> bool {
+        self.reason == other.reason
+            && self.since == other.since
+            && self.revision == other.revision
+            && self.reader == other.reader
+            && self.stop == other.stop
+            && self.taint_effect == other.taint_effect
+    }
+}
+
+impl Eq for BlockMark {}
+
+/// A later block of a blocked node, as far as the controller reads it.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct LaterBlock {
+    /// The pod that read bad data this time, if it named itself.
+    #[serde(default)]
+    pub reader: Option<ReaderPod>,
 }
 
 /// A pod as a reader names itself in a verified read.
@@ -62,7 +94,16 @@ impl BlockMark {
             stop: None,
             taint_effect: None,
             revision: None,
+            history: Vec::new(),
         }
+    }
+
+    /// The pods that read bad data on the node, the first block's reader first, then
+    /// the later blocks' in order.
+    pub fn readers(&self) -> impl Iterator<Item = &ReaderPod> {
+        self.reader
+            .iter()
+            .chain(self.history.iter().filter_map(|h| h.reader.as_ref()))
     }
 
     /// What orders this block against the node's last release: its store revision, or
@@ -85,6 +126,31 @@ pub struct AppliedMark {
     /// The taint's effect as set (a policy may have opted into `NoExecute`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub effect: Option<String>,
+    /// The taint's key as set (the settings may name another later).
+    #[serde(default, rename = "taintKey", skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+}
+
+impl AppliedMark {
+    /// The taint this mark set, `(key, effect)`; a mark from before they were
+    /// recorded set the settings'.
+    pub fn taint(&self, settings: &TaintSpec) -> (String, String) {
+        (
+            self.key.clone().unwrap_or_else(|| settings.key.clone()),
+            self.effect
+                .clone()
+                .unwrap_or_else(|| settings.effect.clone()),
+        )
+    }
+}
+
+/// The taint Probity's settings name for a blocked node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TaintSpec {
+    /// Its key.
+    pub key: String,
+    /// Its effect, unless a block record opts into another.
+    pub effect: String,
 }
 
 /// A node as the plan sees it.
@@ -95,10 +161,17 @@ pub struct NodeView {
     /// What Probity set on it, as its shared state records (never read from the node:
     /// a node may edit its own annotations).
     pub applied: Option<AppliedMark>,
-    /// Whether it carries a taint with Probity's key now.
-    pub has_taint: bool,
+    /// The taints it carries now, `(key, effect)`.
+    pub taints: Vec<(String, String)>,
     /// The pools the node belongs to.
     pub pools: Vec<Pool>,
+}
+
+impl NodeView {
+    /// Whether it carries `taint` now.
+    pub fn carries(&self, taint: &(String, String)) -> bool {
+        self.taints.contains(taint)
+    }
 }
 
 /// One step of a plan.
@@ -122,6 +195,9 @@ pub enum Step {
         block: BlockMark,
         /// What the node carries once done (also in the shared state).
         mark: AppliedMark,
+        /// The mark whose taint this one replaces (the settings' or the record's taint
+        /// changed, and Probity had added the old one): removed in the same change.
+        replaces: Option<Box<AppliedMark>>,
     },
     /// Remove what Probity set.
     Release {
@@ -224,6 +300,14 @@ pub struct ControlState {
     /// a block's work is stopped once.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub stopped: BTreeMap<String, u64>,
+    /// Per node, how many of that block's readers ([`BlockMark::readers`]) were
+    /// stopped: a reader of a later failed read on the blocked node is stopped too.
+    #[serde(
+        default,
+        rename = "stoppedReaders",
+        skip_serializing_if = "BTreeMap::is_empty"
+    )]
+    pub stopped_readers: BTreeMap<String, usize>,
     /// Evictions refused for now (a disruption budget), by `namespace/name`: retried
     /// with back-off, and deleted only past the operator's escalation timeout.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
@@ -235,6 +319,23 @@ pub struct ControlState {
     /// In a dry run: what the last pass would have done.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub would: Vec<ActionRecord>,
+}
+
+impl ControlState {
+    /// How many of `block`'s readers were stopped on `node` once its stop was carried
+    /// out; `None` while it was not. (A state written before later readers were
+    /// counted stopped the first reader only.)
+    pub fn readers_stopped(&self, node: &str, block: &BlockMark) -> Option<usize> {
+        match self.stopped.get(node) {
+            Some(&number) if number == block.number() => Some(
+                self.stopped_readers
+                    .get(node)
+                    .copied()
+                    .unwrap_or(usize::from(block.reader.is_some())),
+            ),
+            _ => None,
+        }
+    }
 }
 
 /// An eviction being retried.
@@ -299,7 +400,7 @@ pub fn plan(
     nodes: &[NodeView],
     state: &mut ControlState,
     limits: &BreakerLimits,
-    settings_effect: &str,
+    settings: &TaintSpec,
     now: u64,
 ) -> Vec<Step> {
     if state.paused {
@@ -329,22 +430,68 @@ pub fn plan(
                 let effect = block
                     .taint_effect
                     .clone()
-                    .unwrap_or_else(|| settings_effect.to_owned());
+                    .unwrap_or_else(|| settings.effect.clone());
+                let wanted = (settings.key.clone(), effect);
+                let carries = node.carries(&wanted);
+                let mut drain_refused = false;
                 let tainted = match applied {
-                    Some(applied) if applied.block == *block && node.has_taint => true,
+                    Some(applied)
+                        if applied.block == *block
+                            && carries
+                            && applied.taint(settings) == wanted =>
+                    {
+                        true
+                    }
                     Some(applied) => {
+                        // The taint the settings or the record name changed: Probity's
+                        // old one goes in the same change, someone else's stays.
+                        let (old_key, old_effect) = applied.taint(settings);
+                        let moved = (old_key.as_str(), old_effect.as_str())
+                            != (wanted.0.as_str(), wanted.1.as_str());
+                        let replaces = (moved && applied.taint_added).then(|| {
+                            Box::new(AppliedMark {
+                                key: Some(old_key),
+                                effect: Some(old_effect),
+                                ..applied.clone()
+                            })
+                        });
                         // Whether Probity added the taint stays as first decided while the
                         // taint is there; a taint gone missing is Probity's to add again.
+                        let taint_added = if moved {
+                            !carries
+                        } else {
+                            applied.taint_added || !carries
+                        };
+                        // A newer record that asks for a drain is a new disruption: the
+                        // breaker counts it as it counts a new block.
+                        if block.stop.as_deref() == Some(STOP_NODE)
+                            && applied.block.number() != block.number()
+                            && let Err(trip) = state.breaker.admit(
+                                limits,
+                                &node.name,
+                                &node.pools,
+                                &pool_sizes,
+                                now,
+                            )
+                        {
+                            steps.push(Step::Refused {
+                                node: node.name.clone(),
+                                trip,
+                            });
+                            drain_refused = true;
+                        }
                         let mark = AppliedMark {
                             block: block.clone(),
-                            taint_added: applied.taint_added || !node.has_taint,
-                            effect: Some(effect),
+                            taint_added,
+                            effect: Some(wanted.1.clone()),
+                            key: Some(wanted.0.clone()),
                         };
                         state.applied.insert(node.name.clone(), mark.clone());
                         steps.push(Step::Refresh {
                             node: node.name.clone(),
                             block: block.clone(),
                             mark,
+                            replaces,
                         });
                         true
                     }
@@ -358,8 +505,9 @@ pub fn plan(
                                 // on release.
                                 let mark = AppliedMark {
                                     block: block.clone(),
-                                    taint_added: !node.has_taint,
-                                    effect: Some(effect),
+                                    taint_added: !carries,
+                                    effect: Some(wanted.1.clone()),
+                                    key: Some(wanted.0.clone()),
                                 };
                                 state.applied.insert(node.name.clone(), mark.clone());
                                 steps.push(Step::Block {
@@ -379,11 +527,13 @@ pub fn plan(
                         }
                     }
                 };
-                // A node's work is stopped only on a node the breaker let be blocked,
-                // and once per block record.
+                // A node's work is stopped only on a node the breaker let be blocked (and
+                // drained), and once per block record.
+                let readers_stopped = state.readers_stopped(&node.name, block);
                 if tainted
+                    && !drain_refused
                     && block.stop.is_some()
-                    && state.stopped.get(&node.name) != Some(&block.number())
+                    && readers_stopped.is_none_or(|done| block.readers().count() > done)
                 {
                     steps.push(Step::StopWork {
                         node: node.name.clone(),
@@ -409,6 +559,9 @@ pub fn plan(
         .retain(|name, _| nodes.iter().any(|n| &n.name == name));
     state.stopped.retain(|name, _| blocks.contains_key(name));
     state
+        .stopped_readers
+        .retain(|name, _| blocks.contains_key(name));
+    state
         .applied
         .retain(|name, _| nodes.iter().any(|n| &n.name == name));
     // An eviction retried for a day (reported at every attempt) is given up, so the
@@ -426,13 +579,25 @@ mod tests {
     fn node(name: &str, applied: Option<(&str, u64)>) -> NodeView {
         NodeView {
             name: name.into(),
-            has_taint: applied.is_some(),
+            taints: applied.iter().map(|_| taint()).collect(),
             applied: applied.map(|(reason, since)| AppliedMark {
                 block: mark(reason, since),
                 taint_added: true,
                 effect: None,
+                key: None,
             }),
             pools: vec![("zone".into(), "a".into())],
+        }
+    }
+
+    fn taint() -> (String, String) {
+        ("probity.io/blocked".into(), "NoSchedule".into())
+    }
+
+    fn settings() -> TaintSpec {
+        TaintSpec {
+            key: "probity.io/blocked".into(),
+            effect: "NoSchedule".into(),
         }
     }
 
@@ -458,7 +623,7 @@ mod tests {
             node("n4", None),
         ];
         let mut state = ControlState::default();
-        let steps = plan(&blocks, &nodes, &mut state, &limits(), "NoSchedule", 100);
+        let steps = plan(&blocks, &nodes, &mut state, &limits(), &settings(), 100);
         assert_eq!(
             steps,
             vec![
@@ -469,6 +634,7 @@ mod tests {
                         block: mark("r", 10),
                         taint_added: true,
                         effect: Some("NoSchedule".into()),
+                        key: Some("probity.io/blocked".into()),
                     },
                 },
                 Step::Release {
@@ -477,6 +643,7 @@ mod tests {
                         block: mark("r", 5),
                         taint_added: true,
                         effect: None,
+                        key: None,
                     }
                 },
             ]
@@ -491,15 +658,15 @@ mod tests {
     fn a_taint_removed_by_hand_is_set_again_and_a_taint_found_is_not_probitys() {
         let blocks = BTreeMap::from([("n1".into(), mark("r", 10))]);
         let mut gone = node("n1", Some(("r", 10)));
-        gone.has_taint = false;
+        gone.taints.clear();
         let mut state = ControlState::default();
-        let steps = plan(&blocks, &[gone], &mut state, &limits(), "NoSchedule", 100);
+        let steps = plan(&blocks, &[gone], &mut state, &limits(), &settings(), 100);
         assert!(matches!(&steps[..], [Step::Refresh { mark, .. }] if mark.taint_added));
         // An operator's taint with Probity's key, there before the block: not Probity's.
         let mut found = node("n1", None);
-        found.has_taint = true;
+        found.taints = vec![taint()];
         let mut state = ControlState::default();
-        let steps = plan(&blocks, &[found], &mut state, &limits(), "NoSchedule", 100);
+        let steps = plan(&blocks, &[found], &mut state, &limits(), &settings(), 100);
         assert!(matches!(&steps[..], [Step::Block { mark, .. }] if !mark.taint_added));
     }
 
@@ -513,7 +680,7 @@ mod tests {
             &[node("n1", None)],
             &mut state,
             &limits(),
-            "NoSchedule",
+            &settings(),
             100,
         );
         assert!(matches!(&steps[..], [Step::Stale { released: 10, .. }]));
@@ -524,7 +691,7 @@ mod tests {
             &[node("n1", None)],
             &mut state,
             &limits(),
-            "NoSchedule",
+            &settings(),
             100,
         );
         assert!(matches!(&steps[..], [Step::Block { .. }]));
@@ -536,7 +703,7 @@ mod tests {
             (1..=4).map(|i| (format!("n{i}"), mark("r", 10))).collect();
         let nodes: Vec<NodeView> = (1..=4).map(|i| node(&format!("n{i}"), None)).collect();
         let mut state = ControlState::default();
-        let steps = plan(&blocks, &nodes, &mut state, &limits(), "NoSchedule", 100);
+        let steps = plan(&blocks, &nodes, &mut state, &limits(), &settings(), 100);
         let kinds: Vec<bool> = steps
             .iter()
             .map(|s| matches!(s, Step::Block { .. }))
@@ -558,7 +725,7 @@ mod tests {
             ..limits()
         };
         let mut state = ControlState::default();
-        let steps = plan(&blocks, &nodes, &mut state, &limits, "NoSchedule", 100);
+        let steps = plan(&blocks, &nodes, &mut state, &limits, &settings(), 100);
         let kinds: Vec<&str> = steps.iter().map(|s| s.kind()).collect();
         assert_eq!(kinds, ["block", "stop", "block"]);
         assert!(matches!(&steps[2], Step::Refused { .. }));
@@ -569,8 +736,9 @@ mod tests {
                 block: stopping(since),
                 taint_added: true,
                 effect: None,
+                key: None,
             }),
-            has_taint: true,
+            taints: vec![taint()],
             ..node("n1", None)
         };
         let only_n1 = BTreeMap::from([("n1".into(), stopping(10))]);
@@ -584,7 +752,7 @@ mod tests {
                 &[applied(10)],
                 &mut fresh,
                 &limits,
-                "NoSchedule",
+                &settings(),
                 100
             )
             .is_empty()
@@ -595,7 +763,7 @@ mod tests {
             &[applied(10)],
             &mut fresh,
             &limits,
-            "NoSchedule",
+            &settings(),
             100,
         )
         .iter()
@@ -628,7 +796,7 @@ mod tests {
                 &[node("n1", None)],
                 &mut state,
                 &limits(),
-                "NoSchedule",
+                &settings(),
                 1
             )
             .is_empty()
@@ -692,7 +860,7 @@ mod tests {
             &nodes,
             &mut state,
             &limits(),
-            "NoSchedule",
+            &settings(),
             1_000,
         );
         assert!(
@@ -710,12 +878,195 @@ mod tests {
             &nodes,
             &mut state,
             &limits(),
-            "NoSchedule",
+            &settings(),
             1_000,
         );
         assert!(
             matches!(steps.as_slice(), [Step::Stale { released: 40, .. }]),
             "{steps:?}"
+        );
+    }
+
+    #[test]
+    fn a_changed_taint_setting_moves_probitys_taint_and_leaves_someone_elses() {
+        let blocks = BTreeMap::from([("n1".into(), mark("r", 10))]);
+        // Blocked under the default settings, which the mark records.
+        let node = |name: &str, applied: Option<(&str, u64)>| {
+            let mut view = node(name, applied);
+            if let Some(applied) = view.applied.as_mut() {
+                (applied.key, applied.effect) = (Some(taint().0), Some(taint().1));
+            }
+            view
+        };
+        let moved = TaintSpec {
+            key: "example.com/quarantine".into(),
+            effect: "NoSchedule".into(),
+        };
+        // Probity added the old taint: the refresh names it, to go in the same change.
+        let mut state = ControlState::default();
+        let steps = plan(
+            &blocks,
+            &[node("n1", Some(("r", 10)))],
+            &mut state,
+            &limits(),
+            &moved,
+            100,
+        );
+        let [Step::Refresh { mark, replaces, .. }] = &steps[..] else {
+            panic!("{steps:?}");
+        };
+        assert_eq!(
+            mark.taint(&moved),
+            (moved.key.clone(), moved.effect.clone())
+        );
+        assert!(mark.taint_added);
+        assert_eq!(
+            replaces.as_ref().map(|r| r.taint(&moved)),
+            Some(taint()),
+            "{steps:?}"
+        );
+        // The node already carries the new taint and the mark names it: nothing to do.
+        let mut done = node("n1", None);
+        done.applied = Some(mark.clone());
+        done.taints = vec![(moved.key.clone(), moved.effect.clone())];
+        assert!(plan(&blocks, &[done], &mut state, &limits(), &moved, 100).is_empty());
+
+        // An operator's taint with the old key, there before the block: it stays.
+        let mut theirs = node("n1", Some(("r", 10)));
+        if let Some(applied) = theirs.applied.as_mut() {
+            applied.taint_added = false;
+        }
+        let mut state = ControlState::default();
+        let steps = plan(&blocks, &[theirs], &mut state, &limits(), &moved, 100);
+        assert!(
+            matches!(&steps[..], [Step::Refresh { replaces: None, mark, .. }] if mark.taint_added),
+            "{steps:?}"
+        );
+
+        // Only the effect changed (NoSchedule to NoExecute in the settings).
+        let harder = TaintSpec {
+            effect: "NoExecute".into(),
+            ..settings()
+        };
+        let mut state = ControlState::default();
+        let steps = plan(
+            &blocks,
+            &[node("n1", Some(("r", 10)))],
+            &mut state,
+            &limits(),
+            &harder,
+            100,
+        );
+        assert!(
+            matches!(&steps[..], [Step::Refresh { replaces: Some(old), mark, .. }]
+                if old.effect.as_deref() == Some("NoSchedule")
+                    && mark.effect.as_deref() == Some("NoExecute")),
+            "{steps:?}"
+        );
+    }
+
+    #[test]
+    fn a_newer_record_asking_for_a_drain_passes_the_breaker_first() {
+        let drain = |since| BlockMark {
+            stop: Some(STOP_NODE.into()),
+            ..mark("read failed", since)
+        };
+        let blocks = BTreeMap::from([("n1".into(), drain(20))]);
+        let blocked = node("n1", Some(("r", 10)));
+        // The breaker tripped (by other blocks): the taint is refreshed, no drain.
+        let mut state = ControlState::default();
+        state.breaker.tripped = Some(Trip {
+            at: 1,
+            reason: "too many".into(),
+            node: "n9".into(),
+        });
+        let steps = plan(
+            &blocks,
+            std::slice::from_ref(&blocked),
+            &mut state,
+            &limits(),
+            &settings(),
+            100,
+        );
+        let kinds: Vec<&str> = steps.iter().map(Step::kind).collect();
+        assert_eq!(kinds, ["block", "refresh"], "{steps:?}");
+        assert!(matches!(&steps[0], Step::Refused { .. }));
+        // With room, the drain is admitted and counted.
+        let mut state = ControlState::default();
+        let steps = plan(&blocks, &[blocked], &mut state, &limits(), &settings(), 100);
+        let kinds: Vec<&str> = steps.iter().map(Step::kind).collect();
+        assert_eq!(kinds, ["refresh", "stop"], "{steps:?}");
+        assert_eq!(state.breaker.admitted.len(), 1);
+    }
+
+    #[test]
+    fn the_reader_of_a_later_failed_read_on_a_blocked_node_is_stopped_too() {
+        let reader = |name: &str| ReaderPod {
+            namespace: "train".into(),
+            name: name.into(),
+            uid: None,
+        };
+        let first = BlockMark {
+            stop: Some("reader".into()),
+            reader: Some(reader("llm-0")),
+            revision: Some(5),
+            ..mark("read failed", 10)
+        };
+        let applied = NodeView {
+            applied: Some(AppliedMark {
+                block: first.clone(),
+                taint_added: true,
+                effect: None,
+                key: None,
+            }),
+            taints: vec![taint()],
+            ..node("n1", None)
+        };
+        let mut state = ControlState::default();
+        state.stopped.insert("n1".into(), 5);
+        state.stopped_readers.insert("n1".into(), 1);
+        let blocks = BTreeMap::from([("n1".into(), first.clone())]);
+        assert!(
+            plan(
+                &blocks,
+                std::slice::from_ref(&applied),
+                &mut state,
+                &limits(),
+                &settings(),
+                100
+            )
+            .is_empty()
+        );
+        // Blocked again by another pod's failed read: the same block (no refresh of the
+        // node), whose new reader is stopped.
+        let again = BlockMark {
+            history: vec![LaterBlock {
+                reader: Some(reader("llm-1")),
+            }],
+            ..first
+        };
+        assert_eq!(again, *applied.applied.as_ref().map(|a| &a.block).unwrap());
+        let blocks = BTreeMap::from([("n1".into(), again.clone())]);
+        let steps = plan(
+            &blocks,
+            std::slice::from_ref(&applied),
+            &mut state,
+            &limits(),
+            &settings(),
+            100,
+        );
+        assert!(matches!(&steps[..], [Step::StopWork { .. }]), "{steps:?}");
+        assert_eq!(
+            again.readers().map(|r| r.name.as_str()).collect::<Vec<_>>(),
+            ["llm-0", "llm-1"]
+        );
+        state.stopped_readers.insert("n1".into(), 2);
+        assert!(plan(&blocks, &[applied], &mut state, &limits(), &settings(), 100).is_empty());
+        // Neither the history nor the count reaches the node's annotation.
+        let text = serde_json::to_string(&again).unwrap();
+        assert!(
+            !text.contains("llm-1") && !text.contains("history"),
+            "{text}"
         );
     }
 }

@@ -8,7 +8,8 @@ use super::{ActionRecord, Actuator, Controller, ControllerError, KubeActuator, O
 
 impl Controller {
     /// Stops the work the block record names: its reader's pod, then (`stop = "node"`)
-    /// every pod a drain stops, by eviction. An eviction refused for now is retried with
+    /// every pod a drain stops, by eviction; once that was done, the pods of later
+    /// failed reads on the node. An eviction refused for now is retried with
     /// back-off (in `state.stopping`) and turned into a delete only past the operator's
     /// escalation timeout. Answers whether every pod is stopped, and the records.
     pub(super) async fn stop_work(
@@ -31,9 +32,12 @@ impl Controller {
             },
             detail,
         };
+        // A block whose stop was carried out already: only the readers of its later
+        // failed reads are left (the drain, if any, was done).
+        let earlier = state.readers_stopped(node, block);
         let mut pods: Vec<PodRef> = block
-            .reader
-            .iter()
+            .readers()
+            .skip(earlier.unwrap_or(0))
             .map(|r| PodRef {
                 namespace: r.namespace.clone(),
                 name: r.name.clone(),
@@ -43,6 +47,7 @@ impl Controller {
             .collect();
         match block.stop.as_deref() {
             Some("reader") => {}
+            Some("node") if earlier.is_some() => {}
             Some("node") => match actuator.node_pods(node).await {
                 Ok(on_node) => {
                     for pod in on_node {

@@ -642,6 +642,9 @@ impl Scheduler {
 pub struct Probity {
     pub port: u16,
     pub state_dir: PathBuf,
+    /// The policy set served (the repository's `policies/`; a test may point it at an
+    /// edited copy before a restart).
+    pub policies: PathBuf,
     /// The data root verified reads are allowed under.
     pub data_dir: PathBuf,
     config: PathBuf,
@@ -700,6 +703,7 @@ impl Probity {
         let mut probity = Probity {
             port,
             state_dir,
+            policies: root().join("policies"),
             data_dir: data,
             config,
             entities: entities.to_owned(),
@@ -728,7 +732,7 @@ impl Probity {
                 .arg("--config")
                 .arg(&self.config)
                 .arg("--policies")
-                .arg(root().join("policies"))
+                .arg(&self.policies)
                 .arg("--entities")
                 .arg(&self.entities)
                 .arg("--state-dir")

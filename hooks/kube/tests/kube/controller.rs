@@ -624,7 +624,68 @@ async fn a_block_replayed_from_a_restored_backup_of_probitys_store_is_never_acte
     );
 }
 
-/// Copies a state directory (files and subdirectories), owner-only like the original.
+/// The settings name another taint key while nodes are blocked: Probity's old taint
+/// moves to the new key in one change, an operator's taint with the old key stays, and
+/// a release removes exactly what Probity set.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_changed_block_taint_setting_moves_probitys_taint_and_leaves_an_operators() {
+    const MOVED: &str = "example.com/quarantine";
+    let mut h = Harness::start(&["gpu-1", "gpu-2"]).await;
+    // An operator's taint with Probity's key, on gpu-2 before any block.
+    h.nodes()
+        .patch(
+            "gpu-2",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"taints": [{"key": TAINT, "effect": "NoSchedule"}]}})),
+        )
+        .await
+        .unwrap();
+    let _controller = h.controller("c1", &[]);
+    h.block("gpu-1", "before the change").await;
+    h.block("gpu-2", "before the change").await;
+    h.node_until("gpu-1", "tainted", |n| has_taint(n, TAINT))
+        .await;
+    h.node_until("gpu-2", "marked", |n| annotation(n).is_some())
+        .await;
+
+    let policies = h.probity.state_dir.with_extension("policies");
+    copy_dir(&root().join("policies"), &policies);
+    let settings = policies.join("probity.toml");
+    let text = std::fs::read_to_string(&settings).unwrap();
+    let changed = text.replace(
+        "block_taint_key = \"probity.io/blocked\"",
+        &format!("block_taint_key = \"{MOVED}\""),
+    );
+    assert_ne!(changed, text, "probity.toml names the taint key");
+    std::fs::write(&settings, changed).unwrap();
+    h.probity.stop();
+    h.probity.policies = policies;
+    h.probity.restart().await;
+
+    h.node_until("gpu-1", "Probity's taint moved", |n| {
+        has_taint(n, MOVED) && !has_taint(n, TAINT)
+    })
+    .await;
+    let gpu2 = h
+        .node_until("gpu-2", "the new taint added", |n| has_taint(n, MOVED))
+        .await;
+    assert!(has_taint(&gpu2, TAINT), "{:?}", taints(&gpu2));
+
+    h.unblock("gpu-1").await;
+    h.unblock("gpu-2").await;
+    h.node_until("gpu-1", "released", |n| taints(n).is_empty())
+        .await;
+    let gpu2 = h
+        .node_until("gpu-2", "released", |n| !has_taint(n, MOVED))
+        .await;
+    assert_eq!(
+        taints(&gpu2),
+        [(TAINT.to_owned(), "NoSchedule".to_owned())],
+        "{gpu2:?}"
+    );
+}
+
+/// Copies a directory (files and subdirectories), owner-only.
 fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
     use std::os::unix::fs::PermissionsExt;
     std::fs::create_dir_all(to).unwrap();
@@ -964,6 +1025,57 @@ async fn a_failed_verified_read_taints_the_node_and_evicts_only_the_reading_pod(
                     .as_str()
                     .unwrap()
                     .starts_with("training/bystander not on this node")),
+        "{state}"
+    );
+    assert!(!terminating(&pods.get("bystander").await.unwrap()));
+
+    // Another pod on the blocked gpu-1 reads bad data: the same block (its history
+    // names the new reader), and that reader is stopped too; the first is not asked
+    // again, and the bystander still runs.
+    let second = bound_pod(
+        &h,
+        "training",
+        "trainer-1",
+        "gpu-1",
+        json!({"app": "trainer"}),
+        false,
+    )
+    .await;
+    let (status, body) = h
+        .probity
+        .call(
+            "POST",
+            "/v1/verify",
+            &json!({"path": tampered_checkpoint(&h), "id": "testdata/known-answer",
+                    "node": "gpu-1",
+                    "reader": {"namespace": "training", "name": "trainer-1", "uid": second}}),
+        )
+        .await;
+    assert_eq!((status, &body["verified"]), (200, &json!(false)), "{body}");
+    watch_until(
+        &pods,
+        &WatchParams::default().fields("metadata.name=trainer-1"),
+        "trainer-1 evicted",
+        WAIT,
+        |p: &Pod| terminating(p).then_some(()),
+    )
+    .await;
+    let state = h
+        .state_until("both readers counted", |s| {
+            s["stoppedReaders"]["gpu-1"] == 2
+        })
+        .await;
+    let evictions = |pod: &str| {
+        state["report"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|r| r["detail"] == format!("training/{pod} evicted"))
+            .count()
+    };
+    assert_eq!(
+        (evictions("trainer-0"), evictions("trainer-1")),
+        (1, 1),
         "{state}"
     );
     assert!(!terminating(&pods.get("bystander").await.unwrap()));
