@@ -249,9 +249,80 @@ impl BlockRecord {
     }
 }
 
+impl BlockRecord {
+    /// This record, written from one process's view, merged into `stored`, the record
+    /// the store holds now (another process may have written it meanwhile): the stored
+    /// first block (reason, time, reader, stop, taint effect, revision) stays; this
+    /// record's first block, if it is another, and each of its later blocks the stored
+    /// one lacks join the history, in time order (at most 32, oldest dropped). So two
+    /// processes blocking one node at once lose neither block, nor the reader whose pod
+    /// must be stopped.
+    pub fn merged_into(self, stored: BlockRecord) -> BlockRecord {
+        let mut out = stored;
+        let mut offered = Vec::with_capacity(self.history.len() + 1);
+        if (&self.reason, self.since, &self.reader) != (&out.reason, out.since, &out.reader) {
+            offered.push(BlockEvent {
+                reason: self.reason,
+                at: self.since,
+                reader: self.reader,
+            });
+        }
+        offered.extend(self.history);
+        for event in offered {
+            if !out.history.contains(&event) {
+                out.history.push(event);
+            }
+        }
+        out.history.sort_by_key(|e| e.at);
+        let excess = out.history.len().saturating_sub(MAX_BLOCK_HISTORY);
+        out.history.drain(..excess);
+        out
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_block_written_from_a_lagging_view_joins_the_stored_record_and_loses_nothing() {
+        let reader = |name: &str| ReaderPod::new("train", name, None).unwrap();
+        // What the store holds: the first block, by a reader whose pod must be stopped.
+        let stored = BlockRecord::new("integrity.unverified-read", 10).with_stop(
+            Some(reader("llm-0")),
+            Some(STOP_READER.into()),
+            None,
+        );
+        // Another process, not having seen it, blocked the node for its own reason.
+        let theirs = BlockRecord::new("operator", 12);
+        let merged = theirs.merged_into(stored.clone());
+        assert_eq!(merged.reason, "integrity.unverified-read");
+        assert_eq!(merged.reader, Some(reader("llm-0")));
+        assert_eq!(merged.stop.as_deref(), Some(STOP_READER));
+        assert_eq!(merged.history.len(), 1);
+        assert_eq!(
+            (merged.history[0].reason.as_str(), merged.history[0].at),
+            ("operator", 12)
+        );
+        // A process that had seen it adds only its new block; merging twice is merging once.
+        let seen = stored
+            .clone()
+            .blocked_again_by("again", 15, Some(reader("llm-1")));
+        let merged = seen.clone().merged_into(merged);
+        assert_eq!(
+            merged.history.iter().map(|e| e.at).collect::<Vec<_>>(),
+            [12, 15]
+        );
+        assert_eq!(seen.merged_into(merged.clone()), merged);
+        // Bounded like any record.
+        let mut many = stored.clone();
+        for at in 0..40 {
+            many = many.blocked_again(format!("b{at}"), 100 + at);
+        }
+        let merged = many.merged_into(stored.blocked_again("x", 11));
+        assert_eq!(merged.history.len(), MAX_BLOCK_HISTORY);
+        assert_eq!(merged.history.last().map(|e| e.at), Some(139));
+    }
 
     const UID: &str = "3f1c2a7e-5b4d-4e8f-9a0b-1c2d3e4f5a6b";
 

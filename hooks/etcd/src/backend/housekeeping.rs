@@ -15,11 +15,14 @@ pub(super) async fn send_outbox(core: Arc<Core>) {
             .map(|(n, q)| (n.clone(), q.record.clone()))
             .collect();
         for (node, record) in pending {
-            let Ok(bytes) = serde_json::to_vec(&record) else {
-                continue;
-            };
-            match core.client.put(&format!("{BLOCKLIST}{node}"), bytes).await {
-                Ok(revision) => {
+            // Merged into what etcd holds: the queued record is this process's view, and
+            // another process may have blocked the node meanwhile.
+            let key = format!("{BLOCKLIST}{node}");
+            match super::shared::merge_block(&core.client, &key, &record).await {
+                Ok(None) => {
+                    tracing::warn!(%node, "queued block lost every compare-and-swap race; retrying");
+                }
+                Ok(Some(revision)) => {
                     tracing::info!(%node, revision, "queued block reached etcd");
                     if let Some(q) = lock(&core.outbox).get_mut(&node)
                         && q.record == record

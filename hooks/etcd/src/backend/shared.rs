@@ -397,15 +397,25 @@ impl SharedState for EtcdState {
         true
     }
 
+    /// Merged into the record etcd holds (compare-and-swap): a record computed from this
+    /// process's view, which may lag, never overwrites another process's block.
     fn put_block_at(&self, node: &str, record: &BlockRecord) -> Result<Option<u64>, StateError> {
-        let bytes = self.encode("encoding a block record", record)?;
         let client = self.core.client.clone();
         let key = format!("{BLOCKLIST}{node}");
-        let revision = self.run(
-            "blocking a node",
-            async move { client.put(&key, bytes).await },
-        )?;
-        Ok(Some(u64::try_from(revision).unwrap_or(0)))
+        let record = record.clone();
+        let k = key.clone();
+        let revision = self.run("blocking a node", async move {
+            merge_block(&client, &k, &record).await
+        })?;
+        match revision {
+            Some(revision) => Ok(Some(u64::try_from(revision).unwrap_or(0))),
+            None => Err(StateError::Conflict {
+                what: "block record",
+                key,
+                expected: None,
+                found: None,
+            }),
+        }
     }
 
     /// Also drops the node from the outbox: an operator's unblock cancels a block that
@@ -522,4 +532,36 @@ impl SharedState for EtcdState {
             }
         }
     }
+}
+
+/// Writes `record` at `key`, merged into the record already there
+/// ([`BlockRecord::merged_into`]), by compare-and-swap on what was read; the revision of
+/// the write, or `None` after [`BLOCK_ROUNDS`] lost races. A record there that does not
+/// decode is replaced (the key's presence blocked the node all along).
+pub(super) async fn merge_block(
+    client: &crate::EtcdClient,
+    key: &str,
+    record: &BlockRecord,
+) -> Result<Option<i64>, EtcdError> {
+    let (mut current, _) = client.get(key).await?;
+    for _ in 0..BLOCK_ROUNDS {
+        let merged = match current
+            .as_ref()
+            .and_then(|e| records::decode_block(&e.value).ok())
+        {
+            Some(stored) => record.clone().merged_into(stored),
+            None => record.clone(),
+        };
+        // A block record is plain strings and numbers: it always encodes.
+        let bytes = serde_json::to_vec(&merged).unwrap_or_default();
+        let swap = match &current {
+            None => client.create(key, bytes).await?,
+            Some(e) => client.update_if(key, bytes, e.mod_revision).await?,
+        };
+        match swap {
+            Swap::Applied { revision } => return Ok(Some(revision)),
+            Swap::Refused { current: now_there } => current = now_there,
+        }
+    }
+    Ok(None)
 }

@@ -88,6 +88,49 @@ fn sidecar(node: &str) -> Role {
     }
 }
 
+/// The bug: a block through a replica whose watch had not yet delivered another
+/// replica's block of the same node was a plain put of a record computed from its own
+/// view, so it replaced the first block's reason, reader and stop (the pod that read bad
+/// data was then never stopped). Now it is merged into etcd's record.
+#[test]
+fn bug_a_block_from_a_lagging_replica_overwrote_the_first_blocks_reader_and_stop() {
+    let rt = runtime();
+    let etcd = Etcd::single();
+    rt.block_on(etcd.wait_healthy(None));
+    let a = Peer::new(etcd.config(), Role::Webhook, "webhook:a");
+    let b = Peer::new(etcd.config(), Role::Webhook, "webhook:b");
+    let reader = probity::ReaderPod::new("train", "llm-0", None).unwrap();
+    let first = probity::BlockRecord::new("integrity.unverified-read", 10).with_stop(
+        Some(reader.clone()),
+        Some("reader".into()),
+        None,
+    );
+    a.state.put_block_at("gpu-1", &first).unwrap();
+    // b writes from a view that has not seen it: a fresh record of its own.
+    b.state
+        .put_block_at("gpu-1", &probity::BlockRecord::new("operator", 12))
+        .unwrap();
+    let stored = b
+        .state
+        .blocked_nodes()
+        .unwrap()
+        .into_iter()
+        .find(|n| n.node == "gpu-1")
+        .unwrap()
+        .record;
+    assert_eq!(stored.reason, "integrity.unverified-read");
+    assert_eq!(stored.reader, Some(reader));
+    assert_eq!(stored.stop.as_deref(), Some("reader"));
+    assert_eq!(
+        stored
+            .history
+            .iter()
+            .map(|e| e.reason.as_str())
+            .collect::<Vec<_>>(),
+        ["operator"]
+    );
+}
+
 #[test]
 fn blocks_carry_etcds_create_revision_and_an_unblock_leaves_a_higher_tombstone() {
     let rt = runtime();
