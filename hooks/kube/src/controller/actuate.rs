@@ -14,6 +14,9 @@ pub enum Outcome {
     Unchanged,
     /// The pod named is not on the node named (or has another uid): not stopped.
     NotThere,
+    /// The pod is stopping already (an earlier eviction or delete was accepted): it is
+    /// not asked again.
+    Stopping,
 }
 
 impl Outcome {
@@ -23,6 +26,7 @@ impl Outcome {
             Outcome::Done => "done",
             Outcome::Unchanged => "unchanged",
             Outcome::NotThere => "not-there",
+            Outcome::Stopping => "stopping",
         }
     }
 }

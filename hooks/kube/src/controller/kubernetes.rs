@@ -474,6 +474,11 @@ impl Actuator for KubeActuator {
             if !(on_node && same) {
                 return Ok(Outcome::NotThere);
             }
+            // Evicted already (by an earlier pass, or a controller before a restart): a
+            // second eviction would be a second action for one stop.
+            if found.metadata.deletion_timestamp.is_some() {
+                return Ok(Outcome::Stopping);
+            }
         }
         let pods: Api<Pod> = Api::namespaced(self.client.clone(), &pod.namespace);
         let params = EvictParams {

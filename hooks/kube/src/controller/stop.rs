@@ -84,6 +84,8 @@ impl Controller {
                         Outcome::Done => "evicted",
                         Outcome::Unchanged => "already gone",
                         Outcome::NotThere => "not on this node: not stopped",
+                        // Reported when it was evicted; a drain's retries pass it by.
+                        Outcome::Stopping => continue,
                     };
                     records.push(note(outcome.as_str(), format!("{key} {what}")));
                 }

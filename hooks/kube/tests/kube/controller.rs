@@ -9,7 +9,7 @@ use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod};
 use k8s_openapi::api::events::v1::Event as EventV1;
-use kube::api::{Api, ListParams, Patch, PatchParams, PostParams, WatchParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, WatchParams};
 use serde_json::{Value, json};
 
 use crate::cluster::{ControlPlane, Probity, probity_bin, root, start_controller, watch_until};
@@ -683,6 +683,128 @@ async fn a_changed_block_taint_setting_moves_probitys_taint_and_leaves_an_operat
         [(TAINT.to_owned(), "NoSchedule".to_owned())],
         "{gpu2:?}"
     );
+}
+
+/// A drain (`@param_stop("node")`) a disruption budget holds up, and the controller
+/// restarted in the middle of it: the new one finishes it, every pod of the node is
+/// evicted exactly once (the reader too, though it is asked for by name), none is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_controller_restarted_mid_drain_evicts_each_pod_once_and_loses_none() {
+    let mut h = Harness::start(&["gpu-1"]).await;
+    // The read-failure policy, opted into draining the node.
+    let policies = h.probity.state_dir.with_extension("policies");
+    copy_dir(&root().join("policies"), &policies);
+    let rule = policies.join("integrity/checkpoints.cedar");
+    let text = std::fs::read_to_string(&rule).unwrap();
+    let drains = text.replace("@param_stop(\"reader\")", "@param_stop(\"node\")");
+    assert_ne!(drains, text, "the policy names its stop");
+    std::fs::write(&rule, drains).unwrap();
+    h.probity.stop();
+    h.probity.policies = policies;
+    h.probity.restart().await;
+
+    h.plane.namespace("training").await;
+    let reader = bound_pod(
+        &h,
+        "training",
+        "trainer-0",
+        "gpu-1",
+        json!({"app": "trainer"}),
+        true,
+    )
+    .await;
+    bound_pod(
+        &h,
+        "training",
+        "worker-1",
+        "gpu-1",
+        json!({"app": "worker"}),
+        true,
+    )
+    .await;
+    for name in ["guarded-0", "guarded-1"] {
+        bound_pod(
+            &h,
+            "training",
+            name,
+            "gpu-1",
+            json!({"app": "guarded"}),
+            true,
+        )
+        .await;
+    }
+    let budgets: Api<k8s_openapi::api::policy::v1::PodDisruptionBudget> =
+        Api::namespaced(h.plane.client(), "training");
+    budgets
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "metadata": {"name": "guarded"},
+                "spec": {"minAvailable": 2, "selector": {"matchLabels": {"app": "guarded"}}}
+            }))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    watch_until(
+        &budgets,
+        &WatchParams::default().fields("metadata.name=guarded"),
+        "the budget counting both pods healthy",
+        WAIT,
+        |b: &k8s_openapi::api::policy::v1::PodDisruptionBudget| {
+            let status = b.status.as_ref()?;
+            (status.current_healthy == Some(2) && status.disruptions_allowed == Some(0))
+                .then_some(())
+        },
+    )
+    .await;
+
+    let first = h.controller("c1", &[]);
+    let (status, body) = h
+        .probity
+        .call(
+            "POST",
+            "/v1/verify",
+            &json!({"path": tampered_checkpoint(&h), "id": "testdata/known-answer",
+                    "node": "gpu-1",
+                    "reader": {"namespace": "training", "name": "trainer-0", "uid": reader}}),
+        )
+        .await;
+    assert_eq!((status, &body["verified"]), (200, &json!(false)), "{body}");
+    // Mid-drain: the reader and the free pod evicted, the budget's pods refused and
+    // retried more than once (each retry also passes by the reader again).
+    h.state_until("the drain held up by the budget", |s| {
+        s["stopping"]["training/guarded-0"]["attempts"].as_u64() >= Some(2)
+            && s["stopping"]["training/guarded-1"]["attempts"].as_u64() >= Some(2)
+    })
+    .await;
+    drop(first);
+
+    budgets
+        .delete("guarded", &DeleteParams::default())
+        .await
+        .unwrap();
+    let _second = h.controller("c2", &[]);
+    let state = h
+        .state_until("the drain finished", |s| s["stopped"]["gpu-1"].is_u64())
+        .await;
+    let evictions = |pod: &str| {
+        state["report"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|r| r["detail"] == format!("training/{pod} evicted"))
+            .count()
+    };
+    assert_eq!(
+        ["trainer-0", "worker-1", "guarded-0", "guarded-1"].map(evictions),
+        [1, 1, 1, 1],
+        "{state}"
+    );
+    let pods: Api<Pod> = Api::namespaced(h.plane.client(), "training");
+    for name in ["trainer-0", "worker-1", "guarded-0", "guarded-1"] {
+        assert!(terminating(&pods.get(name).await.unwrap()), "{name}");
+    }
 }
 
 /// Copies a directory (files and subdirectories), owner-only.
