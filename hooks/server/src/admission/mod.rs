@@ -307,7 +307,11 @@ fn admit(
             let mut a = Answer::allow(uid);
             // A bound pod is past scheduling, and a pod's affinity cannot change after create.
             let pod_update = kind == "Pod" && operation == "UPDATE";
-            if workload.node_name.is_none() && !pod_update {
+            // A DaemonSet's pod belongs on the one node its controller chose (its own
+            // node affinity names it): a zone or host term on top could only leave it
+            // Pending there. The validating webhook still judges its binding.
+            let daemon = kind == "DaemonSet" || (kind == "Pod" && owned_by_daemon_set(object));
+            if workload.node_name.is_none() && !pod_update && !daemon {
                 match placement_patch(state, spec, spec_path, &workload) {
                     Ok((patch, warnings)) => {
                         a.patch = Some(patch);
@@ -319,4 +323,16 @@ fn admit(
             a
         }
     }
+}
+
+/// Whether a pod's controlling owner is a DaemonSet.
+fn owned_by_daemon_set(pod: &Value) -> bool {
+    pod.pointer("/metadata/ownerReferences")
+        .and_then(Value::as_array)
+        .is_some_and(|owners| {
+            owners.iter().any(|o| {
+                o.get("kind").and_then(Value::as_str) == Some("DaemonSet")
+                    && o.get("controller").and_then(Value::as_bool) == Some(true)
+            })
+        })
 }

@@ -390,6 +390,30 @@ async fn mutation_keeps_pods_where_the_schedule_decisions_let_them_go() {
     assert_eq!(patch_of(&r)[0]["path"], "/spec/template/spec/affinity");
 }
 
+/// The finding: the mutating webhook added its zone and host terms to a DaemonSet's
+/// pods too, whose node the DaemonSet controller had already chosen, so a node agent's
+/// pod on a node in a closed zone stayed Pending. A DaemonSet and its pods are left as
+/// they are; the same pod under a ReplicaSet is constrained.
+#[tokio::test]
+async fn bug_the_mutating_webhook_constrained_a_daemonsets_pods_to_the_open_zones() {
+    let s = state();
+    let owned = |kind: &str| {
+        let mut pod = gpu_pod("agent", 1, "8");
+        pod["metadata"]["ownerReferences"] = json!([{"apiVersion": "apps/v1", "kind": kind,
+            "name": "agent", "uid": "7d0c4a52-8f0b-4f6e-9c1a-2b3c4d5e6f70", "controller": true}]);
+        pod
+    };
+    let r = mutate(&s, &review("Pod", "kube-system", owned("DaemonSet"))).await;
+    assert_eq!(r["allowed"], true);
+    assert!(r.get("patch").is_none(), "{r}");
+    let daemon_set = json!({"metadata": {"name": "agent"},
+        "spec": {"template": {"spec": gpu_pod("t", 1, "8")["spec"].clone()}}});
+    let r = mutate(&s, &review("DaemonSet", "kube-system", daemon_set)).await;
+    assert!(r.get("patch").is_none(), "{r}");
+    let r = mutate(&s, &review("Pod", "training", owned("ReplicaSet"))).await;
+    assert_eq!(patch_of(&r)[0]["path"], "/spec/affinity");
+}
+
 #[tokio::test]
 async fn mutation_without_constraints_sends_no_patch() {
     let engine = probity::Engine::from_embedded_defaults().unwrap();
