@@ -13,6 +13,8 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use crate::decision::Obligation;
+
 /// The obligation kind that moves work out of a zone.
 pub const MIGRATE: &str = "migrate";
 
@@ -44,6 +46,33 @@ pub struct ActionRequest {
 }
 
 impl ActionRequest {
+    /// The request that carries out `obligation` (a `migrate`), asked by `node` for
+    /// the reason given; `None` for another kind, or a target that is not an entity
+    /// `Type::"id"`.
+    pub fn of_obligation(
+        obligation: &Obligation,
+        node: &str,
+        reason: &str,
+        at: u64,
+        ttl_seconds: u64,
+    ) -> Option<Self> {
+        if obligation.kind != MIGRATE {
+            return None;
+        }
+        let (target_type, target) = split_target(obligation.target.as_deref()?)?;
+        Some(Self {
+            kind: obligation.kind.clone(),
+            target,
+            target_type,
+            policy: obligation.policy.clone(),
+            reason: reason.to_owned(),
+            node: node.to_owned(),
+            at,
+            ttl_seconds,
+            parameters: obligation.parameters.clone(),
+        })
+    }
+
     /// The key that identifies it: one per kind, node, policy and target, so one
     /// agent's request replaces its own earlier one and never another's.
     pub fn key(&self) -> String {
@@ -59,6 +88,22 @@ impl ActionRequest {
     pub fn is_live(&self, now: u64) -> bool {
         now <= self.at.saturating_add(self.ttl_seconds)
     }
+}
+
+/// The type and id of an obligation target `Type::"id"` (`Zone::"zone-a"`), the id
+/// unescaped; `None` when it is not one, or the id is empty or holds a `/` (it is part
+/// of the request's key).
+pub fn split_target(target: &str) -> Option<(String, String)> {
+    let (kind, rest) = target.split_once("::\"")?;
+    let id = rest.strip_suffix('"')?;
+    let id = id.replace("\\\"", "\"").replace("\\\\", "\\");
+    let valid = !kind.is_empty()
+        && kind
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':')
+        && !id.is_empty()
+        && !id.contains('/');
+    valid.then(|| (kind.to_owned(), id))
 }
 
 #[cfg(test)]
@@ -77,6 +122,16 @@ mod tests {
             ttl_seconds,
             parameters: BTreeMap::new(),
         }
+    }
+
+    #[test]
+    fn a_migrate_target_names_an_entity_or_nothing() {
+        assert_eq!(
+            split_target("Zone::\"zone-a\""),
+            Some(("Zone".into(), "zone-a".into()))
+        );
+        assert_eq!(split_target("Zone::\"a/b\""), None);
+        assert_eq!(split_target("zone-a"), None);
     }
 
     #[test]

@@ -34,7 +34,7 @@ mod backend;
 mod embedded;
 mod error;
 
-pub use actions::{ActionRequest, MIGRATE};
+pub use actions::{ActionRequest, MIGRATE, split_target};
 pub use backend::{AttachedState, LocalLog, SharedState};
 pub(crate) use embedded::RECOVERY_INTERVAL;
 use embedded::check_against;

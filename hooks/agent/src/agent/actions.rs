@@ -6,7 +6,7 @@
 //! finding stays active (its TTL is the facts' staleness bound, so it lapses with an
 //! agent that stops), and withdrawn when the finding clears.
 
-use probity::state::{ActionRequest, MIGRATE};
+use probity::state::{ActionRequest, MIGRATE, split_target};
 use serde_json::{Value, json};
 
 use super::Agent;
@@ -16,23 +16,11 @@ use probity::Obligation;
 
 impl Agent {
     /// The request for a `migrate` obligation of `f` (`None`: another kind, or a target
-    /// that is no entity).
+    /// that is no entity, or whose id is not one the agent accepts).
     fn action_request(&self, f: &Finding, o: &Obligation, at: u64) -> Option<ActionRequest> {
-        if o.kind != MIGRATE {
-            return None;
-        }
-        let (target_type, target) = entity_of_target(o.target.as_deref()?)?;
-        Some(ActionRequest {
-            kind: o.kind.clone(),
-            target,
-            target_type,
-            policy: f.policy.clone(),
-            reason: f.message.clone(),
-            node: self.config.node.clone(),
-            at,
-            ttl_seconds: self.config.collect.stale_after.as_secs().max(1),
-            parameters: o.parameters.clone(),
-        })
+        let ttl = self.config.collect.stale_after.as_secs().max(1);
+        ActionRequest::of_obligation(o, &self.config.node, &f.message, at, ttl)
+            .filter(|r| crate::config::valid_id(&r.target))
     }
 
     /// Publishes the request of a raised `migrate` obligation; the outcome to report.
@@ -98,7 +86,7 @@ impl Agent {
             return done;
         };
         for o in f.obligations.iter().filter(|o| o.kind == MIGRATE) {
-            let Some((_, target)) = o.target.as_deref().and_then(entity_of_target) else {
+            let Some((_, target)) = o.target.as_deref().and_then(split_target) else {
                 continue;
             };
             let key = ActionRequest::key_of(&o.kind, &self.config.node, &f.policy, &target);
@@ -119,33 +107,5 @@ impl Agent {
             });
         }
         done
-    }
-}
-
-/// The type and id of an obligation target `Type::"id"` (`Zone::"zone-a"`).
-pub fn entity_of_target(target: &str) -> Option<(String, String)> {
-    let (kind, rest) = target.split_once("::\"")?;
-    let id = rest.strip_suffix('"')?;
-    let id = id.replace("\\\"", "\"").replace("\\\\", "\\");
-    let valid = !kind.is_empty()
-        && kind
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':')
-        && crate::config::valid_id(&id);
-    valid.then(|| (kind.to_owned(), id))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_migrate_target_names_an_entity_or_nothing() {
-        assert_eq!(
-            entity_of_target("Zone::\"zone-a\""),
-            Some(("Zone".into(), "zone-a".into()))
-        );
-        assert_eq!(entity_of_target("Zone::\"bad id\""), None);
-        assert_eq!(entity_of_target("zone-a"), None);
     }
 }

@@ -53,7 +53,6 @@ mod obligations;
 mod reports;
 mod run;
 
-pub use actions::entity_of_target;
 pub use engine::{MAX_ENTITIES_BYTES, build_engine, build_engine_with_state, load_entities};
 pub use obligations::node_of_target;
 pub use reports::{
