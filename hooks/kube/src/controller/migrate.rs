@@ -15,7 +15,8 @@
 //! (a failover keeps the bound), and what did not evict is given back after; an
 //! eviction a disruption budget refuses is retried with back-off and reported, never
 //! turned into a delete; a dry run asks the apiserver with `dryRun=All` and counts
-//! nothing; a zone whose requests are gone is forgotten (nothing more is evicted); a
+//! nothing; nothing more leaves a zone whose requests are gone, and its window is kept
+//! until it closes (a request that lapses and returns does not reset the bound); a
 //! paused controller does nothing here.
 
 use std::collections::BTreeMap;
@@ -59,6 +60,16 @@ pub struct MigrateWindow {
     pub start: u64,
     /// Evictions counted in it (reserved before acting, given back when they failed).
     pub evicted: u32,
+    /// Its length in seconds, as asked when it opened.
+    #[serde(default)]
+    pub seconds: u64,
+}
+
+impl MigrateWindow {
+    /// Whether it still bounds evictions at `now`.
+    pub fn is_open(&self, now: u64) -> bool {
+        now < self.start.saturating_add(self.seconds)
+    }
 }
 
 /// A live `migrate` request as Probity's API lists it.
@@ -139,14 +150,26 @@ pub fn window_at(
     now: u64,
 ) -> (MigrateWindow, u32) {
     let window = match previous {
-        Some(w) if now < w.start.saturating_add(ask.window_seconds) => w.clone(),
+        Some(w) if w.is_open(now) => w.clone(),
         _ => MigrateWindow {
             start: now,
             evicted: 0,
+            seconds: ask.window_seconds,
         },
     };
     let left = ask.per_window.saturating_sub(window.evicted);
     (window, left)
+}
+
+/// Forgets the windows of zones no longer asked once they close. Nothing leaves a zone
+/// no longer asked; its window is kept while open, so a request that lapses and comes
+/// back within it does not reset the bound.
+pub fn forget_closed(
+    windows: &mut BTreeMap<String, MigrateWindow>,
+    asks: &BTreeMap<String, ZoneAsk>,
+    now: u64,
+) {
+    windows.retain(|zone, w| asks.contains_key(zone) || w.is_open(now));
 }
 
 /// A pod that may be moved, with its place in the policy's order.
@@ -230,8 +253,7 @@ impl Controller {
         }
         let now = unix_now();
         let mut state = read.state.clone();
-        // A zone no longer asked is forgotten: nothing more leaves it.
-        state.migrations.retain(|zone, _| asks.contains_key(zone));
+        forget_closed(&mut state.migrations, &asks, now);
         let mut plans: Vec<(String, ZoneAsk, Vec<Candidate>)> = Vec::new();
         for (zone, ask) in &asks {
             let (mut window, left) = window_at(state.migrations.get(zone), ask, now);
@@ -467,10 +489,29 @@ mod tests {
         let used = MigrateWindow {
             start: 1_000,
             evicted: 2,
+            seconds: 300,
         };
         assert_eq!(window_at(Some(&used), &ask, 1_299).1, 0);
         let (w, left) = window_at(Some(&used), &ask, 1_300);
         assert_eq!((w.start, w.evicted, left), (1_300, 0, 2));
+    }
+
+    #[test]
+    fn a_request_that_lapses_and_returns_within_the_window_does_not_reset_its_bound() {
+        let limits = MigrateLimits::default();
+        let asked = zone_asks(&[request("z1", "gpu-1", &[])], &limits);
+        let mut windows = BTreeMap::from([(
+            "z1".to_owned(),
+            MigrateWindow {
+                start: 1_000,
+                evicted: 2,
+                seconds: 300,
+            },
+        )]);
+        forget_closed(&mut windows, &BTreeMap::new(), 1_100);
+        assert_eq!(window_at(windows.get("z1"), &asked["z1"], 1_101).1, 0);
+        forget_closed(&mut windows, &BTreeMap::new(), 1_300);
+        assert!(windows.is_empty());
     }
 
     #[test]

@@ -980,6 +980,29 @@ async fn ranked_pod(h: &Harness, name: &str, node: &str, priority: Option<&str>)
     pods.create(&PostParams::default(), &pod).await.unwrap();
 }
 
+/// Moves the start of `zone`'s migrate window in the controller's state back past its
+/// length, as time passing would (the ConfigMap is written at the version read).
+async fn close_window(h: &Harness, zone: &str) {
+    let maps: Api<ConfigMap> = Api::namespaced(h.plane.client(), NAMESPACE);
+    for _ in 0..20 {
+        let mut map = maps.get("probity-controller-state").await.unwrap();
+        let data = map.data.as_mut().unwrap();
+        let mut state: Value = serde_json::from_str(&data["state"]).unwrap();
+        state["migrations"][zone]["start"] = json!(1);
+        data.insert("state".into(), state.to_string());
+        map.metadata.managed_fields = None;
+        match maps
+            .replace("probity-controller-state", &PostParams::default(), &map)
+            .await
+        {
+            Ok(_) => return,
+            Err(kube::Error::Api(status)) if status.code == 409 => continue,
+            Err(e) => panic!("closing the window: {e}"),
+        }
+    }
+    panic!("the controller's state changed under every attempt to close the window");
+}
+
 /// gpu-hot1's reporter (the stand-in for its agent, whose GPU telemetry cannot run
 /// here) reports its node; Probity decides from its facts. The answer.
 async fn report_gpu_hot1(h: &Harness) -> Value {
@@ -1107,8 +1130,17 @@ async fn a_zone_at_its_ceiling_loses_pods_up_to_the_windows_bound_in_the_policys
         .call("GET", "/v1/actions/migrate", &json!({}))
         .await;
     assert_eq!(live["requests"], json!([]), "{live}");
+    // Time passes (the window closes, as after its 300 s): with no request, nothing
+    // more leaves the zone, and the closed window is forgotten.
+    close_window(&h, "zone-hot").await;
     h.state_until("zone-hot forgotten", |s| {
         s["migrations"]["zone-hot"].is_null()
+    })
+    .await;
+    let start = metrics_passes(metrics_port, &passes).await;
+    crate::cluster::poll_ready("five more passes", WAIT, || async {
+        let now = metrics_passes(metrics_port, &passes).await;
+        (now >= start + 5).then_some(())
     })
     .await;
     for name in ["low", "unranked", "elsewhere"] {
