@@ -356,6 +356,17 @@ impl Controller {
                 records.push(record);
             }
         }
+        let known = |r: &ActionRecord| {
+            read.state.report.iter().any(|k| {
+                k.node == r.node
+                    && k.action == r.action
+                    && k.outcome == r.outcome
+                    && k.detail == r.detail
+            })
+        };
+        if dry_run && records.iter().all(known) {
+            return Ok(());
+        }
         let unlogged = if self.options.record_events && !dry_run {
             let (sent, error) = self.probity.record_events(&records).await;
             if let Some(error) = error {
@@ -378,7 +389,21 @@ impl Controller {
                 }
                 s.stopping
                     .extend(backoffs.iter().map(|(k, b)| (k.clone(), b.clone())));
-                s.record(records.iter().cloned());
+                // A dry run says what it would do once, not on every pass.
+                let fresh: Vec<ActionRecord> = records
+                    .iter()
+                    .filter(|r| {
+                        !dry_run
+                            || !s.report.iter().any(|k| {
+                                k.node == r.node
+                                    && k.action == r.action
+                                    && k.outcome == r.outcome
+                                    && k.detail == r.detail
+                            })
+                    })
+                    .cloned()
+                    .collect();
+                s.record(fresh);
                 s.unlogged.extend(unlogged.iter().cloned());
             })
             .await?;

@@ -1147,3 +1147,112 @@ async fn a_zone_at_its_ceiling_loses_pods_up_to_the_windows_bound_in_the_policys
         assert!(!terminating(&pods.get(name).await.unwrap()), "{name}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_migration_a_budget_refuses_is_backed_off_and_reported_never_deleted_and_a_dry_run_moves_nothing()
+ {
+    let h = Harness::start(&[]).await;
+    h.plane
+        .add_node("gpu-hot1", "zone-hot", 8, "NVIDIA-A100-SXM4-80GB")
+        .await;
+    h.plane.namespace("training").await;
+    let pods: Api<Pod> = Api::namespaced(h.plane.client(), "training");
+    for (name, priority) in [("guarded-0", "10"), ("guarded-1", "5")] {
+        bound_pod(
+            &h,
+            "training",
+            name,
+            "gpu-hot1",
+            json!({"app": "guarded"}),
+            true,
+        )
+        .await;
+        pods.patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {
+                "probity.io/migrate-priority": priority}}})),
+        )
+        .await
+        .unwrap();
+    }
+    ranked_pod(&h, "free", "gpu-hot1", Some("1")).await;
+    let budgets: Api<k8s_openapi::api::policy::v1::PodDisruptionBudget> =
+        Api::namespaced(h.plane.client(), "training");
+    budgets
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "metadata": {"name": "guarded"},
+                "spec": {"minAvailable": 2, "selector": {"matchLabels": {"app": "guarded"}}}
+            }))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    watch_until(
+        &budgets,
+        &WatchParams::default().fields("metadata.name=guarded"),
+        "the budget counting both pods healthy",
+        WAIT,
+        |b: &k8s_openapi::api::policy::v1::PodDisruptionBudget| {
+            let status = b.status.as_ref()?;
+            (status.current_healthy == Some(2) && status.disruptions_allowed == Some(0))
+                .then_some(())
+        },
+    )
+    .await;
+    h.command(&["dry-run", "on"]);
+    let _controller = h.controller("c1", &[]);
+    report_gpu_hot1(&h).await;
+
+    // A dry run asks the apiserver (dryRun=All), reports once, and counts nothing.
+    let state = h
+        .state_until("the dry run's migrations reported", |s| {
+            s["report"].as_array().is_some_and(|r| {
+                r.iter()
+                    .filter(|r| r["action"] == "migrate" && r["outcome"] == "would")
+                    .count()
+                    == 2
+            })
+        })
+        .await;
+    assert_eq!(state["migrations"]["zone-hot"]["evicted"], 0, "{state}");
+    for name in ["guarded-0", "guarded-1", "free"] {
+        assert!(!terminating(&pods.get(name).await.unwrap()), "{name}");
+    }
+
+    // For real: the guarded pods come first, their budget refuses, they are backed off
+    // and reported (and given back to the window), and the next in order goes.
+    h.command(&["dry-run", "off"]);
+    watch_until(
+        &pods,
+        &WatchParams::default().fields("metadata.name=free"),
+        "free evicted",
+        WAIT,
+        |p: &Pod| terminating(p).then_some(()),
+    )
+    .await;
+    let state = h
+        .state_until("the refusals and the eviction reported", |s| {
+            s["stopping"]["training/guarded-0"]["attempts"].as_u64() >= Some(1)
+                && s["migrations"]["zone-hot"]["evicted"] == 1
+        })
+        .await;
+    let refused: Vec<&str> = state["report"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["action"] == "migrate" && r["outcome"] == "disrupted")
+        .filter_map(|r| r["detail"].as_str())
+        .collect();
+    assert!(
+        refused
+            .iter()
+            .any(|d| d.starts_with("training/guarded-0: eviction refused")),
+        "{state}"
+    );
+    for name in ["guarded-0", "guarded-1"] {
+        assert!(!terminating(&pods.get(name).await.unwrap()), "{name}");
+    }
+}
