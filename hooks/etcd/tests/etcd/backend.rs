@@ -959,7 +959,10 @@ fn an_action_request_goes_with_its_agents_facts_lease() {
 
     agent.publish_facts(&facts("gpu-a1", 2)).unwrap();
     agent.publish_action(&request).unwrap();
-    assert_eq!(reader.action_requests().unwrap(), [request.clone()]);
+    assert_eq!(
+        reader.action_requests().unwrap(),
+        std::slice::from_ref(&request)
+    );
     agent.withdraw_action(&request.key()).unwrap();
     assert!(reader.action_requests().unwrap().is_empty());
 
