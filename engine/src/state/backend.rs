@@ -189,6 +189,28 @@ pub trait SharedState: Send + Sync + std::fmt::Debug {
     fn changes(&self) -> Option<std::sync::mpsc::Receiver<ChangeBatch>> {
         None
     }
+
+    /// Publishes an agent's request that the cluster manager carry out an obligation
+    /// (replacing the same agent's earlier one, [`ActionRequest::key`]); it expires with
+    /// the agent (see [`crate::state::ActionRequest`]). Default: a backend that keeps
+    /// none, so no action is ever asked through it.
+    fn publish_action(&self, request: &ActionRequest) -> Result<(), StateError> {
+        let _ = request;
+        Ok(())
+    }
+
+    /// Withdraws the request [`ActionRequest::key_of`] names (its finding cleared);
+    /// withdrawing one not there is a no-op.
+    fn withdraw_action(&self, key: &str) -> Result<(), StateError> {
+        let _ = key;
+        Ok(())
+    }
+
+    /// Every published request, expired ones included (the reader judges, with
+    /// [`ActionRequest::is_live`]).
+    fn action_requests(&self) -> Result<Vec<ActionRequest>, StateError> {
+        Ok(Vec::new())
+    }
 }
 
 /// What always stays on the machine that wrote it: the decision and event logs,

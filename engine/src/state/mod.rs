@@ -29,10 +29,12 @@ use serde::{Deserialize, Serialize};
 use crate::block::BlockRecord;
 use crate::decision::Decision;
 
+mod actions;
 mod backend;
 mod embedded;
 mod error;
 
+pub use actions::{ActionRequest, MIGRATE, split_target};
 pub use backend::{AttachedState, LocalLog, SharedState};
 pub(crate) use embedded::RECOVERY_INTERVAL;
 use embedded::check_against;

@@ -116,6 +116,13 @@ pub struct RunArgs {
     /// seconds (default: never; keep retrying with back-off and reporting).
     #[arg(long)]
     evict_escalate_after_seconds: Option<u64>,
+    /// Pods evicted per window from a zone asked to `migrate`, when its policy gives no
+    /// `@param_pods_per_window`.
+    #[arg(long, default_value_t = 2)]
+    migrate_per_window: u32,
+    /// The `migrate` window in seconds, when the policy gives no `@param_window_seconds`.
+    #[arg(long, default_value_t = 300)]
+    migrate_window_seconds: u64,
     /// Serve /metrics and /healthz here (e.g. 127.0.0.1:9102).
     #[arg(long)]
     metrics_listen: Option<SocketAddr>,
@@ -248,6 +255,10 @@ async fn run(args: RunArgs) -> Result<u8> {
     options.zone_attribute = args.zone_attribute.clone();
     options.label_interval = Duration::from_secs(args.label_interval_seconds.max(1));
     options.evict_escalation = args.evict_escalate_after_seconds.map(Duration::from_secs);
+    options.migrate = controller::migrate::MigrateLimits {
+        per_window: args.migrate_per_window,
+        window: Duration::from_secs(args.migrate_window_seconds.max(1)),
+    };
     // With a client certificate the controller can be let record its actions in
     // Probity's event log (the api policies' `event-recorders` group).
     options.record_events = args.probity_cert.is_some();

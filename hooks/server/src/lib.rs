@@ -19,6 +19,7 @@
 //! | `GET /v1/entities/{type}` | every entity of a type, sorted by id (`{"entities": [..]}`) |
 //! | `POST /v1/nodes/{id}/block`, `POST /v1/nodes/{id}/unblock` | block or unblock a node (authorized: `manage` on `Api::"nodes"`) |
 //! | `GET /v1/nodes/blocked` | blocked nodes and why |
+//! | `GET /v1/actions/migrate`, `POST /v1/actions/migrate` | the live `migrate` requests (for the controller); `{"node"}`: a reporter's node decided and its requests published or withdrawn (authorized: `manage` on `Api::"actions"`, operation `report`) |
 //! | `POST /v1/events` | append `{"events": [{"object", "node", "kind", "detail"}]}` to the event log (authorized: `manage` on `Api::"events"`, operation `record`; the controller's actions) |
 //! | `GET /v1/policy/status` | digest, files, reloads, last reload error |
 //! | `GET /v1/cluster/digests` | the policy digest every process serves (from the state store), and which lag |
@@ -63,6 +64,7 @@
 //! # });
 //! ```
 
+mod actions;
 mod admission;
 pub mod alerts;
 mod api;
@@ -638,6 +640,8 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("GET", "/v1/entities/{type}/{id}"),
     ("GET", "/v1/entities/{type}"),
     ("GET", "/v1/nodes/blocked"),
+    ("GET", "/v1/actions/migrate"),
+    ("POST", "/v1/actions/migrate"),
     ("POST", "/v1/nodes/{id}/block"),
     ("POST", "/v1/nodes/{id}/unblock"),
     ("GET", "/v1/policy/status"),
@@ -677,6 +681,10 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/entities/{type}/{id}", get(api::entity))
         .route("/v1/entities/{type}", get(api::entities_of_type))
         .route("/v1/nodes/blocked", get(api::blocked_nodes))
+        .route(
+            "/v1/actions/migrate",
+            get(actions::migrate_requests).post(actions::report_migrate),
+        )
         .route("/v1/nodes/{id}/block", post(api::block_node))
         .route("/v1/nodes/{id}/unblock", post(api::unblock_node))
         .route("/v1/policy/status", get(api::policy_status))

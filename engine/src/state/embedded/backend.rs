@@ -191,6 +191,15 @@ impl SharedState for StateStore {
     fn served_digests(&self) -> Result<Vec<ServedDigest>, StateError> {
         self.values_of(DIGESTS, "digests", "reading served digests")
     }
+    fn publish_action(&self, request: &ActionRequest) -> Result<(), StateError> {
+        self.put_action(request)
+    }
+    fn withdraw_action(&self, key: &str) -> Result<(), StateError> {
+        self.remove_action(key)
+    }
+    fn action_requests(&self) -> Result<Vec<ActionRequest>, StateError> {
+        self.list_actions()
+    }
 }
 
 impl LocalLog for StateStore {

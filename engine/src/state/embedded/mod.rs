@@ -16,6 +16,7 @@ use crate::block::BlockRecord;
 use crate::clock::{Clock, SystemClock};
 use crate::trust::{self, Material};
 
+mod actions;
 mod backend;
 mod codec;
 mod logs;
@@ -55,6 +56,8 @@ const CHAIN: TableDefinition<&str, &[u8]> = TableDefinition::new("chain");
 const CHECKPOINTS: TableDefinition<(&str, u64), &[u8]> = TableDefinition::new("checkpoints");
 /// Facts of admitted objects (pods), by `namespace/name`: JSON [`AdmittedFacts`].
 const ADMITTED: TableDefinition<&str, &[u8]> = TableDefinition::new("admitted");
+/// Action requests (`migrate`), by [`ActionRequest::key`]: JSON [`ActionRequest`].
+const ACTIONS: TableDefinition<&str, &[u8]> = TableDefinition::new("actions");
 
 /// The durable state store under a state directory.
 ///
@@ -233,6 +236,7 @@ impl StateStore {
             txn.open_table(CHECKPOINTS)?;
             txn.open_table(ADMITTED)?;
             txn.open_table(TOMBSTONES)?;
+            txn.open_table(ACTIONS)?;
             Ok(())
         })?;
         Ok(store)

@@ -115,8 +115,10 @@ impl Agent {
         for (before, after) in &change.updated {
             self.update_alerts(before, after, &mut obligations);
         }
+        self.refresh_actions(&change.raised, at);
         for f in &change.cleared {
-            let done = self.resolve(f, &mut obligations);
+            let mut done = self.resolve(f, &mut obligations);
+            done.extend(self.withdraw_actions(f, &mut obligations));
             events.extend(self.record("finding-cleared", f, at, done));
         }
         let hold = self.config.alerts.elevation_hold.as_secs();
@@ -124,7 +126,8 @@ impl Agent {
             .findings
             .expire(Scope::Elevation, at.saturating_sub(hold));
         for f in &expired {
-            let done = self.resolve(f, &mut obligations);
+            let mut done = self.resolve(f, &mut obligations);
+            done.extend(self.withdraw_actions(f, &mut obligations));
             events.extend(self.record("finding-cleared", f, at, done));
         }
         Reconciled {

@@ -13,8 +13,9 @@
 //! 4. reconcile the findings: a raised finding is recorded (through the engine's state
 //!    store when one is attached) with the facts that caused it and its obligations are
 //!    carried out (`alert` to the sinks, the schema's block obligation, `block_node` by
-//!    default, through [`Engine::block_node`]); an updated one updates its alert; a
-//!    cleared one is recorded and its alert resolved.
+//!    default, through [`Engine::block_node`]; `migrate` as a request to the controller
+//!    in shared state, see `actions.rs`); an updated one updates its alert; a cleared
+//!    one is recorded, its alert resolved and its requests withdrawn.
 //!
 //! Between cycles the audit log is read; each successful elevation is decided (`elevate`,
 //! as a reporter of its own time and login time) and a deny is a finding like any other,
@@ -43,6 +44,7 @@ use crate::findings::{Finding, Findings};
 use crate::listen::PortSets;
 use crate::sources::{HostSources, SourceState, Sources, unix};
 
+mod actions;
 mod audit;
 mod collect;
 mod decide;

@@ -45,6 +45,10 @@ impl Agent {
                         }
                     }
                 }
+                kind if kind == probity::state::MIGRATE => {
+                    let at = crate::sources::unix(self.engine.clock().now());
+                    self.publish_action(f, o, at)
+                }
                 other => format!("{other}: not carried out by the node agent"),
             };
             done.push(json!({"kind": o.kind, "target": o.target, "outcome": outcome}));

@@ -534,3 +534,59 @@ fn a_baseline_the_schema_renames_is_followed() {
     );
     assert!(!t.contains("\ttcp dport 10250 accept"), "restricted: {t}");
 }
+
+/// The zone `z1` of [`crate::support::cluster_entities`] drawing `watts` of its 100 kW.
+fn zone_drawing(watts: u64) -> Value {
+    serde_json::json!([{"uid": {"type": "Zone", "id": "z1"},
+        "parents": [{"type": "Cluster", "id": "onprem"}],
+        "attrs": {"cluster": {"__entity": {"type": "Cluster", "id": "onprem"}},
+                  "powerDrawW": watts, "powerCeilingW": 100_000}}])
+}
+
+/// `migrate` targets a zone, which the agent cannot act on: it asks the controller
+/// through shared state, again every cycle the zone stays hot, and withdraws the
+/// request once the zone cools.
+#[test]
+fn a_zone_at_its_ceiling_asks_the_controller_to_migrate_until_it_cools() {
+    let state = tempfile::tempdir().unwrap();
+    let (engine, clock) = crate::support::engine(Some(state.path()), false);
+    engine.upsert_entities(&zone_drawing(100_000)).unwrap();
+    let node = FakeNode::new();
+    let mut agent = agent(node.config("", ""), engine.clone());
+    let r = agent.cycle();
+    let asked = r.obligations.iter().find(|o| o.kind == "migrate").unwrap();
+    assert_eq!(
+        asked.outcome,
+        "asked the controller to migrate out of Zone z1"
+    );
+    let shared = engine.state().unwrap().clone();
+    let requests = shared.action_requests().unwrap();
+    assert_eq!(requests.len(), 1, "{requests:?}");
+    let request = &requests[0];
+    assert_eq!(
+        (request.target.as_str(), request.node.as_str()),
+        ("z1", NODE)
+    );
+    assert_eq!(request.policy, "thermal.zone-power-ceiling");
+    assert_eq!(request.ttl_seconds, 60);
+    assert_eq!(request.parameters["pods_per_window"], "2");
+    assert_eq!(
+        request.parameters["order_annotation"],
+        "probity.io/migrate-priority"
+    );
+    let first = request.at;
+
+    // Still hot: published again, so it outlives its TTL only while the agent runs.
+    clock.advance(30);
+    agent.cycle();
+    let requests = shared.action_requests().unwrap();
+    assert_eq!(requests.len(), 1, "{requests:?}");
+    assert_eq!(requests[0].at, first + 30);
+
+    engine.upsert_entities(&zone_drawing(20_000)).unwrap();
+    clock.advance(15);
+    let r = agent.cycle();
+    let withdrawn = r.obligations.iter().find(|o| o.kind == "migrate").unwrap();
+    assert_eq!(withdrawn.outcome, "withdrawn");
+    assert!(shared.action_requests().unwrap().is_empty());
+}

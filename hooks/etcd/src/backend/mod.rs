@@ -45,6 +45,7 @@
 
 pub mod records;
 
+mod actions;
 mod admitted;
 mod follow;
 mod housekeeping;

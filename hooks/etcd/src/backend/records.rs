@@ -13,6 +13,7 @@
 //! | `keys/<key id>` | the key metadata record's bytes, as the keyring wrote them |
 //! | `facts/<node>` | `NodeFacts`, under the publishing agent's lease |
 //! | `digests/<process>` | `ServedDigest`, under the serving process's lease |
+//! | `actions/<kind>/<node>/<policy>/<target>` | `ActionRequest` (a `migrate`), under the publishing agent's facts lease |
 
 use base64::Engine as _;
 use probity::BlockRecord;
@@ -36,6 +37,9 @@ pub const FACTS: &str = "facts/";
 pub const ADMITTED: &str = "admitted/";
 /// Key prefix of served policy digests.
 pub const DIGESTS: &str = "digests/";
+/// Key prefix of action requests (`actions/<kind>/<node>/<policy>/<target>`), each
+/// under its agent's facts lease.
+pub const ACTIONS: &str = "actions/";
 
 /// Largest record decoded, in bytes (etcd refuses requests over 1.5 MiB by default).
 pub const MAX_RECORD_LEN: usize = 2 * 1024 * 1024;

@@ -5,8 +5,8 @@ use std::time::{Duration, Instant};
 
 use probity::BlockRecord;
 use probity::state::{
-    BlockedNode, ChangeBatch, NodeFacts, RegistryEntry, ServedDigest, SharedHealth, SharedState,
-    StateError,
+    ActionRequest, BlockedNode, ChangeBatch, NodeFacts, RegistryEntry, ServedDigest, SharedHealth,
+    SharedState, StateError,
 };
 
 use super::housekeeping::put_digest;
@@ -531,6 +531,18 @@ impl SharedState for EtcdState {
                 None
             }
         }
+    }
+
+    fn publish_action(&self, request: &ActionRequest) -> Result<(), StateError> {
+        self.publish_action_shared(request)
+    }
+
+    fn withdraw_action(&self, key: &str) -> Result<(), StateError> {
+        self.withdraw_action_shared(key)
+    }
+
+    fn action_requests(&self) -> Result<Vec<ActionRequest>, StateError> {
+        self.action_requests_shared()
     }
 }
 

@@ -1002,3 +1002,61 @@ fn admitted_facts_remembered_by_one_replica_are_read_and_forgotten_by_another() 
             .then_some(())
     });
 }
+
+/// A `migrate` request lives under its agent's facts lease: a reader sees it while the
+/// agent lives and no longer once the agent is gone, so a dead agent never keeps work
+/// moving; a process that published no facts for the node cannot ask for it.
+#[test]
+fn an_action_request_goes_with_its_agents_facts_lease() {
+    use probity::state::ActionRequest;
+
+    let rt = runtime();
+    let etcd = Etcd::single();
+    rt.block_on(etcd.wait_healthy(None));
+    let reader_dir = tempfile::tempdir().unwrap();
+    let reader = EtcdState::open(
+        etcd.config(),
+        reader_dir.path(),
+        EtcdStateOptions::new(Role::Webhook, "webhook:w"),
+    )
+    .unwrap();
+    let agent_dir = tempfile::tempdir().unwrap();
+    let agent = EtcdState::open(
+        etcd.config(),
+        agent_dir.path(),
+        EtcdStateOptions::new(sidecar("gpu-a1"), "agent:gpu-a1"),
+    )
+    .unwrap();
+    let request = ActionRequest {
+        kind: "migrate".into(),
+        target: "zone-a".into(),
+        target_type: "Zone".into(),
+        policy: "thermal.zone-power-ceiling".into(),
+        reason: "at its ceiling".into(),
+        node: "gpu-a1".into(),
+        at: 1,
+        ttl_seconds: 2,
+        parameters: std::collections::BTreeMap::new(),
+    };
+    let refused = agent.publish_action(&request).unwrap_err();
+    assert!(
+        format!("{refused:?}").contains("published no facts from this process"),
+        "{refused:?}"
+    );
+
+    agent.publish_facts(&facts("gpu-a1", 2)).unwrap();
+    agent.publish_action(&request).unwrap();
+    assert_eq!(
+        reader.action_requests().unwrap(),
+        std::slice::from_ref(&request)
+    );
+    agent.withdraw_action(&request.key()).unwrap();
+    assert!(reader.action_requests().unwrap().is_empty());
+
+    agent.publish_action(&request).unwrap();
+    assert_eq!(reader.action_requests().unwrap().len(), 1);
+    drop(agent);
+    wait_for(WAIT, "the dead agent's request expires", || {
+        reader.action_requests().unwrap().is_empty().then_some(())
+    });
+}

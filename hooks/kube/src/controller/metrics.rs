@@ -116,7 +116,7 @@ impl Metrics {
         w.family(
             "probity_controller_actions_total",
             Kind::Counter,
-            "actions by kind (block, refresh, release) and outcome",
+            "actions by kind (block, refresh, release, stop, label, migrate) and outcome",
         );
         let actions = self.actions.lock().unwrap_or_else(|p| p.into_inner());
         for ((kind, outcome), count) in actions.iter() {

@@ -13,6 +13,7 @@
 //! - [`kubernetes`] — Kubernetes' implementation (taint, annotation, Event, eviction);
 //! - `stop.rs` — a block's work stopped: the reading pod, or what a drain stops;
 //! - `labels.rs` — the zone label kept equal to the store's zones;
+//! - [`migrate`] — work moved out of a zone its agents ask to `migrate`, bounded per window;
 //! - [`lease`] — one active replica through a `coordination.k8s.io` Lease;
 //! - [`shared`] — the pause, the dry run, the breaker and the report in a ConfigMap;
 //! - [`source`] — Probity's API (`GET /v1/nodes/blocked`);
@@ -31,6 +32,7 @@ pub mod kubernetes;
 mod labels;
 pub mod lease;
 pub mod metrics;
+pub mod migrate;
 pub mod plan;
 pub mod shared;
 pub mod source;
@@ -146,6 +148,8 @@ pub struct ControllerOptions {
     /// Delete a pod whose evictions were refused (a disruption budget) for this long;
     /// `None` (the default): never delete, keep retrying and reporting.
     pub evict_escalation: Option<Duration>,
+    /// The `migrate` bound and window when the policy gives none.
+    pub migrate: migrate::MigrateLimits,
 }
 
 impl Default for ControllerOptions {
@@ -169,6 +173,7 @@ impl Default for ControllerOptions {
             label_interval: Duration::from_secs(30),
             evict_escalation: None,
             record_events: false,
+            migrate: migrate::MigrateLimits::default(),
         }
     }
 }
@@ -303,6 +308,13 @@ impl Controller {
                 {
                     self.metrics.error();
                     tracing::warn!(error = %error_chain(&error), "the zone labels could not be brought in step");
+                }
+                if !modes.paused
+                    && self.lease.leads()
+                    && let Err(error) = self.migrate(modes.dry_run).await
+                {
+                    self.metrics.error();
+                    tracing::warn!(error = %error_chain(&error), "migrate requests could not be carried out");
                 }
             }
             Err(error) => {

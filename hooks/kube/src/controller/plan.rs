@@ -319,6 +319,9 @@ pub struct ControlState {
     /// In a dry run: what the last pass would have done.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub would: Vec<ActionRecord>,
+    /// Per zone asked to `migrate`, the window and its evictions (see `migrate.rs`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub migrations: BTreeMap<String, super::migrate::MigrateWindow>,
 }
 
 impl ControlState {

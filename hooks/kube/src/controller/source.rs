@@ -223,7 +223,7 @@ impl ProbityApi {
         (sent, None)
     }
 
-    async fn get(&self, path: &str) -> Result<Bytes, ControllerError> {
+    pub(super) async fn get(&self, path: &str) -> Result<Bytes, ControllerError> {
         self.request(hyper::Method::GET, path, Bytes::new()).await
     }
 

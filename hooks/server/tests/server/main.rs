@@ -10,6 +10,7 @@
     clippy::indexing_slicing
 )]
 
+mod actions;
 mod admission;
 mod api;
 mod deploy;
