@@ -19,6 +19,7 @@
 //! | `GET /v1/entities/{type}` | every entity of a type, sorted by id (`{"entities": [..]}`) |
 //! | `POST /v1/nodes/{id}/block`, `POST /v1/nodes/{id}/unblock` | block or unblock a node (authorized: `manage` on `Api::"nodes"`) |
 //! | `GET /v1/nodes/blocked` | blocked nodes and why |
+//! | `PUT /v1/facts/cluster` | replace the facts the cluster owns (`{"entities": [..]}`: each Node's `@owned("cluster")` attributes, from its Kubernetes Node) (authorized: `manage` on `Api::"cluster"`, operation `replace`; the controller) |
 //! | `POST /v1/events` | append `{"events": [{"object", "node", "kind", "detail"}]}` to the event log (authorized: `manage` on `Api::"events"`, operation `record`; the controller's actions) |
 //! | `GET /v1/policy/status` | digest, files, reloads, last reload error |
 //! | `GET /v1/cluster/digests` | the policy digest every process serves (from the state store), and which lag |
@@ -67,6 +68,7 @@ mod admission;
 pub mod alerts;
 mod api;
 mod caller;
+mod cluster_facts;
 mod config;
 mod error;
 pub mod forward;
@@ -89,7 +91,7 @@ use axum::extract::{DefaultBodyLimit, MatchedPath, Request as HttpRequest, State
 use axum::http::{StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{get, post, put};
 use probity::{DecideOptions, Decision, Engine, Request};
 
 /// Answers the authorization cache keeps: a question is one caller, one operation and at
@@ -644,6 +646,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("GET", "/v1/cluster/digests"),
     ("GET", "/v1/decisions"),
     ("POST", "/v1/events"),
+    ("PUT", "/v1/facts/cluster"),
     ("POST", "/v1/verify"),
     ("GET", "/v1/keys"),
     ("POST", "/v1/keys/rotate"),
@@ -683,6 +686,7 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/cluster/digests", get(api::cluster_digests))
         .route("/v1/decisions", get(api::decisions))
         .route("/v1/events", post(api::record_events))
+        .route("/v1/facts/cluster", put(cluster_facts::replace))
         .route("/v1/verify", post(api::verify))
         .route("/v1/keys", get(keys::status))
         .route("/v1/keys/rotate", post(keys::rotate))
