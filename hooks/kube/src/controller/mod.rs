@@ -13,6 +13,7 @@
 //! - [`kubernetes`] — Kubernetes' implementation (taint, annotation, Event, eviction);
 //! - `stop.rs` — a block's work stopped: the reading pod, or what a drain stops;
 //! - `labels.rs` — the zone label kept equal to the store's zones;
+//! - [`nodes`] — each Node's labels and resources sent as the facts the cluster owns;
 //! - [`lease`] — one active replica through a `coordination.k8s.io` Lease;
 //! - [`shared`] — the pause, the dry run, the breaker and the report in a ConfigMap;
 //! - [`source`] — Probity's API (`GET /v1/nodes/blocked`);
@@ -31,6 +32,7 @@ pub mod kubernetes;
 mod labels;
 pub mod lease;
 pub mod metrics;
+pub mod nodes;
 pub mod plan;
 pub mod shared;
 pub mod source;
@@ -184,6 +186,7 @@ pub struct Controller {
     metrics: Arc<metrics::Metrics>,
     client: Client,
     labelled_at: std::sync::Mutex<Option<std::time::Instant>>,
+    cluster_facts_sent: std::sync::Mutex<nodes::Sent>,
     /// Per node, the answers in a row without its block, and with a stale one.
     confirmations: std::sync::Mutex<(BTreeMap<String, u32>, BTreeMap<String, u32>)>,
 }
@@ -224,6 +227,7 @@ impl Controller {
             metrics: Arc::default(),
             client,
             labelled_at: std::sync::Mutex::new(None),
+            cluster_facts_sent: std::sync::Mutex::default(),
             confirmations: std::sync::Mutex::default(),
         }
     }
@@ -309,6 +313,13 @@ impl Controller {
                 self.metrics.error();
                 tracing::warn!(error = %error_chain(&error), "reconcile pass failed: nothing acted on");
             }
+        }
+        // The cluster's facts feed the store and touch no node: sent whatever the modes.
+        if self.lease.leads()
+            && let Err(error) = self.sync_cluster_facts().await
+        {
+            self.metrics.error();
+            tracing::warn!(error = %error_chain(&error), "the cluster's node facts could not be sent");
         }
     }
 
