@@ -18,7 +18,9 @@
 //! (`probity_controller_actions_total{kind="cluster-fact",outcome="refused"}`), and
 //! the node's other facts and every other node still go. The set is sent when it
 //! changes (a Node added, relabelled or deleted: a deleted Node is simply absent, so
-//! Probity drops its facts) and every `label_interval` otherwise.
+//! Probity drops its facts) and every `label_interval` otherwise; a failed send is
+//! tried again at the next change or after `label_interval`. Sending needs the
+//! controller's client certificate in the api policies' `cluster-reporters` group.
 
 use std::collections::BTreeMap;
 use std::time::Instant;
@@ -290,14 +292,17 @@ impl Controller {
             self.metrics.action("cluster-fact", "refused");
             tracing::warn!(refused = %why, "a Node's label or resource was left out of its facts");
         }
-        self.probity.replace_cluster_facts(body.clone()).await?;
-        self.metrics.action("cluster-facts", "sent");
+        let result = self.probity.replace_cluster_facts(body.clone()).await;
+        self.metrics
+            .action("cluster-facts", if result.is_ok() { "sent" } else { "failed" });
+        // A failed send is tried again at the next change or after label_interval, not
+        // every tick (a server that refuses the controller says so once per interval).
         let mut sent = self.cluster_facts_sent.lock().unwrap_or_else(|p| p.into_inner());
         *sent = Sent {
             body: Some(body),
             at: Some(Instant::now()),
         };
-        Ok(())
+        result
     }
 }
 

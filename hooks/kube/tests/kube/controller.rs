@@ -966,3 +966,68 @@ async fn an_eviction_a_disruption_budget_forbids_is_retried_and_reported_and_del
     assert!(guarded.as_ref().is_none_or(terminating));
     assert!(!terminating(&pods.get("guarded-1").await.unwrap()));
 }
+
+/// Issue 31 item 6: nodes nobody seeded, created with GPU feature discovery's labels
+/// and the device plugin's capacity, become known to Probity through the controller
+/// (the cluster's facts); the extender then says such a node has no telemetry yet, and
+/// a Node deleted from Kubernetes loses its facts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_nobody_seeded_are_known_from_their_labels_and_a_deleted_one_is_forgotten() {
+    let h = Harness::start(&[]).await;
+    for name in ["gpu-new-1", "gpu-new-2"] {
+        crate::cluster::add_node_with(&h.plane.client(), name, "zone-b", 4, "NVIDIA-H100-80GB-HBM3")
+            .await;
+    }
+    let (status, _) = h
+        .probity
+        .call("GET", "/v1/entities/Node/gpu-new-1", &Value::Null)
+        .await;
+    assert_eq!(status, 404, "not seeded");
+    let _controller = h.controller("c1", &[]);
+    // The store has no event to watch over the API: it is polled.
+    let node = |name: &'static str| {
+        let probity = &h.probity;
+        move || async move {
+            let (status, body) = probity
+                .call("GET", &format!("/v1/entities/Node/{name}"), &Value::Null)
+                .await;
+            (status == 200).then_some(body)
+        }
+    };
+    let known = crate::cluster::poll_ready("gpu-new-1's cluster facts", WAIT, node("gpu-new-1")).await;
+    let attrs = &known["attrs"];
+    assert_eq!(attrs["zone"]["__entity"]["id"], "zone-b", "{known}");
+    assert_eq!(attrs["gpuNode"], true, "{known}");
+    assert_eq!(attrs["gpusAllocatable"], 4, "{known}");
+    assert_eq!(attrs["cpuAllocatableMillis"], 64_000, "{known}");
+    assert_eq!(attrs["gpuProduct"], "NVIDIA-H100-80GB-HBM3", "{known}");
+    assert!(attrs.get("hottestGpuTempC").is_none(), "{known}");
+    crate::cluster::poll_ready("gpu-new-2's cluster facts", WAIT, node("gpu-new-2")).await;
+
+    // The extender knows the node: it has no telemetry yet (not "holds no facts").
+    let args = json!({"Pod": gpu_pod("p", "training", 1, "8"), "Nodes": null,
+                      "NodeNames": ["gpu-new-1"]});
+    let (status, out) = h.probity.call("POST", "/v1/scheduler/filter", &args).await;
+    assert_eq!(status, 200, "{out}");
+    let why = out["FailedNodes"]["gpu-new-1"].as_str().unwrap_or_default();
+    assert!(why.contains("no telemetry of node gpu-new-1 yet"), "{out}");
+
+    // A deleted Node loses its facts; the other keeps them.
+    h.nodes()
+        .delete("gpu-new-2", &Default::default())
+        .await
+        .unwrap();
+    crate::cluster::poll_ready("gpu-new-2's facts gone", WAIT, || async {
+        let (status, _) = h
+            .probity
+            .call("GET", "/v1/entities/Node/gpu-new-2", &Value::Null)
+            .await;
+        (status == 404).then_some(())
+    })
+    .await;
+    let (status, _) = h
+        .probity
+        .call("GET", "/v1/entities/Node/gpu-new-1", &Value::Null)
+        .await;
+    assert_eq!(status, 200);
+}
