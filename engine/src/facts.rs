@@ -306,6 +306,23 @@ mod tests {
         assert_eq!(o.owner_of("GpuModel"), Some(EntityOwner::Config));
         assert_eq!(o.owner_of("ApiCaller"), Some(EntityOwner::Api));
         assert_eq!(o.owner_of("Node"), None);
+        let cluster: Vec<&str> = o
+            .cluster_attrs_of("Node")
+            .unwrap()
+            .iter()
+            .map(SmolStr::as_str)
+            .collect();
+        assert_eq!(
+            cluster,
+            [
+                "cpuAllocatableMillis",
+                "gpuNode",
+                "gpuProduct",
+                "gpusAllocatable",
+                "role",
+                "zone"
+            ]
+        );
         assert_eq!(
             o.blocklist,
             Some(BlocklistTarget {
@@ -329,6 +346,14 @@ mod tests {
         let err = read("@owned(\"me\") entity A;").unwrap_err();
         assert!(
             err[0].message.contains("entity A: @owned(\"me\")"),
+            "{}",
+            err[0]
+        );
+        let err = read("@owned(\"cluster\") entity A;").unwrap_err();
+        assert!(
+            err[0]
+                .message
+                .contains("marks attributes, not entity types"),
             "{}",
             err[0]
         );

@@ -107,23 +107,28 @@ impl Engine {
                         "the blocklist owns the block attribute, not the cluster".into(),
                     ));
                 }
-                if let Some((id, _)) = c.stored.attrs.iter().find(|(id, _)| !owned.contains(&id.name())) {
+                if let Some((id, _)) = c
+                    .stored
+                    .attrs
+                    .iter()
+                    .find(|(id, _)| !owned.contains(&id.name()))
+                {
                     return Err(rejected(
                         i,
                         Some(c.uid.to_string()),
                         format!(
                             "attrs.{}: not an attribute the cluster owns ({type_name}'s are {})",
                             id.name(),
-                            owned.iter().map(|a| a.as_str()).collect::<Vec<_>>().join(", ")
+                            owned
+                                .iter()
+                                .map(|a| a.as_str())
+                                .collect::<Vec<_>>()
+                                .join(", ")
                         ),
                     ));
                 }
                 if supplied.contains_key(&c.uid) {
-                    return Err(rejected(
-                        i,
-                        Some(c.uid.to_string()),
-                        "given twice".into(),
-                    ));
+                    return Err(rejected(i, Some(c.uid.to_string()), "given twice".into()));
                 }
                 supplied.insert(c.uid, c.stored.attrs);
             }
@@ -301,7 +306,11 @@ mod tests {
     #[test]
     fn a_node_with_only_cluster_facts_is_stored_and_known_only_from_the_cluster() {
         let e = engine();
-        assert_eq!(e.replace_cluster_facts(&json!([cluster_node("n1", "a")])).unwrap(), 1);
+        assert_eq!(
+            e.replace_cluster_facts(&json!([cluster_node("n1", "a")]))
+                .unwrap(),
+            1
+        );
         let a = attrs(&e, "n1");
         assert_eq!(a["gpusAllocatable"], json!(8));
         assert!(a.get("hottestGpuTempC").is_none());
@@ -311,7 +320,8 @@ mod tests {
     #[test]
     fn an_agent_write_keeps_the_cluster_attributes_and_the_cluster_write_keeps_the_agents() {
         let e = engine();
-        e.replace_cluster_facts(&json!([cluster_node("n1", "a")])).unwrap();
+        e.replace_cluster_facts(&json!([cluster_node("n1", "a")]))
+            .unwrap();
         let mut agent = agent_node("n1", "a");
         agent["attrs"].as_object_mut().unwrap().remove("zone");
         e.upsert_entities(&json!([agent])).unwrap();
@@ -334,7 +344,8 @@ mod tests {
     #[test]
     fn a_write_that_contradicts_the_cluster_is_refused_naming_the_attribute_and_owner() {
         let e = engine();
-        e.replace_cluster_facts(&json!([cluster_node("n1", "a")])).unwrap();
+        e.replace_cluster_facts(&json!([cluster_node("n1", "a")]))
+            .unwrap();
         let err = e
             .upsert_entities(&json!([agent_node("n1", "b")]))
             .unwrap_err()
@@ -369,23 +380,38 @@ mod tests {
         let e = engine();
         let mut bad = cluster_node("n1", "a");
         bad["attrs"]["hottestGpuTempC"] = json!(40);
-        let err = e.replace_cluster_facts(&json!([bad])).unwrap_err().to_string();
+        let err = e
+            .replace_cluster_facts(&json!([bad]))
+            .unwrap_err()
+            .to_string();
         assert!(
             err.contains("attrs.hottestGpuTempC: not an attribute the cluster owns"),
             "{err}"
         );
         let mut bad = cluster_node("n1", "a");
         bad["parents"] = json!([{"type": "Zone", "id": "a"}]);
-        let err = e.replace_cluster_facts(&json!([bad])).unwrap_err().to_string();
-        assert!(err.contains("parents: the cluster supplies attributes only"), "{err}");
+        let err = e
+            .replace_cluster_facts(&json!([bad]))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("parents: the cluster supplies attributes only"),
+            "{err}"
+        );
         let err = e
             .replace_cluster_facts(&json!([{"uid": {"type": "Zone", "id": "a"}, "attrs": {}}]))
             .unwrap_err()
             .to_string();
-        assert!(err.contains("Zone has no attributes the cluster owns"), "{err}");
+        assert!(
+            err.contains("Zone has no attributes the cluster owns"),
+            "{err}"
+        );
         let mut bad = cluster_node("n1", "a");
         bad["attrs"]["gpusAllocatable"] = json!("eight");
-        let err = e.replace_cluster_facts(&json!([bad])).unwrap_err().to_string();
+        let err = e
+            .replace_cluster_facts(&json!([bad]))
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("gpusAllocatable"), "{err}");
         assert_eq!(e.entity_count(), e.entities_json(None).len());
         assert!(!e.contains_entity(&node_uid("n1")));
@@ -394,7 +420,8 @@ mod tests {
     #[test]
     fn a_rule_that_reads_telemetry_a_cluster_only_node_lacks_denies() {
         let e = engine();
-        e.replace_cluster_facts(&json!([cluster_node("n1", "a")])).unwrap();
+        e.replace_cluster_facts(&json!([cluster_node("n1", "a")]))
+            .unwrap();
         let request = crate::Request::new(
             EntityUid::new("Workload", "w").unwrap(),
             EntityUid::action("schedule").unwrap(),
@@ -413,7 +440,8 @@ mod tests {
     #[test]
     fn removing_a_node_forgets_what_the_cluster_supplied() {
         let e = engine();
-        e.replace_cluster_facts(&json!([cluster_node("n1", "a")])).unwrap();
+        e.replace_cluster_facts(&json!([cluster_node("n1", "a")]))
+            .unwrap();
         e.remove_entities(&[node_uid("n1")]).unwrap();
         assert_eq!(e.cluster_entity_count(), 0);
         e.upsert_entities(&json!([agent_node("n1", "b")])).unwrap();

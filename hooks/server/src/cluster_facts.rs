@@ -89,7 +89,9 @@ fn check_value(value: &Value) -> Result<(), String> {
     match value {
         Value::String(s) => check_text(s),
         Value::Number(n) => match n.as_i64() {
-            Some(v) if v < 0 => Err(format!("{v} is negative (the cluster's numbers are counts)")),
+            Some(v) if v < 0 => Err(format!(
+                "{v} is negative (the cluster's numbers are counts)"
+            )),
             Some(v) if v > MAX_CLUSTER_NUMBER => {
                 Err(format!("{v} is over the limit of {MAX_CLUSTER_NUMBER}"))
             }
@@ -149,7 +151,10 @@ mod tests {
             "entities[0] (\"gpu-1\"): attrs.gpusAllocatable: -1 is negative (the cluster's numbers are counts)"
         );
         let err = check_entities(&[node(json!({"gpusAllocatable": 1u64 << 50}))]).unwrap_err();
-        assert!(err.contains("attrs.gpusAllocatable: 1125899906842624 is over the limit"), "{err}");
+        assert!(
+            err.contains("attrs.gpusAllocatable: 1125899906842624 is over the limit"),
+            "{err}"
+        );
         let err = check_entities(&[node(json!({"gpusAllocatable": 1.5}))]).unwrap_err();
         assert!(err.contains("1.5 is not a whole number"), "{err}");
     }
@@ -157,7 +162,10 @@ mod tests {
     #[test]
     fn label_text_with_other_characters_or_too_long_is_refused() {
         let err = check_entities(&[node(json!({"gpuProduct": "A100; rm -rf"}))]).unwrap_err();
-        assert!(err.contains("attrs.gpuProduct: ';' is not allowed"), "{err}");
+        assert!(
+            err.contains("attrs.gpuProduct: ';' is not allowed"),
+            "{err}"
+        );
         let long = "a".repeat(254);
         let err = check_entities(&[node(
             json!({"zone": {"__entity": {"type": "Zone", "id": long}}}),

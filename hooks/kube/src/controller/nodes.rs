@@ -126,14 +126,19 @@ fn cpu_millis(text: &str) -> Result<i64, String> {
     let millis = if let Some(m) = text.strip_suffix('m') {
         m.parse::<i64>().map_err(|_| bad())?
     } else if let Some((whole, fraction)) = text.split_once('.') {
-        if fraction.is_empty() || fraction.len() > 3 || !fraction.bytes().all(|b| b.is_ascii_digit())
+        if fraction.is_empty()
+            || fraction.len() > 3
+            || !fraction.bytes().all(|b| b.is_ascii_digit())
         {
             return Err(bad());
         }
         let whole: i64 = whole.parse().map_err(|_| bad())?;
         let padded = format!("{fraction:0<3}");
         let fraction: i64 = padded.parse().map_err(|_| bad())?;
-        whole.checked_mul(1000).and_then(|w| w.checked_add(fraction)).ok_or_else(bad)?
+        whole
+            .checked_mul(1000)
+            .and_then(|w| w.checked_add(fraction))
+            .ok_or_else(bad)?
     } else {
         text.parse::<i64>()
             .map_err(|_| bad())?
@@ -141,7 +146,9 @@ fn cpu_millis(text: &str) -> Result<i64, String> {
             .ok_or_else(bad)?
     };
     if !(0..=MAX_CPU_MILLIS).contains(&millis) {
-        return Err(format!("{millis}m is out of range (0 to {MAX_CPU_MILLIS}m)"));
+        return Err(format!(
+            "{millis}m is out of range (0 to {MAX_CPU_MILLIS}m)"
+        ));
     }
     Ok(millis)
 }
@@ -231,7 +238,9 @@ pub fn node_facts(node: &Node) -> Option<(String, NodeFacts)> {
             Ok(n) => {
                 attrs.insert("gpusAllocatable".into(), json!(n));
             }
-            Err(why) => refused.push(format!("gpusAllocatable (allocatable {GPU_RESOURCE}): {why}")),
+            Err(why) => refused.push(format!(
+                "gpusAllocatable (allocatable {GPU_RESOURCE}): {why}"
+            )),
         }
     }
     if let Some(q) = allocatable.and_then(|a| a.get("cpu")) {
@@ -279,7 +288,10 @@ impl Controller {
         let (entities, refused) = cluster_facts(&nodes);
         let body = json!({ "entities": entities }).to_string();
         let due = {
-            let sent = self.cluster_facts_sent.lock().unwrap_or_else(|p| p.into_inner());
+            let sent = self
+                .cluster_facts_sent
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
             sent.body.as_deref() != Some(body.as_str())
                 || sent
                     .at
@@ -293,11 +305,16 @@ impl Controller {
             tracing::warn!(refused = %why, "a Node's label or resource was left out of its facts");
         }
         let result = self.probity.replace_cluster_facts(body.clone()).await;
-        self.metrics
-            .action("cluster-facts", if result.is_ok() { "sent" } else { "failed" });
+        self.metrics.action(
+            "cluster-facts",
+            if result.is_ok() { "sent" } else { "failed" },
+        );
         // A failed send is tried again at the next change or after label_interval, not
         // every tick (a server that refuses the controller says so once per interval).
-        let mut sent = self.cluster_facts_sent.lock().unwrap_or_else(|p| p.into_inner());
+        let mut sent = self
+            .cluster_facts_sent
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
         *sent = Sent {
             body: Some(body),
             at: Some(Instant::now()),
@@ -353,10 +370,22 @@ mod tests {
         );
         let (_, facts) = node_facts(&n).unwrap();
         let refused = facts.refused.join("\n");
-        assert!(refused.contains("gpuProduct (label nvidia.com/gpu.product): must begin and end"), "{refused}");
-        assert!(refused.contains("gpuNode (label nvidia.com/gpu.count): -3 is negative"), "{refused}");
-        assert!(refused.contains("gpusAllocatable (allocatable nvidia.com/gpu): 9999 is over 1024"), "{refused}");
-        assert!(refused.contains("cpuAllocatableMillis (allocatable cpu): \"lots\""), "{refused}");
+        assert!(
+            refused.contains("gpuProduct (label nvidia.com/gpu.product): must begin and end"),
+            "{refused}"
+        );
+        assert!(
+            refused.contains("gpuNode (label nvidia.com/gpu.count): -3 is negative"),
+            "{refused}"
+        );
+        assert!(
+            refused.contains("gpusAllocatable (allocatable nvidia.com/gpu): 9999 is over 1024"),
+            "{refused}"
+        );
+        assert!(
+            refused.contains("cpuAllocatableMillis (allocatable cpu): \"lots\""),
+            "{refused}"
+        );
         assert_eq!(
             facts.entity.unwrap()["attrs"],
             json!({"zone": {"__entity": {"type": "Zone", "id": "zone-a"}}})
@@ -371,7 +400,11 @@ mod tests {
             json!({"allocatable": {"cpu": "4"}}),
         );
         let (_, facts) = node_facts(&n).unwrap();
-        assert!(facts.refused[0].starts_with("role: 2 node-role labels"), "{:?}", facts.refused);
+        assert!(
+            facts.refused[0].starts_with("role: 2 node-role labels"),
+            "{:?}",
+            facts.refused
+        );
         let attrs = &facts.entity.unwrap()["attrs"];
         assert_eq!(attrs, &json!({"cpuAllocatableMillis": 4000}));
     }
@@ -398,12 +431,19 @@ mod tests {
     #[test]
     fn the_set_is_in_name_order_and_refusals_name_the_node() {
         let a = Arc::new(node("b-node", json!({ZONE_LABEL: "z"}), json!({})));
-        let b = Arc::new(node("a-node", json!({ZONE_LABEL: "z z"}), json!({"allocatable": {"cpu": "1"}})));
+        let b = Arc::new(node(
+            "a-node",
+            json!({ZONE_LABEL: "z z"}),
+            json!({"allocatable": {"cpu": "1"}}),
+        ));
         let (entities, refused) = cluster_facts(&[a, b]);
         let ids: Vec<_> = entities.iter().map(|e| e["uid"]["id"].clone()).collect();
         assert_eq!(ids, vec![json!("a-node"), json!("b-node")]);
         assert_eq!(refused.len(), 1);
-        assert!(refused[0].starts_with("node \"a-node\": zone"), "{refused:?}");
+        assert!(
+            refused[0].starts_with("node \"a-node\": zone"),
+            "{refused:?}"
+        );
     }
 
     use std::sync::Arc;

@@ -975,8 +975,14 @@ async fn an_eviction_a_disruption_budget_forbids_is_retried_and_reported_and_del
 async fn nodes_nobody_seeded_are_known_from_their_labels_and_a_deleted_one_is_forgotten() {
     let h = Harness::start(&[]).await;
     for name in ["gpu-new-1", "gpu-new-2"] {
-        crate::cluster::add_node_with(&h.plane.client(), name, "zone-b", 4, "NVIDIA-H100-80GB-HBM3")
-            .await;
+        crate::cluster::add_node_with(
+            &h.plane.client(),
+            name,
+            "zone-b",
+            4,
+            "NVIDIA-H100-80GB-HBM3",
+        )
+        .await;
     }
     let (status, _) = h
         .probity
@@ -994,7 +1000,8 @@ async fn nodes_nobody_seeded_are_known_from_their_labels_and_a_deleted_one_is_fo
             (status == 200).then_some(body)
         }
     };
-    let known = crate::cluster::poll_ready("gpu-new-1's cluster facts", WAIT, node("gpu-new-1")).await;
+    let known =
+        crate::cluster::poll_ready("gpu-new-1's cluster facts", WAIT, node("gpu-new-1")).await;
     let attrs = &known["attrs"];
     assert_eq!(attrs["zone"]["__entity"]["id"], "zone-b", "{known}");
     assert_eq!(attrs["gpuNode"], true, "{known}");

@@ -739,10 +739,10 @@ async fn the_schedule_action_and_the_placement_group_are_the_schemas() {
 #[tokio::test]
 async fn cluster_facts_make_a_node_known_and_the_extender_says_it_has_no_telemetry_yet() {
     let mut config = Config::default();
-    config
-        .auth
-        .groups
-        .insert("cluster-reporters".into(), vec!["cn:probity-controller".into()]);
+    config.auth.groups.insert(
+        "cluster-reporters".into(),
+        vec!["cn:probity-controller".into()],
+    );
     let s = crate::state_with(config);
     let facts = json!({"entities": [{
         "uid": {"type": "Node", "id": "gpu-new"},
@@ -777,17 +777,32 @@ async fn cluster_facts_make_a_node_known_and_the_extender_says_it_has_no_telemet
         "attrs": {"zone": {"__entity": {"type": "Zone", "id": "zone-b"}}, "rack": "r1"},
         "parents": [],
     }]);
-    let (status, out) =
-        call(&s, Method::POST, "/v1/entities", Some(&agent), Some("uid:0")).await;
+    let (status, out) = call(
+        &s,
+        Method::POST,
+        "/v1/entities",
+        Some(&agent),
+        Some("uid:0"),
+    )
+    .await;
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{out}");
     assert!(
-        out["error"].as_str().unwrap().contains("attrs.zone: owned by the cluster"),
+        out["error"]
+            .as_str()
+            .unwrap()
+            .contains("attrs.zone: owned by the cluster"),
         "{out}"
     );
     // Leaving the zone out keeps the cluster's.
     agent[0]["attrs"].as_object_mut().unwrap().remove("zone");
-    let (status, out) =
-        call(&s, Method::POST, "/v1/entities", Some(&agent), Some("uid:0")).await;
+    let (status, out) = call(
+        &s,
+        Method::POST,
+        "/v1/entities",
+        Some(&agent),
+        Some("uid:0"),
+    )
+    .await;
     assert_eq!(status, StatusCode::OK, "{out}");
     let (_, node) = call(&s, Method::GET, "/v1/entities/Node/gpu-new", None, None).await;
     assert_eq!(node["attrs"]["zone"]["__entity"]["id"], "zone-a", "{node}");
@@ -798,8 +813,14 @@ async fn cluster_facts_make_a_node_known_and_the_extender_says_it_has_no_telemet
         "uid": {"type": "Node", "id": "gpu-new"},
         "attrs": {"gpusAllocatable": -2},
     }]});
-    let (status, out) =
-        call(&s, Method::PUT, "/v1/facts/cluster", Some(&bad), Some("uid:0")).await;
+    let (status, out) = call(
+        &s,
+        Method::PUT,
+        "/v1/facts/cluster",
+        Some(&bad),
+        Some("uid:0"),
+    )
+    .await;
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{out}");
     assert!(
         out["error"]
@@ -812,11 +833,20 @@ async fn cluster_facts_make_a_node_known_and_the_extender_says_it_has_no_telemet
         "uid": {"type": "Node", "id": "gpu-new"},
         "attrs": {"gpusAllocatable": "eight"},
     }]});
-    let (status, out) =
-        call(&s, Method::PUT, "/v1/facts/cluster", Some(&wrong_type), Some("uid:0")).await;
+    let (status, out) = call(
+        &s,
+        Method::PUT,
+        "/v1/facts/cluster",
+        Some(&wrong_type),
+        Some("uid:0"),
+    )
+    .await;
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{out}");
     assert!(out["error"].as_str().unwrap().contains("gpu-new"), "{out}");
-    assert!(out["error"].as_str().unwrap().contains("gpusAllocatable"), "{out}");
+    assert!(
+        out["error"].as_str().unwrap().contains("gpusAllocatable"),
+        "{out}"
+    );
 
     // A replace without the node drops the cluster's attributes, the agent's stay.
     let (status, _) = call(
