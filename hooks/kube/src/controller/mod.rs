@@ -145,6 +145,10 @@ pub struct ControllerOptions {
     /// Append every action to Probity's event log (`POST /v1/events`; the caller's
     /// certificate must be in a group the api policies let record events).
     pub record_events: bool,
+    /// Send each Node's labels and resources as the facts the cluster owns
+    /// (`PUT /v1/facts/cluster`, see [`nodes`]; the caller's certificate must be in a
+    /// group the api policies let replace them).
+    pub cluster_facts: bool,
     /// Delete a pod whose evictions were refused (a disruption budget) for this long;
     /// `None` (the default): never delete, keep retrying and reporting.
     pub evict_escalation: Option<Duration>,
@@ -171,6 +175,7 @@ impl Default for ControllerOptions {
             label_interval: Duration::from_secs(30),
             evict_escalation: None,
             record_events: false,
+            cluster_facts: false,
         }
     }
 }
@@ -315,7 +320,8 @@ impl Controller {
             }
         }
         // The cluster's facts feed the store and touch no node: sent whatever the modes.
-        if self.lease.leads()
+        if self.options.cluster_facts
+            && self.lease.leads()
             && let Err(error) = self.sync_cluster_facts().await
         {
             self.metrics.error();
