@@ -2,7 +2,7 @@
 //! swapped in as one value. Everything a decision needs that does not change per
 //! request is prepared here, at load time, not on the hot path.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::str::FromStr;
 use std::sync::Arc;
 use std::time::SystemTime;
@@ -278,7 +278,12 @@ impl Bundle {
         }
 
         let mut settings = Vec::new();
-        let descriptions = schema.as_ref().map(|s| TypeDescriptions::new(s.as_ref()));
+        // Entity types with attributes the cluster owns are shared between sources, so
+        // the store holds them with whatever attributes they have.
+        let partial: HashSet<String> = origins.cluster_attrs.keys().cloned().collect();
+        let descriptions = schema
+            .as_ref()
+            .map(|s| TypeDescriptions::with_partial(s.as_ref(), &partial));
         if let (Some(schema), Some(descriptions), true) =
             (&schema, &descriptions, problems.is_empty())
         {

@@ -72,7 +72,16 @@ struct Facts {
 
 impl TypeDescriptions {
     /// Describes every entity type `schema` declares.
+    #[cfg(test)]
     pub fn new(schema: &ValidatorSchema) -> Self {
+        Self::with_partial(schema, &HashSet::new())
+    }
+
+    /// Like [`TypeDescriptions::new`], but an entity of a type in `partial` (named as
+    /// in Cedar) may lack any attribute: such a type's entities are shared by sources
+    /// that each supply part of them (the cluster's attributes and the agent's), so the
+    /// store holds what it has and a rule that reads a missing one fails closed.
+    pub fn with_partial(schema: &ValidatorSchema, partial: &HashSet<String>) -> Self {
         let mut types = HashMap::new();
         for declared in schema.entity_types() {
             let name = declared.name();
@@ -90,7 +99,11 @@ impl TypeDescriptions {
             let facts = Facts {
                 attrs,
                 tags: cedar.tag_type(),
-                required: cedar.required_attrs().collect(),
+                required: if partial.contains(&name.to_string()) {
+                    Box::default()
+                } else {
+                    cedar.required_attrs().collect()
+                },
                 parents: cedar.allowed_parent_types(),
                 index,
                 enumerated: cedar.enum_entity_eids().is_some(),

@@ -11,6 +11,7 @@
 //! | `@owned("api")` | an entity type | built from the server's caller configuration (`ApiCaller`, `ApiGroup`, `Api`) |
 //! | `@owned("keyring")` | an entity type | the keyring's metadata of its keys (`Key`: creation time of the primary version, state), see [`crate::keys`] |
 //! | `@owned("blocklist")` | a Bool attribute of an entity type | the blocklist's view of that entity; its type is the one the blocklist blocks (`Node`) |
+//! | `@owned("cluster")` | an attribute of an entity type | the cluster manager's view of that entity (the controller reads it from the Kubernetes Node), see [`crate::Engine::replace_cluster_facts`] |
 //! | `@owned("clock")` | a context attribute | the engine fills it with its clock (the decision time) |
 //! | `@owned("reporter")` | a context attribute | only a caller authorized to report facts may supply it |
 //! | `@owned("reporter")` | an action | only such a caller may ask it at all (its whole context is facts) |
@@ -39,6 +40,10 @@ pub enum EntityOwner {
     Api,
     /// The keyring's metadata (`Key`), published by [`crate::keys::PolicyKeys::publish`].
     Keyring,
+    /// The cluster manager (the Kubernetes controller): it owns *attributes*, not
+    /// entity types, and shares its entities with other sources; see
+    /// [`crate::Engine::replace_cluster_facts`].
+    Cluster,
 }
 
 impl EntityOwner {
@@ -48,6 +53,7 @@ impl EntityOwner {
             EntityOwner::Config => "config",
             EntityOwner::Api => "api",
             EntityOwner::Keyring => "keyring",
+            EntityOwner::Cluster => "cluster",
         }
     }
 }
@@ -98,6 +104,10 @@ pub(crate) struct FactOrigins {
     pub blocklist: Option<BlocklistTarget>,
     /// Action id (without `Action::`) -> its owned context.
     pub actions: HashMap<String, ActionFacts>,
+    /// Entity type -> its attributes the cluster owns (`@owned("cluster")`). An entity
+    /// of such a type is shared: the cluster supplies these attributes, other callers
+    /// the rest.
+    pub cluster_attrs: HashMap<String, BTreeSet<SmolStr>>,
 }
 
 impl FactOrigins {
@@ -144,6 +154,9 @@ impl FactOrigins {
                         out.owned_types
                             .insert(entity_type.clone(), EntityOwner::Keyring);
                     }
+                    Some("cluster") => problems.push(problem(format!(
+                        "entity {entity_type}: @owned(\"cluster\") marks attributes, not entity types (the cluster shares its entities with other sources)"
+                    ))),
                     Some(other) => problems.push(problem(format!(
                         "entity {entity_type}: @owned(\"{other}\") is not an owner of entities (config, api, keyring)"
                     ))),
@@ -172,8 +185,14 @@ impl FactOrigins {
                                 });
                             }
                         }
+                        Some("cluster") => {
+                            out.cluster_attrs
+                                .entry(entity_type.clone())
+                                .or_default()
+                                .insert(SmolStr::new(attr));
+                        }
                         Some(other) => problems.push(problem(format!(
-                            "entity {entity_type}, attribute {attr}: @owned(\"{other}\") is not an owner of entity attributes (blocklist)"
+                            "entity {entity_type}, attribute {attr}: @owned(\"{other}\") is not an owner of entity attributes (blocklist, cluster)"
                         ))),
                     }
                 }
@@ -235,6 +254,11 @@ impl FactOrigins {
         self.owned_types.get(entity_type).copied()
     }
 
+    /// The attributes of `entity_type` the cluster owns, if any.
+    pub fn cluster_attrs_of(&self, entity_type: &str) -> Option<&BTreeSet<SmolStr>> {
+        self.cluster_attrs.get(entity_type)
+    }
+
     /// The owned facts of `action` (its id, without `Action::`).
     pub fn action(&self, action: &str) -> Option<&ActionFacts> {
         self.actions.get(action)
@@ -282,6 +306,23 @@ mod tests {
         assert_eq!(o.owner_of("GpuModel"), Some(EntityOwner::Config));
         assert_eq!(o.owner_of("ApiCaller"), Some(EntityOwner::Api));
         assert_eq!(o.owner_of("Node"), None);
+        let cluster: Vec<&str> = o
+            .cluster_attrs_of("Node")
+            .unwrap()
+            .iter()
+            .map(SmolStr::as_str)
+            .collect();
+        assert_eq!(
+            cluster,
+            [
+                "cpuAllocatableMillis",
+                "gpuNode",
+                "gpuProduct",
+                "gpusAllocatable",
+                "role",
+                "zone"
+            ]
+        );
         assert_eq!(
             o.blocklist,
             Some(BlocklistTarget {
@@ -305,6 +346,14 @@ mod tests {
         let err = read("@owned(\"me\") entity A;").unwrap_err();
         assert!(
             err[0].message.contains("entity A: @owned(\"me\")"),
+            "{}",
+            err[0]
+        );
+        let err = read("@owned(\"cluster\") entity A;").unwrap_err();
+        assert!(
+            err[0]
+                .message
+                .contains("marks attributes, not entity types"),
             "{}",
             err[0]
         );

@@ -114,6 +114,7 @@ impl Engine {
             }
             for uid in &uids {
                 w.changed |= w.store.remove(uid);
+                super::cluster::forget_cluster_facts(w, uid);
             }
             Ok(uids.len())
         }))
@@ -132,6 +133,12 @@ impl Engine {
         if owner == EntityOwner::Config {
             return Err(EntityError::Invalid {
                 detail: "configuration entities come from probity.toml".into(),
+            });
+        }
+        if owner == EntityOwner::Cluster {
+            return Err(EntityError::Invalid {
+                detail: "the cluster owns attributes, not entities (Engine::replace_cluster_facts)"
+                    .into(),
             });
         }
         let Value::Array(items) = json else {
@@ -437,6 +444,16 @@ pub(super) fn apply_upsert(w: &mut Working, converted: Positioned) -> Result<usi
                     ),
                 });
             }
+        }
+        let mut c = c;
+        if !w.cluster.is_empty() {
+            super::cluster::merge_cluster_facts(&w.cluster, &c.uid, &mut c.stored).map_err(
+                |problem| EntityError::Rejected {
+                    index,
+                    uid: Some(c.uid.to_string()),
+                    problem,
+                },
+            )?;
         }
         order.push(c.uid.clone());
         pending.insert(c.uid, Arc::new(c.stored));

@@ -25,6 +25,7 @@ use crate::store::Store;
 use crate::watch::ReloadSubscribers;
 
 mod blocklist;
+mod cluster;
 mod decide;
 mod entities;
 mod reload;

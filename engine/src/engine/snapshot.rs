@@ -23,7 +23,15 @@ pub(crate) struct Snapshot {
     pub blocked: Arc<BTreeMap<String, BlockRecord>>,
     /// The same entities as plugins see them, with their JSON cached.
     pub plugin_entities: Arc<PluginEntities>,
+    /// What the cluster supplied of each shared entity ([`ClusterFacts`]).
+    pub cluster: Arc<ClusterFacts>,
 }
+
+/// The attributes the cluster supplied, per entity: the stored entity holds them too
+/// (merged with its other sources' attributes); this map says which are the cluster's,
+/// so that another write may not contradict them and the cluster's next write replaces
+/// exactly these.
+pub(crate) type ClusterFacts = HashMap<EntityUID, Box<[(store::AttrId, ast::Value)]>>;
 
 impl Snapshot {
     pub(super) fn new(
@@ -43,6 +51,7 @@ impl Snapshot {
             owned,
             blocked,
             plugin_entities,
+            cluster: Arc::default(),
         }
     }
 
@@ -79,6 +88,7 @@ pub(super) struct Working {
     pub(super) store: Store,
     pub(super) owned: Arc<HashMap<EntityUID, Arc<ast::Entity>>>,
     pub(super) blocked: Arc<BTreeMap<String, BlockRecord>>,
+    pub(super) cluster: Arc<ClusterFacts>,
     pub(super) changed: bool,
 }
 
@@ -150,6 +160,7 @@ impl Engine {
             store: current.store.clone(),
             owned: Arc::clone(&current.owned),
             blocked: Arc::clone(&current.blocked),
+            cluster: Arc::clone(&current.cluster),
             changed: false,
         };
         let mut results = Vec::with_capacity(batch.len());
@@ -163,9 +174,9 @@ impl Engine {
             results.push((ticket, result));
         }
         if w.changed {
-            self.shared.current.store(Arc::new(Snapshot::new(
-                w.bundle, w.store, w.owned, w.blocked,
-            )));
+            let mut next = Snapshot::new(w.bundle, w.store, w.owned, w.blocked);
+            next.cluster = w.cluster;
+            self.shared.current.store(Arc::new(next));
         }
         results
     }

@@ -52,6 +52,7 @@ impl Engine {
             bundle: Arc::clone(&bundle),
             store,
             blocked: Arc::new(map),
+            cluster: Arc::default(),
             changed: false,
         };
         // The world's API callers and groups stand for the server's configuration, and

@@ -213,11 +213,13 @@ fn entity_missing_an_attribute_is_refused_and_the_store_is_unchanged() {
         .upsert_entities(&json!([
             {"uid": {"type": "Zone", "id": "z-new"}, "attrs": {"powerDrawW": 1, "powerCeilingW": 2,
               "cluster": {"__entity": {"type": "Cluster", "id": "onprem"}}}, "parents": []},
-            {"uid": {"type": "Node", "id": "n-broken"}, "attrs": {"rack": "r"}, "parents": []}
+            // A Node may lack attributes (it is shared with the cluster, see
+            // engine::cluster); a Gpu may not.
+            {"uid": {"type": "Gpu", "id": "g-broken"}, "attrs": {"index": 0}, "parents": []}
         ]))
         .unwrap_err();
     let chain = err.to_string();
-    assert!(chain.contains("Node::\"n-broken\""), "{chain}");
+    assert!(chain.contains("Gpu::\"g-broken\""), "{chain}");
     assert!(chain.contains("to have attribute `"), "{chain}");
     assert_eq!(engine.status().entities, before);
 }

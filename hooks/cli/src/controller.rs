@@ -109,7 +109,8 @@ pub struct RunArgs {
     /// `@placement_group`).
     #[arg(long, default_value = "zone")]
     zone_attribute: String,
-    /// Seconds between comparisons of the zone labels with the store.
+    /// Seconds between comparisons of the zone labels with the store, and between
+    /// sends of the Nodes' facts when they have not changed.
     #[arg(long, default_value_t = 30)]
     label_interval_seconds: u64,
     /// Delete a pod whose evictions a disruption budget has refused for this many
@@ -262,6 +263,8 @@ async fn run(args: RunArgs) -> Result<u8> {
     // With a client certificate the controller can be let record its actions in
     // Probity's event log (the api policies' `event-recorders` group).
     options.record_events = args.probity_cert.is_some();
+    // And send the Nodes' facts (the `cluster-reporters` group): anonymous, it could not.
+    options.cluster_facts = args.probity_cert.is_some();
     let controller = Controller::new(cluster.client().clone(), probity, options);
     if let Some(addr) = args.metrics_listen {
         let listener = tokio::net::TcpListener::bind(addr)

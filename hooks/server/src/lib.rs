@@ -20,6 +20,7 @@
 //! | `POST /v1/nodes/{id}/block`, `POST /v1/nodes/{id}/unblock` | block or unblock a node (authorized: `manage` on `Api::"nodes"`) |
 //! | `GET /v1/nodes/blocked` | blocked nodes and why |
 //! | `GET /v1/actions/migrate`, `POST /v1/actions/migrate` | the live `migrate` requests (for the controller); `{"node"}`: a reporter's node decided and its requests published or withdrawn (authorized: `manage` on `Api::"actions"`, operation `report`) |
+//! | `PUT /v1/facts/cluster` | replace the facts the cluster owns (`{"entities": [..]}`: each Node's `@owned("cluster")` attributes, from its Kubernetes Node) (authorized: `manage` on `Api::"cluster"`, operation `replace`; the controller) |
 //! | `POST /v1/events` | append `{"events": [{"object", "node", "kind", "detail"}]}` to the event log (authorized: `manage` on `Api::"events"`, operation `record`; the controller's actions) |
 //! | `GET /v1/policy/status` | digest, files, reloads, last reload error |
 //! | `GET /v1/cluster/digests` | the policy digest every process serves (from the state store), and which lag |
@@ -69,6 +70,7 @@ mod admission;
 pub mod alerts;
 mod api;
 mod caller;
+mod cluster_facts;
 mod config;
 mod error;
 pub mod forward;
@@ -91,7 +93,7 @@ use axum::extract::{DefaultBodyLimit, MatchedPath, Request as HttpRequest, State
 use axum::http::{StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{get, post, put};
 use probity::{DecideOptions, Decision, Engine, Request};
 
 /// Answers the authorization cache keeps: a question is one caller, one operation and at
@@ -648,6 +650,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("GET", "/v1/cluster/digests"),
     ("GET", "/v1/decisions"),
     ("POST", "/v1/events"),
+    ("PUT", "/v1/facts/cluster"),
     ("POST", "/v1/verify"),
     ("GET", "/v1/keys"),
     ("POST", "/v1/keys/rotate"),
@@ -691,6 +694,7 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/cluster/digests", get(api::cluster_digests))
         .route("/v1/decisions", get(api::decisions))
         .route("/v1/events", post(api::record_events))
+        .route("/v1/facts/cluster", put(cluster_facts::replace))
         .route("/v1/verify", post(api::verify))
         .route("/v1/keys", get(keys::status))
         .route("/v1/keys/rotate", post(keys::rotate))

@@ -54,10 +54,16 @@ pub(crate) fn judge_nodes(
     for (i, name) in nodes.iter().enumerate() {
         let uid = EntityUid::new(&node_type, name)
             .map_err(|e| format!("node name {name:?} is not a valid {node_type} id: {e}"))?;
-        if !engine.contains_entity(&uid) && !blocked.contains_key(*name) {
+        let absent = !engine.contains_entity(&uid);
+        // A node known only from the cluster (the controller's facts, no agent's yet)
+        // is as unknown to the placement rules as an absent one, and says so.
+        if (absent || engine.known_only_from_cluster(&uid)) && !blocked.contains_key(*name) {
             verdicts.push(Some(match unknown {
-                UnknownSchedulerNodes::Filter => Verdict::Refused(format!(
+                UnknownSchedulerNodes::Filter if absent => Verdict::Refused(format!(
                     "probity holds no facts about node {name} (scheduler.unknown_nodes = \"filter\"; seed its facts or wait for its agent)"
+                )),
+                UnknownSchedulerNodes::Filter => Verdict::Refused(format!(
+                    "probity has no telemetry of node {name} yet: it knows the node only from the cluster (scheduler.unknown_nodes = \"filter\"; wait for its agent)"
                 )),
                 UnknownSchedulerNodes::Allow => Verdict::Allowed { score: 0 },
             }));

@@ -14,6 +14,7 @@
 //! - `stop.rs` — a block's work stopped: the reading pod, or what a drain stops;
 //! - `labels.rs` — the zone label kept equal to the store's zones;
 //! - [`migrate`] — work moved out of a zone its agents ask to `migrate`, bounded per window;
+//! - [`nodes`] — each Node's labels and resources sent as the facts the cluster owns;
 //! - [`lease`] — one active replica through a `coordination.k8s.io` Lease;
 //! - [`shared`] — the pause, the dry run, the breaker and the report in a ConfigMap;
 //! - [`source`] — Probity's API (`GET /v1/nodes/blocked`);
@@ -33,6 +34,7 @@ mod labels;
 pub mod lease;
 pub mod metrics;
 pub mod migrate;
+pub mod nodes;
 pub mod plan;
 pub mod shared;
 pub mod source;
@@ -145,6 +147,10 @@ pub struct ControllerOptions {
     /// Append every action to Probity's event log (`POST /v1/events`; the caller's
     /// certificate must be in a group the api policies let record events).
     pub record_events: bool,
+    /// Send each Node's labels and resources as the facts the cluster owns
+    /// (`PUT /v1/facts/cluster`, see [`nodes`]; the caller's certificate must be in a
+    /// group the api policies let replace them).
+    pub cluster_facts: bool,
     /// Delete a pod whose evictions were refused (a disruption budget) for this long;
     /// `None` (the default): never delete, keep retrying and reporting.
     pub evict_escalation: Option<Duration>,
@@ -174,6 +180,7 @@ impl Default for ControllerOptions {
             evict_escalation: None,
             record_events: false,
             migrate: migrate::MigrateLimits::default(),
+            cluster_facts: false,
         }
     }
 }
@@ -189,6 +196,7 @@ pub struct Controller {
     metrics: Arc<metrics::Metrics>,
     client: Client,
     labelled_at: std::sync::Mutex<Option<std::time::Instant>>,
+    cluster_facts_sent: std::sync::Mutex<nodes::Sent>,
     /// Per node, the answers in a row without its block, and with a stale one.
     confirmations: std::sync::Mutex<(BTreeMap<String, u32>, BTreeMap<String, u32>)>,
 }
@@ -229,6 +237,7 @@ impl Controller {
             metrics: Arc::default(),
             client,
             labelled_at: std::sync::Mutex::new(None),
+            cluster_facts_sent: std::sync::Mutex::default(),
             confirmations: std::sync::Mutex::default(),
         }
     }
@@ -321,6 +330,14 @@ impl Controller {
                 self.metrics.error();
                 tracing::warn!(error = %error_chain(&error), "reconcile pass failed: nothing acted on");
             }
+        }
+        // The cluster's facts feed the store and touch no node: sent whatever the modes.
+        if self.options.cluster_facts
+            && self.lease.leads()
+            && let Err(error) = self.sync_cluster_facts().await
+        {
+            self.metrics.error();
+            tracing::warn!(error = %error_chain(&error), "the cluster's node facts could not be sent");
         }
     }
 

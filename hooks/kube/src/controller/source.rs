@@ -270,4 +270,12 @@ impl ProbityApi {
         .await
         .map_err(|_| fail(format!("no answer within {} s", REQUEST_TIMEOUT.as_secs())))?
     }
+
+    /// Replaces the facts the cluster owns (`PUT /v1/facts/cluster`) with `body`
+    /// (`{"entities": [..]}`, see [`super::nodes`]).
+    pub async fn replace_cluster_facts(&self, body: String) -> Result<(), ControllerError> {
+        self.request(hyper::Method::PUT, "/v1/facts/cluster", Bytes::from(body))
+            .await
+            .map(|_| ())
+    }
 }

@@ -695,7 +695,8 @@ impl Probity {
                  [server]\nsocket = \"\"\nlisten = \"127.0.0.1:{port}\"\ntls_cert = {crt:?}\n\
                  tls_key = {key:?}\nclient_ca = {ca:?}\nclient_auth = \"optional\"\n\
                  [auth.groups]\nadmins = [\"cn:probity-test-admin\"]\n\
-                 event-recorders = [\"cn:probity-controller\"]\n",
+                 event-recorders = [\"cn:probity-controller\"]\n\
+                 cluster-reporters = [\"cn:probity-controller\"]\n",
                 ca = plane.pki.ca_file(),
             ),
         )

@@ -1289,292 +1289,74 @@ async fn an_eviction_a_disruption_budget_forbids_is_retried_and_reported_and_del
     assert!(!terminating(&pods.get("guarded-1").await.unwrap()));
 }
 
-/// A pod in `training` on `node` whose `probity.io/migrate-priority` is `priority`
-/// (none: no annotation).
-async fn ranked_pod(h: &Harness, name: &str, node: &str, priority: Option<&str>) {
-    let pods: Api<Pod> = Api::namespaced(h.plane.client(), "training");
-    let annotations = priority.map_or(json!({}), |p| json!({"probity.io/migrate-priority": p}));
-    let pod: Pod = serde_json::from_value(json!({
-        "metadata": {"name": name, "annotations": annotations},
-        "spec": {"nodeName": node, "containers": [{"name": "main", "image": "trainer:1"}]}
-    }))
-    .unwrap();
-    pods.create(&PostParams::default(), &pod).await.unwrap();
-}
-
-/// Moves the start of `zone`'s migrate window in the controller's state back past its
-/// length, as time passing would (the ConfigMap is written at the version read).
-async fn close_window(h: &Harness, zone: &str) {
-    let maps: Api<ConfigMap> = Api::namespaced(h.plane.client(), NAMESPACE);
-    for _ in 0..20 {
-        let mut map = maps.get("probity-controller-state").await.unwrap();
-        let data = map.data.as_mut().unwrap();
-        let mut state: Value = serde_json::from_str(&data["state"]).unwrap();
-        state["migrations"][zone]["start"] = json!(1);
-        data.insert("state".into(), state.to_string());
-        map.metadata.managed_fields = None;
-        match maps
-            .replace("probity-controller-state", &PostParams::default(), &map)
-            .await
-        {
-            Ok(_) => return,
-            Err(kube::Error::Api(status)) if status.code == 409 => continue,
-            Err(e) => panic!("closing the window: {e}"),
-        }
-    }
-    panic!("the controller's state changed under every attempt to close the window");
-}
-
-/// gpu-hot1's reporter (the stand-in for its agent, whose GPU telemetry cannot run
-/// here) reports its node; Probity decides from its facts. The answer.
-async fn report_gpu_hot1(h: &Harness) -> Value {
-    let (status, body) = h
-        .probity
-        .call("POST", "/v1/actions/migrate", &json!({"node": "gpu-hot1"}))
-        .await;
-    assert_eq!(status, 200, "{body}");
-    body
-}
-
+/// Issue 31 item 6: nodes nobody seeded, created with GPU feature discovery's labels
+/// and the device plugin's capacity, become known to Probity through the controller
+/// (the cluster's facts); the extender then says such a node has no telemetry yet, and
+/// a Node deleted from Kubernetes loses its facts.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_zone_at_its_ceiling_loses_pods_up_to_the_windows_bound_in_the_policys_order_until_it_cools()
- {
+async fn nodes_nobody_seeded_are_known_from_their_labels_and_a_deleted_one_is_forgotten() {
     let h = Harness::start(&[]).await;
-    for (node, zone) in [
-        ("gpu-hot1", "zone-hot"),
-        ("gpu-hot2", "zone-hot"),
-        ("gpu-1", "zone-a"),
-    ] {
-        h.plane
-            .add_node(node, zone, 8, "NVIDIA-A100-SXM4-80GB")
-            .await;
-    }
-    h.plane.namespace("training").await;
-    ranked_pod(&h, "low", "gpu-hot1", Some("1")).await;
-    ranked_pod(&h, "high", "gpu-hot2", Some("10")).await;
-    ranked_pod(&h, "mid", "gpu-hot1", Some("5")).await;
-    ranked_pod(&h, "unranked", "gpu-hot2", None).await;
-    ranked_pod(&h, "elsewhere", "gpu-1", Some("100")).await;
-    let metrics_port = free_port();
-    let _controller = h.controller(
-        "c1",
-        &["--metrics-listen", &format!("127.0.0.1:{metrics_port}")],
-    );
-
-    // zone-hot draws 38.5 of its 40 kW (testdata/entities/cluster.json): at its ceiling.
-    let body = report_gpu_hot1(&h).await;
-    assert_eq!(body["published"][0]["target"], "zone-hot", "{body}");
-    assert_eq!(
-        body["published"][0]["parameters"]["pods_per_window"], "2",
-        "{body}"
-    );
-
-    // The policy's bound (2 per window), highest priority first, from every node of
-    // the zone; accepted evictions leave the pods terminating (no kubelet finishes them).
-    let pods: Api<Pod> = Api::namespaced(h.plane.client(), "training");
-    for name in ["high", "mid"] {
-        watch_until(
-            &pods,
-            &WatchParams::default().fields(&format!("metadata.name={name}")),
-            &format!("{name} evicted"),
-            WAIT,
-            |p: &Pod| terminating(p).then_some(()),
-        )
-        .await;
-    }
-    let state = h
-        .state_until("the window's two evictions reported", |s| {
-            s["migrations"]["zone-hot"]["evicted"] == 2
-                && s["report"]
-                    .as_array()
-                    .is_some_and(|r| r.iter().filter(|r| r["action"] == "migrate").count() == 2)
-        })
-        .await;
-    let done: Vec<(&str, &str)> = state["report"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|r| r["action"] == "migrate")
-        .map(|r| {
-            (
-                r["outcome"].as_str().unwrap(),
-                r["detail"].as_str().unwrap(),
-            )
-        })
-        .collect();
-    assert_eq!(
-        done,
-        [
-            ("done", "training/high evicted from zone zone-hot"),
-            ("done", "training/mid evicted from zone zone-hot")
-        ],
-        "{state}"
-    );
-
-    // The bound holds: passes go on, and nothing else leaves within the window.
-    let passes = |text: &str| -> Option<u64> {
-        text.lines()
-            .find_map(|l| l.strip_prefix("probity_controller_passes_total "))
-            .and_then(|v| v.trim().parse().ok())
-    };
-    let start = metrics_passes(metrics_port, &passes).await;
-    crate::cluster::poll_ready("five more passes", WAIT, || async {
-        let now = metrics_passes(metrics_port, &passes).await;
-        (now >= start + 5).then_some(())
-    })
-    .await;
-    for name in ["low", "unranked", "elsewhere"] {
-        assert!(!terminating(&pods.get(name).await.unwrap()), "{name}");
-    }
-    let text = metrics_text(metrics_port).await;
-    assert!(
-        text.contains("probity_controller_actions_total{kind=\"migrate\",outcome=\"done\"} 2"),
-        "{text}"
-    );
-
-    // The zone cools: the next report withdraws the request and the controller forgets
-    // the zone.
-    let (_, mut zone) = h
-        .probity
-        .call("GET", "/v1/entities/Zone/zone-hot", &json!({}))
-        .await;
-    zone["attrs"]["powerDrawW"] = json!(10_000);
-    let (status, body) = h.probity.call("POST", "/v1/entities", &json!([zone])).await;
-    assert_eq!(status, 200, "{body}");
-    let body = report_gpu_hot1(&h).await;
-    assert_eq!(
-        body["withdrawn"],
-        json!(["migrate/gpu-hot1/thermal.zone-power-ceiling/zone-hot"]),
-        "{body}"
-    );
-    let (_, live) = h
-        .probity
-        .call("GET", "/v1/actions/migrate", &json!({}))
-        .await;
-    assert_eq!(live["requests"], json!([]), "{live}");
-    // Time passes (the window closes, as after its 300 s): with no request, nothing
-    // more leaves the zone, and the closed window is forgotten.
-    close_window(&h, "zone-hot").await;
-    h.state_until("zone-hot forgotten", |s| {
-        s["migrations"]["zone-hot"].is_null()
-    })
-    .await;
-    let start = metrics_passes(metrics_port, &passes).await;
-    crate::cluster::poll_ready("five more passes", WAIT, || async {
-        let now = metrics_passes(metrics_port, &passes).await;
-        (now >= start + 5).then_some(())
-    })
-    .await;
-    for name in ["low", "unranked", "elsewhere"] {
-        assert!(!terminating(&pods.get(name).await.unwrap()), "{name}");
-    }
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_migration_a_budget_refuses_is_backed_off_and_reported_never_deleted_and_a_dry_run_moves_nothing()
- {
-    let h = Harness::start(&[]).await;
-    h.plane
-        .add_node("gpu-hot1", "zone-hot", 8, "NVIDIA-A100-SXM4-80GB")
-        .await;
-    h.plane.namespace("training").await;
-    let pods: Api<Pod> = Api::namespaced(h.plane.client(), "training");
-    for (name, priority) in [("guarded-0", "10"), ("guarded-1", "5")] {
-        bound_pod(
-            &h,
-            "training",
+    for name in ["gpu-new-1", "gpu-new-2"] {
+        crate::cluster::add_node_with(
+            &h.plane.client(),
             name,
-            "gpu-hot1",
-            json!({"app": "guarded"}),
-            true,
+            "zone-b",
+            4,
+            "NVIDIA-H100-80GB-HBM3",
         )
         .await;
-        pods.patch(
-            name,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"metadata": {"annotations": {
-                "probity.io/migrate-priority": priority}}})),
-        )
-        .await
-        .unwrap();
     }
-    ranked_pod(&h, "free", "gpu-hot1", Some("1")).await;
-    let budgets: Api<k8s_openapi::api::policy::v1::PodDisruptionBudget> =
-        Api::namespaced(h.plane.client(), "training");
-    budgets
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({
-                "metadata": {"name": "guarded"},
-                "spec": {"minAvailable": 2, "selector": {"matchLabels": {"app": "guarded"}}}
-            }))
-            .unwrap(),
-        )
-        .await
-        .unwrap();
-    watch_until(
-        &budgets,
-        &WatchParams::default().fields("metadata.name=guarded"),
-        "the budget counting both pods healthy",
-        WAIT,
-        |b: &k8s_openapi::api::policy::v1::PodDisruptionBudget| {
-            let status = b.status.as_ref()?;
-            (status.current_healthy == Some(2) && status.disruptions_allowed == Some(0))
-                .then_some(())
-        },
-    )
-    .await;
-    h.command(&["dry-run", "on"]);
+    let (status, _) = h
+        .probity
+        .call("GET", "/v1/entities/Node/gpu-new-1", &Value::Null)
+        .await;
+    assert_eq!(status, 404, "not seeded");
     let _controller = h.controller("c1", &[]);
-    report_gpu_hot1(&h).await;
+    // The store has no event to watch over the API: it is polled.
+    let node = |name: &'static str| {
+        let probity = &h.probity;
+        move || async move {
+            let (status, body) = probity
+                .call("GET", &format!("/v1/entities/Node/{name}"), &Value::Null)
+                .await;
+            (status == 200).then_some(body)
+        }
+    };
+    let known =
+        crate::cluster::poll_ready("gpu-new-1's cluster facts", WAIT, node("gpu-new-1")).await;
+    let attrs = &known["attrs"];
+    assert_eq!(attrs["zone"]["__entity"]["id"], "zone-b", "{known}");
+    assert_eq!(attrs["gpuNode"], true, "{known}");
+    assert_eq!(attrs["gpusAllocatable"], 4, "{known}");
+    assert_eq!(attrs["cpuAllocatableMillis"], 64_000, "{known}");
+    assert_eq!(attrs["gpuProduct"], "NVIDIA-H100-80GB-HBM3", "{known}");
+    assert!(attrs.get("hottestGpuTempC").is_none(), "{known}");
+    crate::cluster::poll_ready("gpu-new-2's cluster facts", WAIT, node("gpu-new-2")).await;
 
-    // A dry run asks the apiserver (dryRun=All), reports once, and counts nothing.
-    let state = h
-        .state_until("the dry run's migrations reported", |s| {
-            s["report"].as_array().is_some_and(|r| {
-                r.iter()
-                    .filter(|r| r["action"] == "migrate" && r["outcome"] == "would")
-                    .count()
-                    == 2
-            })
-        })
-        .await;
-    assert_eq!(state["migrations"]["zone-hot"]["evicted"], 0, "{state}");
-    for name in ["guarded-0", "guarded-1", "free"] {
-        assert!(!terminating(&pods.get(name).await.unwrap()), "{name}");
-    }
+    // The extender knows the node: it has no telemetry yet (not "holds no facts").
+    let args = json!({"Pod": gpu_pod("p", "training", 1, "8"), "Nodes": null,
+                      "NodeNames": ["gpu-new-1"]});
+    let (status, out) = h.probity.call("POST", "/v1/scheduler/filter", &args).await;
+    assert_eq!(status, 200, "{out}");
+    let why = out["FailedNodes"]["gpu-new-1"].as_str().unwrap_or_default();
+    assert!(why.contains("no telemetry of node gpu-new-1 yet"), "{out}");
 
-    // For real: the guarded pods come first, their budget refuses, they are backed off
-    // and reported (and given back to the window), and the next in order goes.
-    h.command(&["dry-run", "off"]);
-    watch_until(
-        &pods,
-        &WatchParams::default().fields("metadata.name=free"),
-        "free evicted",
-        WAIT,
-        |p: &Pod| terminating(p).then_some(()),
-    )
+    // A deleted Node loses its facts; the other keeps them.
+    h.nodes()
+        .delete("gpu-new-2", &Default::default())
+        .await
+        .unwrap();
+    crate::cluster::poll_ready("gpu-new-2's facts gone", WAIT, || async {
+        let (status, _) = h
+            .probity
+            .call("GET", "/v1/entities/Node/gpu-new-2", &Value::Null)
+            .await;
+        (status == 404).then_some(())
+    })
     .await;
-    let state = h
-        .state_until("the refusals and the eviction reported", |s| {
-            s["stopping"]["training/guarded-0"]["attempts"].as_u64() >= Some(1)
-                && s["migrations"]["zone-hot"]["evicted"] == 1
-        })
+    let (status, _) = h
+        .probity
+        .call("GET", "/v1/entities/Node/gpu-new-1", &Value::Null)
         .await;
-    let refused: Vec<&str> = state["report"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|r| r["action"] == "migrate" && r["outcome"] == "disrupted")
-        .filter_map(|r| r["detail"].as_str())
-        .collect();
-    assert!(
-        refused
-            .iter()
-            .any(|d| d.starts_with("training/guarded-0: eviction refused")),
-        "{state}"
-    );
-    for name in ["guarded-0", "guarded-1"] {
-        assert!(!terminating(&pods.get(name).await.unwrap()), "{name}");
-    }
+    assert_eq!(status, 200);
 }

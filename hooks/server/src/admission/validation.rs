@@ -84,12 +84,20 @@ pub(super) fn validate_workload(
             Ok(n) => n,
             Err(e) => return Answer::deny(uid, 400, e.to_string()),
         };
-        let unknown = state.engine().entity(&node_uid).is_none()
+        // A node known only from the cluster (no telemetry yet) is as unknown to the
+        // placement rules as one the store lacks.
+        let absent = state.engine().entity(&node_uid).is_none();
+        let unknown = (absent || state.engine().known_only_from_cluster(&node_uid))
             && !state.engine().blocked_nodes().contains_key(node);
         let warn_unknown = unknown && state.config().admission.unknown_nodes == UnknownNodes::Warn;
         if warn_unknown {
+            let why = if absent {
+                "is not in the entity store"
+            } else {
+                "has no telemetry yet (the store knows it only from the cluster)"
+            };
             warnings.push(format!(
-                "probity: node {node} is not in the entity store; the placement rules that read its facts were not checked (admission.unknown_nodes = \"warn\")"
+                "probity: node {node} {why}; the placement rules that read its facts were not checked (admission.unknown_nodes = \"warn\")"
             ));
         }
         // An unknown node is decided too: its placement rules cannot be evaluated, so

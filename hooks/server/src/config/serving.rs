@@ -146,6 +146,7 @@ impl Default for AuthConfig {
 
 /// The endpoint families of the API, as `Api` entities.
 pub(crate) const API_FAMILIES: &[&str] = &[
+    "cluster",
     "decisions",
     "entities",
     "events",

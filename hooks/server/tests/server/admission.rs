@@ -942,3 +942,42 @@ async fn bug_an_rlhf_pod_could_never_bind_to_its_dedicated_zone() {
     let r = validate(&s, &binding("training", "batch-0", "pod-uid-4", "gpu-a1")).await;
     assert_eq!(r["allowed"], true, "{r}");
 }
+
+/// A node the store knows only from the cluster (the controller's facts, no agent's
+/// yet) is as unknown to admission's "warn" as an absent one, and the warning says
+/// which: it has no telemetry yet.
+#[tokio::test]
+async fn with_unknown_nodes_warn_a_node_known_only_from_the_cluster_is_warned_about_as_without_telemetry()
+ {
+    let mut config = Config::default();
+    config.admission.unknown_nodes = probity_server::UnknownNodes::Warn;
+    let s = state_with(config);
+    s.engine()
+        .replace_cluster_facts(&json!([{
+            "uid": {"type": "Node", "id": "cpu-new"},
+            "attrs": {"zone": {"__entity": {"type": "Zone", "id": "zone-a"}},
+                      "cpuAllocatableMillis": 64000},
+        }]))
+        .unwrap();
+    let mut pod = gpu_pod("bound", 1, "8");
+    pod["spec"]["nodeName"] = json!("cpu-new");
+    let r = validate(&s, &review("Pod", "training", pod.clone())).await;
+    assert_eq!(r["allowed"], true, "{r}");
+    assert!(
+        r["warnings"][0]
+            .as_str()
+            .unwrap()
+            .contains("node cpu-new has no telemetry yet"),
+        "{r}"
+    );
+    // Under the default ("deny") it is refused: its rules cannot be evaluated.
+    let s = state();
+    s.engine()
+        .replace_cluster_facts(&json!([{
+            "uid": {"type": "Node", "id": "cpu-new"},
+            "attrs": {"zone": {"__entity": {"type": "Zone", "id": "zone-a"}}},
+        }]))
+        .unwrap();
+    let r = validate(&s, &review("Pod", "training", pod)).await;
+    assert_eq!(r["allowed"], false, "{r}");
+}

@@ -1727,6 +1727,10 @@ fn the_controllers_certificate_may_record_events_only_when_it_has_one() {
         config.auth.groups.get("event-recorders"),
         Some(&vec!["cn:probity-controller".to_owned()])
     );
+    assert_eq!(
+        config.auth.groups.get("cluster-reporters"),
+        Some(&vec!["cn:probity-controller".to_owned()])
+    );
     let r = render(
         &["controller: {clientSecret: probity-controller-client, clientCN: ops-controller}"],
         &[],

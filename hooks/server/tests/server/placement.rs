@@ -731,3 +731,135 @@ async fn the_schedule_action_and_the_placement_group_are_the_schemas() {
     assert!(message.contains("thermal.zone-power-ceiling"), "{message}");
     assert!(!message.contains("evaluation error"), "{message}");
 }
+
+/// Issue 31 item 6: the controller sends the cluster's view of its Nodes; the store then
+/// knows a node no one seeded, the extender says it has no telemetry yet (not that it
+/// holds no facts), an agent's write keeps the cluster's attributes and may not
+/// contradict them, and a node left out of the next replace loses them.
+#[tokio::test]
+async fn cluster_facts_make_a_node_known_and_the_extender_says_it_has_no_telemetry_yet() {
+    let mut config = Config::default();
+    config.auth.groups.insert(
+        "cluster-reporters".into(),
+        vec!["cn:probity-controller".into()],
+    );
+    let s = crate::state_with(config);
+    let facts = json!({"entities": [{
+        "uid": {"type": "Node", "id": "gpu-new"},
+        "attrs": {"zone": {"__entity": {"type": "Zone", "id": "zone-a"}}, "gpuNode": true,
+                  "gpusAllocatable": 8, "gpuProduct": "NVIDIA-H100-80GB-HBM3"},
+    }]});
+    // Only the controller's group (or an admin) may replace them.
+    let (status, _) = call(&s, Method::PUT, "/v1/facts/cluster", Some(&facts), None).await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    let (status, out) = call(
+        &s,
+        Method::PUT,
+        "/v1/facts/cluster",
+        Some(&facts),
+        Some("cn:probity-controller"),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{out}");
+    assert_eq!(out["replaced"], 1);
+    let (status, node) = call(&s, Method::GET, "/v1/entities/Node/gpu-new", None, None).await;
+    assert_eq!(status, StatusCode::OK, "{node}");
+    assert_eq!(node["attrs"]["gpusAllocatable"], 8);
+
+    let (status, out) = filter(&s, &args(gpu_pod("t", "batch", 1), &["gpu-new"])).await;
+    assert_eq!(status, StatusCode::OK, "{out}");
+    let why = out["FailedNodes"]["gpu-new"].as_str().unwrap();
+    assert!(why.contains("no telemetry of node gpu-new yet"), "{out}");
+
+    // An agent's write that contradicts the cluster's zone is refused, naming it.
+    let mut agent = json!([{
+        "uid": {"type": "Node", "id": "gpu-new"},
+        "attrs": {"zone": {"__entity": {"type": "Zone", "id": "zone-b"}}, "rack": "r1"},
+        "parents": [],
+    }]);
+    let (status, out) = call(
+        &s,
+        Method::POST,
+        "/v1/entities",
+        Some(&agent),
+        Some("uid:0"),
+    )
+    .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{out}");
+    assert!(
+        out["error"]
+            .as_str()
+            .unwrap()
+            .contains("attrs.zone: owned by the cluster"),
+        "{out}"
+    );
+    // Leaving the zone out keeps the cluster's.
+    agent[0]["attrs"].as_object_mut().unwrap().remove("zone");
+    let (status, out) = call(
+        &s,
+        Method::POST,
+        "/v1/entities",
+        Some(&agent),
+        Some("uid:0"),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{out}");
+    let (_, node) = call(&s, Method::GET, "/v1/entities/Node/gpu-new", None, None).await;
+    assert_eq!(node["attrs"]["zone"]["__entity"]["id"], "zone-a", "{node}");
+    assert_eq!(node["attrs"]["rack"], "r1", "{node}");
+
+    // Label text a schema type would take is still bounded, naming node and field.
+    let bad = json!({"entities": [{
+        "uid": {"type": "Node", "id": "gpu-new"},
+        "attrs": {"gpusAllocatable": -2},
+    }]});
+    let (status, out) = call(
+        &s,
+        Method::PUT,
+        "/v1/facts/cluster",
+        Some(&bad),
+        Some("uid:0"),
+    )
+    .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{out}");
+    assert!(
+        out["error"]
+            .as_str()
+            .unwrap()
+            .contains("entities[0] (\"gpu-new\"): attrs.gpusAllocatable: -2 is negative"),
+        "{out}"
+    );
+    let wrong_type = json!({"entities": [{
+        "uid": {"type": "Node", "id": "gpu-new"},
+        "attrs": {"gpusAllocatable": "eight"},
+    }]});
+    let (status, out) = call(
+        &s,
+        Method::PUT,
+        "/v1/facts/cluster",
+        Some(&wrong_type),
+        Some("uid:0"),
+    )
+    .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{out}");
+    assert!(out["error"].as_str().unwrap().contains("gpu-new"), "{out}");
+    assert!(
+        out["error"].as_str().unwrap().contains("gpusAllocatable"),
+        "{out}"
+    );
+
+    // A replace without the node drops the cluster's attributes, the agent's stay.
+    let (status, _) = call(
+        &s,
+        Method::PUT,
+        "/v1/facts/cluster",
+        Some(&json!({"entities": []})),
+        Some("cn:probity-controller"),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    let (_, node) = call(&s, Method::GET, "/v1/entities/Node/gpu-new", None, None).await;
+    assert!(node["attrs"].get("zone").is_none(), "{node}");
+    assert!(node["attrs"].get("gpusAllocatable").is_none(), "{node}");
+    assert_eq!(node["attrs"]["rack"], "r1", "{node}");
+}
