@@ -109,6 +109,8 @@ impl Engine {
     pub(super) fn apply_changes(&self, mut batch: crate::state::ChangeBatch) {
         use crate::state::StateChange;
         let mut blocklist = Vec::new();
+        // The last whole set of the cluster's facts in the batch is the one in force.
+        let mut cluster = None;
         // The last change per node wins: facts published then expired are gone.
         let mut facts: Vec<(String, Option<crate::state::NodeFacts>)> = Vec::new();
         let mut at: HashMap<String, usize> = HashMap::new();
@@ -116,6 +118,10 @@ impl Engine {
             let (node, value) = match change {
                 StateChange::Facts(f) => (f.node.clone(), Some(f)),
                 StateChange::FactsGone(node) => (node, None),
+                StateChange::ClusterFacts(all) => {
+                    cluster = Some(all);
+                    continue;
+                }
                 other => {
                     blocklist.push(other);
                     continue;
@@ -149,7 +155,9 @@ impl Engine {
                         StateChange::Resync(all) => {
                             map = all.into_iter().map(|b| (b.node, b.record)).collect();
                         }
-                        StateChange::Facts(_) | StateChange::FactsGone(_) => {}
+                        StateChange::Facts(_)
+                        | StateChange::FactsGone(_)
+                        | StateChange::ClusterFacts(_) => {}
                     }
                 }
                 // A block not yet shared stays in force whatever the shared list says.
@@ -167,6 +175,12 @@ impl Engine {
         }
         if !facts.is_empty() {
             self.apply_facts(facts, &mut problems);
+        }
+        if let Some(all) = cluster {
+            let entities = serde_json::Value::Array(all.into_values().collect());
+            if let Err(e) = self.replace_cluster_facts(&entities) {
+                problems.push(format!("the cluster's facts: {e}"));
+            }
         }
         for p in problems {
             // The shared state is still right; this process's view of it lags until

@@ -68,6 +68,16 @@ pub trait SharedState: Send + Sync + std::fmt::Debug {
     /// Every blocked node.
     fn blocked_nodes(&self) -> Result<Vec<BlockedNode>, StateError>;
 
+    /// Shares the cluster's facts (Cedar entity JSON, each with its `uid`, as
+    /// [`crate::Engine::replace_cluster_facts`] took them) with every process that
+    /// follows this store, as a full replace: an entity absent from `entities` is
+    /// withdrawn. A store no other process reads keeps nothing: the engine that took
+    /// them holds them.
+    fn publish_cluster_facts(&self, entities: &[serde_json::Value]) -> Result<(), StateError> {
+        let _ = entities;
+        Ok(())
+    }
+
     /// Per node, the revision of its last unblock, numbered like
     /// [`BlockRecord::revision`]: a block record whose revision is not above its
     /// node's tombstone is one that unblock lifted (a lagging replica's, a replayed

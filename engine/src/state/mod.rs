@@ -204,6 +204,10 @@ pub enum StateChange {
     /// A node's facts expired (its agent stopped renewing them) or were removed: what the
     /// engine holds about it is no longer current.
     FactsGone(String),
+    /// The cluster's facts as the shared store holds them now, whole (entity id to its
+    /// Cedar entity JSON): what [`SharedState::publish_cluster_facts`] wrote, from
+    /// whichever process the cluster manager reached. Applied as a full replace.
+    ClusterFacts(std::collections::BTreeMap<String, serde_json::Value>),
     /// The backend lost track and read everything again: apply this whole blocklist.
     Resync(Vec<BlockedNode>),
 }

@@ -52,10 +52,25 @@ pub(crate) async fn replace(
     check_entities(&parsed.entities).map_err(ApiError::Unprocessable)?;
     let engine = state.engine().clone();
     let entities = Value::Array(parsed.entities);
-    let n = tokio::task::spawn_blocking(move || engine.replace_cluster_facts(&entities))
-        .await
-        .map_err(|_| ApiError::Internal)?
-        .map_err(|e| ApiError::Unprocessable(e.to_string()))?;
+    let n = tokio::task::spawn_blocking(move || {
+        let n = engine
+            .replace_cluster_facts(&entities)
+            .map_err(|e| ApiError::Unprocessable(e.to_string()))?;
+        // In force here; then shared, so every replica following the store (the
+        // controller reaches only one) holds the same set.
+        if let Some(shared) = engine.state().filter(|s| s.is_shared())
+            && let Err(e) = shared.publish_cluster_facts(entities.as_array().map_or(&[], Vec::as_slice))
+        {
+            tracing::warn!(error = %e, "the cluster's facts could not be shared");
+            return Err(ApiError::Unavailable(format!(
+                "the cluster's facts are in force in this server but could not be shared with the others: {}",
+                probity_base::error::chain(&e)
+            )));
+        }
+        Ok(n)
+    })
+    .await
+    .map_err(|_| ApiError::Internal)??;
     tracing::info!(caller = %caller.0, count = n, "cluster facts replaced");
     Ok(Json(json!({ "replaced": n })))
 }

@@ -19,7 +19,10 @@ use probity::BlockRecord;
 use probity::state::{BlockedNode, ChangeBatch, StateChange};
 
 use super::Core;
-use super::records::{BLOCKLIST, FACTS, REGISTRY, decode_block, decode_facts, decode_registry};
+use super::records::{
+    BLOCKLIST, CLUSTER, FACTS, REGISTRY, decode_block, decode_cluster_entity, decode_facts,
+    decode_registry,
+};
 use crate::{Entry, Snapshot, WatchEvent, WatchHandler};
 
 /// Follows `blocklist/`: every batch is acknowledged with its revision once the engine
@@ -167,6 +170,75 @@ impl WatchHandler for FactsHandler {
             }
         }
         self.send(changes);
+    }
+}
+
+/// Follows `cluster/`: the whole set of the cluster's facts is handed to the engine
+/// whenever it changes (the engine applies it as a full replace). A record that does
+/// not decode is left out: its node is then as unknown as before the cluster spoke of
+/// it (closed: the extender filters an unknown node).
+pub(super) struct ClusterHandler {
+    pub(super) tx: SyncSender<ChangeBatch>,
+    /// The set as last handed over, by entity id.
+    pub(super) current: std::collections::BTreeMap<String, serde_json::Value>,
+}
+
+impl ClusterHandler {
+    fn entity(entry: &Entry) -> Option<(String, serde_json::Value)> {
+        let id = entry.key.strip_prefix(CLUSTER).filter(|n| !n.is_empty())?;
+        match decode_cluster_entity(id, &entry.value) {
+            Ok(entity) => Some((id.to_owned(), entity)),
+            Err(e) => {
+                tracing::error!(key = %entry.key, error = %e, "unreadable cluster facts in etcd; left out");
+                None
+            }
+        }
+    }
+
+    fn send(&self) {
+        let _ = self
+            .tx
+            .send(ChangeBatch::new(vec![StateChange::ClusterFacts(
+                self.current.clone(),
+            )]));
+    }
+}
+
+impl WatchHandler for ClusterHandler {
+    fn reset(&mut self, snapshot: Snapshot) {
+        self.current = snapshot.entries.iter().filter_map(Self::entity).collect();
+        self.send();
+    }
+
+    fn apply(&mut self, events: Vec<WatchEvent>, _revision: i64) {
+        let before = self.current.clone();
+        for event in events {
+            match event {
+                WatchEvent::Put { entry, .. } => {
+                    let id = entry
+                        .key
+                        .strip_prefix(CLUSTER)
+                        .unwrap_or_default()
+                        .to_owned();
+                    match Self::entity(&entry) {
+                        Some((id, entity)) => {
+                            self.current.insert(id, entity);
+                        }
+                        None => {
+                            self.current.remove(&id);
+                        }
+                    }
+                }
+                WatchEvent::Delete { key, .. } => {
+                    if let Some(id) = key.strip_prefix(CLUSTER) {
+                        self.current.remove(id);
+                    }
+                }
+            }
+        }
+        if self.current != before {
+            self.send();
+        }
     }
 }
 

@@ -8,7 +8,7 @@ use probity::state::{ChangeBatch, SharedState, StateError, StateStore};
 use tokio::runtime::{Handle, Runtime};
 
 use super::housekeeping::{look_after_leases, send_outbox};
-use super::records::{self, BLOCKLIST, FACTS, REGISTRY};
+use super::records::{self, BLOCKLIST, CLUSTER, FACTS, REGISTRY};
 use super::{
     BackendError, CHANGES_CAPACITY, Core, DigestLease, EtcdState, EtcdStateOptions, Queued, Role,
     follow, lock, run_on,
@@ -223,9 +223,19 @@ impl EtcdState {
                 watches.push(client.watch_with_resync_options(
                     FACTS,
                     follow::FactsHandler {
-                        tx,
+                        tx: tx.clone(),
                         only: None,
                         known: Default::default(),
+                    },
+                    resync.clone(),
+                )?);
+                // The cluster's facts, sent by its controller to any one replica: every
+                // replica's extender knows every node.
+                watches.push(client.watch_with_resync_options(
+                    CLUSTER,
+                    follow::ClusterHandler {
+                        tx,
+                        current: Default::default(),
                     },
                     resync,
                 )?);

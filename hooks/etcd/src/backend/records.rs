@@ -9,6 +9,7 @@
 //! | --- | --- |
 //! | `blocklist/<node>` | the engine's `BlockRecord` (reason, since, history; for a failed read, reader, stop, taintEffect) |
 //! | `tombstones/<node>` | the node's name; its mod revision is the revision of the node's last unblock, written in the delete's transaction |
+//! | `cluster/<entity id>` | one entity's cluster-owned facts, Cedar entity JSON (`{"uid": {"type", "id"}, "attrs"}`), as the controller sent them to any server |
 //! | `registry/<object id>` | `{"version", "digest" (hex), "signed_manifest" (base64, absent when too large)}` |
 //! | `keys/<key id>` | the key metadata record's bytes, as the keyring wrote them |
 //! | `facts/<node>` | `NodeFacts`, under the publishing agent's lease |
@@ -26,6 +27,8 @@ pub const BLOCKLIST: &str = "blocklist/";
 /// Key prefix of unblock tombstones: `tombstones/<node>`'s mod revision is the
 /// revision at which the node's block was last deleted.
 pub const TOMBSTONES: &str = "tombstones/";
+/// Key prefix of the cluster's facts (`cluster/<entity id>`).
+pub const CLUSTER: &str = "cluster/";
 /// Key prefix of the manifest registry.
 pub const REGISTRY: &str = "registry/";
 /// Key prefix of key metadata.
@@ -120,6 +123,23 @@ pub fn decode_facts(node: &str, bytes: &[u8]) -> Result<NodeFacts, RecordError> 
         });
     }
     Ok(facts)
+}
+
+/// Reads one entity's cluster facts, published under `cluster/<id>`: a Cedar entity
+/// JSON object whose `uid.id` is that id (what it says is the engine's to judge when it
+/// applies the set).
+pub fn decode_cluster_entity(id: &str, bytes: &[u8]) -> Result<serde_json::Value, RecordError> {
+    let entity: serde_json::Value = parse(bytes)?;
+    let named = entity
+        .pointer("/uid/id")
+        .and_then(serde_json::Value::as_str);
+    if named != Some(id) {
+        return Err(RecordError::Field {
+            field: "uid.id",
+            problem: format!("{named:?} is published under the key of {id:?}"),
+        });
+    }
+    Ok(entity)
 }
 
 /// Reads a served digest.

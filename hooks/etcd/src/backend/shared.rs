@@ -10,7 +10,9 @@ use probity::state::{
 };
 
 use super::housekeeping::put_digest;
-use super::records::{self, BLOCKLIST, DIGESTS, FACTS, KEYS, REGISTRY, RegistryRecord, TOMBSTONES};
+use super::records::{
+    self, BLOCKLIST, CLUSTER, DIGESTS, FACTS, KEYS, REGISTRY, RegistryRecord, TOMBSTONES,
+};
 use super::{BLOCK_ROUNDS, EtcdState, FactsLease, Queued, follow, lock, run_on};
 use crate::{EtcdError, Swap, VersionedError};
 
@@ -167,6 +169,44 @@ impl SharedState for EtcdState {
             .iter()
             .filter_map(follow::blocked_node)
             .collect())
+    }
+
+    /// One key per entity (`cluster/<id>`): what changed is put (in batched
+    /// transactions), what is gone deleted; an unchanged set writes nothing.
+    fn publish_cluster_facts(&self, entities: &[serde_json::Value]) -> Result<(), StateError> {
+        let mut wanted: BTreeMap<String, Vec<u8>> = BTreeMap::new();
+        for entity in entities {
+            let Some(id) = entity
+                .pointer("/uid/id")
+                .and_then(serde_json::Value::as_str)
+            else {
+                continue;
+            };
+            wanted.insert(
+                format!("{CLUSTER}{id}"),
+                self.encode("encoding the cluster's facts", entity)?,
+            );
+        }
+        let client = self.core.client.clone();
+        self.run("sharing the cluster's facts", async move {
+            let listing = client.list(CLUSTER).await?;
+            let stored: BTreeMap<&str, &[u8]> = listing
+                .entries
+                .iter()
+                .map(|e| (e.key.as_str(), e.value.as_slice()))
+                .collect();
+            let changed: Vec<(&String, &Vec<u8>)> = wanted
+                .iter()
+                .filter(|(k, v)| stored.get(k.as_str()) != Some(&v.as_slice()))
+                .collect();
+            if !changed.is_empty() {
+                client.put_batch(&changed, None).await?;
+            }
+            for key in stored.keys().filter(|k| !wanted.contains_key(**k)) {
+                client.delete(key).await?;
+            }
+            Ok(())
+        })
     }
 
     fn block_tombstones(&self) -> Result<BTreeMap<String, u64>, StateError> {

@@ -131,6 +131,68 @@ fn bug_a_block_from_a_lagging_replica_overwrote_the_first_blocks_reader_and_stop
     );
 }
 
+/// The controller reaches one server replica; the cluster's facts it sends there are
+/// shared through etcd, so every replica knows the node, and a node the next set leaves
+/// out is forgotten by every replica.
+#[test]
+fn the_cluster_facts_one_replica_took_are_known_to_every_replica() {
+    let rt = runtime();
+    let etcd = Etcd::single();
+    rt.block_on(etcd.wait_healthy(None));
+    let a = Peer::new(etcd.config(), Role::Webhook, "webhook:a");
+    let b = Peer::new(etcd.config(), Role::Webhook, "webhook:b");
+    let node = |id: &str| {
+        json!({"uid": {"type": "Node", "id": id}, "attrs": {
+            "zone": {"__entity": {"type": "Zone", "id": "zone-a"}},
+            "gpuNode": true, "gpusAllocatable": 8}})
+    };
+    let zone_of = |p: &Peer, id: &str| {
+        p.engine
+            .entities_json(Some("Node"))
+            .into_iter()
+            .find(|e| e["uid"]["id"] == id)
+            .map(|e| e["attrs"]["zone"]["__entity"]["id"].clone())
+    };
+    let set = vec![node("gpu-new-1"), node("gpu-new-2")];
+    a.engine
+        .replace_cluster_facts(&Value::Array(set.clone()))
+        .unwrap();
+    a.state.publish_cluster_facts(&set).unwrap();
+    wait_for(WAIT, "b knows both nodes from the cluster", || {
+        (zone_of(&b, "gpu-new-1") == Some(json!("zone-a"))
+            && zone_of(&b, "gpu-new-2") == Some(json!("zone-a")))
+        .then_some(())
+    });
+    // A replica started later reads the set whole.
+    let c = Peer::new(etcd.config(), Role::Webhook, "webhook:c");
+    wait_for(WAIT, "c reads the set when it starts", || {
+        (zone_of(&c, "gpu-new-2") == Some(json!("zone-a"))).then_some(())
+    });
+    // The next set, through b, leaves gpu-new-2 out (its Node was deleted).
+    let set = vec![node("gpu-new-1")];
+    b.engine
+        .replace_cluster_facts(&Value::Array(set.clone()))
+        .unwrap();
+    b.state.publish_cluster_facts(&set).unwrap();
+    wait_for(WAIT, "a and c forget gpu-new-2", || {
+        (zone_of(&a, "gpu-new-2").is_none()
+            && zone_of(&c, "gpu-new-2").is_none()
+            && zone_of(&c, "gpu-new-1").is_some())
+        .then_some(())
+    });
+    // A record someone wrote under another node's key is left out, not applied.
+    rt.block_on(async {
+        let client = etcd.client("/probity/").await;
+        client
+            .put("cluster/gpu-forged", node("gpu-new-1").to_string())
+            .await
+            .unwrap();
+    });
+    let d = Peer::new(etcd.config(), Role::Webhook, "webhook:d");
+    wait_for(WAIT, "d reads the set", || zone_of(&d, "gpu-new-1"));
+    assert!(zone_of(&d, "gpu-forged").is_none());
+}
+
 #[test]
 fn blocks_carry_etcds_create_revision_and_an_unblock_leaves_a_higher_tombstone() {
     let rt = runtime();
