@@ -229,7 +229,10 @@ impl Engine {
                         }
                         published.push((node, items));
                     }
-                    _ => problems.push(format!("the facts of {node}: not a JSON array")),
+                    _ => {
+                        problems.push(format!("the facts of {node}: not a JSON array"));
+                        self.facts_refused(&node, problems);
+                    }
                 },
                 None => {
                     if let Err(e) = self.mark_facts_gone(&node) {
@@ -249,8 +252,18 @@ impl Engine {
             for (node, items) in &published {
                 if let Err(e) = self.upsert_items(items) {
                     problems.push(format!("the facts of {node}: {e}"));
+                    self.facts_refused(node, problems);
                 }
             }
+        }
+    }
+
+    /// A node whose newest facts were refused (they contradict the cluster's, say): what
+    /// the engine holds about it is no longer current, so it counts as stale, as if its
+    /// agent had stopped publishing, rather than deciding on the facts before.
+    fn facts_refused(&self, node: &str, problems: &mut Vec<String>) {
+        if let Err(e) = self.mark_facts_gone(node) {
+            problems.push(format!("the expiry of {node}'s refused facts: {e}"));
         }
     }
 

@@ -21,6 +21,10 @@ use crate::AppState;
 use crate::api::{authorize, body_error, caller};
 use crate::error::ApiError;
 
+/// Largest body of `PUT /v1/facts/cluster`: the limit's number of entities at about 300
+/// bytes each, past the server's general body bound.
+pub(crate) const MAX_BODY_BYTES: usize = 8 * 1024 * 1024;
+
 /// Most entities one replace carries (a cluster's nodes).
 pub(crate) const MAX_CLUSTER_ENTITIES: usize = 20_000;
 /// Longest id or string value: a Kubernetes name (DNS subdomain) is at most 253.

@@ -694,7 +694,11 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/cluster/digests", get(api::cluster_digests))
         .route("/v1/decisions", get(api::decisions))
         .route("/v1/events", post(api::record_events))
-        .route("/v1/facts/cluster", put(cluster_facts::replace))
+        // Every Node of a large cluster in one request: a bound of its own.
+        .route(
+            "/v1/facts/cluster",
+            put(cluster_facts::replace).layer(DefaultBodyLimit::max(cluster_facts::MAX_BODY_BYTES)),
+        )
         .route("/v1/verify", post(api::verify))
         .route("/v1/keys", get(keys::status))
         .route("/v1/keys/rotate", post(keys::rotate))

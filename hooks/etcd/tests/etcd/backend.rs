@@ -193,6 +193,42 @@ fn the_cluster_facts_one_replica_took_are_known_to_every_replica() {
     assert!(zone_of(&d, "gpu-forged").is_none());
 }
 
+/// The bug: an agent's facts that contradict the cluster's (its inventory names another
+/// zone than the Node's label) were refused, and the facts before them stayed in force:
+/// the node was judged on old telemetry for as long as its agent kept publishing. Now
+/// the node counts as stale (`unreadable`) until its facts agree.
+#[test]
+fn bug_an_agents_facts_refused_for_contradicting_the_cluster_left_the_old_ones_in_force() {
+    let rt = runtime();
+    let etcd = Etcd::single();
+    rt.block_on(etcd.wait_healthy(None));
+    let webhook = Peer::new(etcd.config(), Role::Webhook, "webhook:a");
+    let agent = Peer::new(etcd.config(), sidecar("gpu-7"), "sidecar:gpu-7");
+    let unreadable = |p: &Peer| {
+        p.engine
+            .entities_json(Some("Node"))
+            .into_iter()
+            .find(|e| e["uid"]["id"] == "gpu-7")
+            .map(|e| e["attrs"].get("unreadable").cloned())
+    };
+    agent.state.publish_facts(&facts("gpu-7", 60)).unwrap();
+    wait_for(WAIT, "the webhook holds gpu-7's facts", || {
+        unreadable(&webhook).filter(Option::is_none)
+    });
+    // The Node's label moves it to zone-b; the agent's inventory still says zone-a.
+    let cluster = json!([{"uid": {"type": "Node", "id": "gpu-7"}, "attrs": {
+        "zone": {"__entity": {"type": "Zone", "id": "zone-b"}}}}]);
+    webhook.engine.replace_cluster_facts(&cluster).unwrap();
+    let mut hotter = facts("gpu-7", 60);
+    hotter.entities[0]["attrs"]["hottestGpuTempC"] = json!(91);
+    agent.state.publish_facts(&hotter).unwrap();
+    wait_for(WAIT, "gpu-7 counts as stale", || {
+        unreadable(&webhook)
+            .flatten()
+            .filter(|u| *u == json!(["agent"]))
+    });
+}
+
 #[test]
 fn blocks_carry_etcds_create_revision_and_an_unblock_leaves_a_higher_tombstone() {
     let rt = runtime();

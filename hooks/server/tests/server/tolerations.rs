@@ -217,7 +217,14 @@ async fn the_extender_and_the_affinity_let_a_tolerating_pod_onto_a_blocked_node(
     );
 
     // The mutating webhook's affinity names the blocked node only for the pod that
-    // does not tolerate it.
+    // does not tolerate it (pods of no DaemonSet: a DaemonSet's pods get no affinity).
+    let unowned = |mut pod: Value| {
+        pod["metadata"]
+            .as_object_mut()
+            .unwrap()
+            .remove("ownerReferences");
+        pod
+    };
     let affinity = |pod: Value| {
         let s = s.clone();
         async move {
@@ -236,10 +243,11 @@ async fn the_extender_and_the_affinity_let_a_tolerating_pod_onto_a_blocked_node(
             .unwrap();
         String::from_utf8(bytes).unwrap()
     };
-    let tolerating = patch(affinity(agent_pod("a", "u", agent_tolerations())).await);
+    let tolerating = patch(affinity(unowned(agent_pod("a", "u", agent_tolerations()))).await);
     assert!(!tolerating.contains("gpu-blocked"), "{tolerating}");
-    let plain = patch(affinity(agent_pod("b", "u", json!([]))).await);
+    let plain = patch(affinity(unowned(agent_pod("b", "u", json!([])))).await);
     assert!(plain.contains("gpu-blocked"), "{plain}");
+    assert!(patch(affinity(agent_pod("b", "u", json!([]))).await).is_empty());
 }
 
 /// The taint's effect is a setting, not Rust: with `block_taint_effect = "NoExecute"`
