@@ -521,7 +521,12 @@ impl StateStore {
                 .and_then(|b| b.record.revision);
             let revision = match kept {
                 Some(revision) => revision,
-                None => next_block_revision(txn)?,
+                None => {
+                    // Numbered above the node's tombstone, which has nothing left to
+                    // tell apart: dropped, so tombstones stay one per unblocked node.
+                    txn.open_table(TOMBSTONES)?.remove(node)?;
+                    next_block_revision(txn)?
+                }
             };
             record.revision = Some(revision);
             let encoded = serde_json::to_vec(&record).map_err(|e| {

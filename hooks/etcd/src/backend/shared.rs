@@ -611,7 +611,17 @@ pub(super) async fn merge_block(
             Some(e) => client.update_if(key, bytes, e.mod_revision).await?,
         };
         match swap {
-            Swap::Applied { revision } => return Ok(Some(revision)),
+            Swap::Applied { revision } => {
+                // A new block is numbered above the node's tombstone, which then has
+                // nothing left to tell apart: dropped, so tombstones stay one per node
+                // unblocked and not blocked since (a failure leaves one key behind).
+                if current.is_none()
+                    && let Some(node) = key.strip_prefix(BLOCKLIST)
+                {
+                    let _ = client.delete(&format!("{TOMBSTONES}{node}")).await;
+                }
+                return Ok(Some(revision));
+            }
             Swap::Refused { current: now_there } => current = now_there,
         }
     }

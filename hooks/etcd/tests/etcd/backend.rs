@@ -263,6 +263,8 @@ fn blocks_carry_etcds_create_revision_and_an_unblock_leaves_a_higher_tombstone()
     a.engine.block_node("gpu-1", "re-blocked").unwrap();
     let again = revision(&a, "gpu-1");
     assert!(again > unblocked, "{again} > {unblocked}");
+    // The tombstone went with the new block: one per node unblocked and not since.
+    assert!(a.engine.block_tombstones().unwrap().is_empty());
     wait_for(WAIT, "b sees the new block", || {
         (b.engine
             .blocked_nodes()
