@@ -173,6 +173,7 @@ pub fn controller(command: ControllerCommand) -> Result<u8> {
                     s.breaker.reset();
                     if tombstones {
                         s.tombstones.clear();
+                        s.released_revisions.clear();
                     }
                 })
                 .await

@@ -470,6 +470,7 @@ impl Controller {
         let mut stops = state.clone();
         let mut stopped = Vec::new();
         let mut taint_failed: Vec<&str> = Vec::new();
+        let mut unmoved: Vec<(String, plan::AppliedMark)> = Vec::new();
         let mut released: Vec<String> = Vec::new();
         for step in &steps {
             // A pass may take longer than the lease: a replica that lost it stops here,
@@ -522,7 +523,8 @@ impl Controller {
                     }
                     done.extend(records);
                     if complete {
-                        stopped.push((node.clone(), block.number(), block.readers().count()));
+                        let readers = block.readers().map(plan::ReaderPod::key).collect();
+                        stopped.push((node.clone(), plan::StoppedBlock::of(block, readers)));
                     }
                     continue;
                 }
@@ -548,6 +550,16 @@ impl Controller {
                     self.metrics.error();
                     if matches!(step, Step::Block { .. } | Step::Refresh { .. }) {
                         taint_failed.push(step.node());
+                    }
+                    // A taint move that failed: the old mark stays what Probity set, so
+                    // the next pass moves it again rather than leave the old taint.
+                    if let Step::Refresh {
+                        node,
+                        replaces: Some(old),
+                        ..
+                    } = step
+                    {
+                        unmoved.push((node.clone(), old.as_ref().clone()));
                     }
                     let error = error_chain(&error);
                     tracing::warn!(node = step.node(), action = step.kind(), %error, "action failed");
@@ -586,9 +598,11 @@ impl Controller {
                         s.applied.remove(node);
                     }
                     s.record(done.clone());
-                    for (node, number, readers) in &stopped {
-                        s.stopped.insert(node.clone(), *number);
-                        s.stopped_readers.insert(node.clone(), *readers);
+                    for (node, block) in &stopped {
+                        s.stopped.insert(node.clone(), block.clone());
+                    }
+                    for (node, old) in &unmoved {
+                        s.applied.insert(node.clone(), old.clone());
                     }
                     s.stopping = stops.stopping.clone();
                     s.unlogged = unlogged.clone();
@@ -645,7 +659,7 @@ impl Controller {
             // last release is a replay (a restored backup, a lagging answer), however
             // often it is answered. Only a block ordered by its time is believed after
             // enough answers (clocks disagree).
-            if block.number() > released || block.revision.is_some() {
+            if block.since > released || block.revision.is_some() {
                 continue;
             }
             let count = stale.entry(node.clone()).or_default();

@@ -1,7 +1,7 @@
 //! One reconcile pass, decided without I/O: what Probity's blocklist asks, what the
 //! nodes carry, and what the breaker, the pause and the tombstones allow.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
@@ -84,6 +84,13 @@ pub struct ReaderPod {
     pub uid: Option<String>,
 }
 
+impl ReaderPod {
+    /// `namespace/name`: how the stopped readers are kept.
+    pub fn key(&self) -> String {
+        format!("{}/{}", self.namespace, self.name)
+    }
+}
+
 impl BlockMark {
     /// A block with no reader, no stop and the settings' taint.
     pub fn new(reason: impl Into<String>, since: u64) -> Self {
@@ -106,11 +113,15 @@ impl BlockMark {
             .chain(self.history.iter().filter_map(|h| h.reader.as_ref()))
     }
 
-    /// What orders this block against the node's last release: its store revision, or
-    /// (from a Probity without a store) the time it was made. One deployment uses one
-    /// or the other; a switch is healed by the stale rule's confirmations.
-    pub fn number(&self) -> u64 {
-        self.revision.unwrap_or(self.since)
+    /// Whether `other` is this same block: the same store number when both have one;
+    /// else (a block in force before its store numbered it, a record from before
+    /// numbers) the same first reason and time. Store numbers and times are never
+    /// compared with each other.
+    pub fn same_block(&self, other: &BlockMark) -> bool {
+        match (self.revision, other.revision) {
+            (Some(a), Some(b)) => a == b,
+            _ => self.reason == other.reason && self.since == other.since,
+        }
     }
 }
 
@@ -284,11 +295,17 @@ pub struct ControlState {
     /// The circuit breaker.
     #[serde(default)]
     pub breaker: BreakerState,
-    /// Per node, the number ([`BlockMark::number`]) of the last block released: a record
-    /// not newer is stale (a lagging replica, a replayed event) and is not acted on
-    /// unless Probity keeps answering it.
+    /// Per node, the time (`since`) of the last block released that no store numbered:
+    /// such a record not newer is stale (a lagging replica, a replayed event) and is not
+    /// acted on unless Probity keeps answering it (clocks disagree).
     #[serde(default)]
     pub tombstones: BTreeMap<String, u64>,
+    /// Per node, the store number ([`BlockMark::revision`]) of the last numbered block
+    /// released: a numbered record not above it is a replay (a restored backup, a
+    /// lagging answer) and is never acted on. Kept apart from `tombstones` (times):
+    /// the two kinds of number are never compared.
+    #[serde(default, rename = "releasedRevisions")]
+    pub released_revisions: BTreeMap<String, u64>,
     /// The last actions taken, refused or failed, oldest first.
     #[serde(default)]
     pub report: Vec<ActionRecord>,
@@ -296,18 +313,10 @@ pub struct ControlState {
     /// only source of what a release may remove.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub applied: BTreeMap<String, AppliedMark>,
-    /// Per node, the number ([`BlockMark::number`]) of the block whose work was stopped:
-    /// a block's work is stopped once.
+    /// Per node, the block whose work was stopped, and the readers stopped: a block's
+    /// work is stopped once, and a later reader of bad data on the node too.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub stopped: BTreeMap<String, u64>,
-    /// Per node, how many of that block's readers ([`BlockMark::readers`]) were
-    /// stopped: a reader of a later failed read on the blocked node is stopped too.
-    #[serde(
-        default,
-        rename = "stoppedReaders",
-        skip_serializing_if = "BTreeMap::is_empty"
-    )]
-    pub stopped_readers: BTreeMap<String, usize>,
+    pub stopped: BTreeMap<String, StoppedBlock>,
     /// Evictions refused for now (a disruption budget), by `namespace/name`: retried
     /// with back-off, and deleted only past the operator's escalation timeout.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
@@ -325,18 +334,77 @@ pub struct ControlState {
 }
 
 impl ControlState {
-    /// How many of `block`'s readers were stopped on `node` once its stop was carried
-    /// out; `None` while it was not. (A state written before later readers were
-    /// counted stopped the first reader only.)
-    pub fn readers_stopped(&self, node: &str, block: &BlockMark) -> Option<usize> {
-        match self.stopped.get(node) {
-            Some(&number) if number == block.number() => Some(
-                self.stopped_readers
-                    .get(node)
-                    .copied()
-                    .unwrap_or(usize::from(block.reader.is_some())),
-            ),
-            _ => None,
+    /// The readers of `block` already stopped on `node`, once its stop was carried out;
+    /// `None` while it was not.
+    pub fn readers_stopped(&self, node: &str, block: &BlockMark) -> Option<BTreeSet<String>> {
+        match self.stopped.get(node)? {
+            // Written before readers were kept: the first reader was stopped.
+            StoppedBlock::Number(n) => (*n == block.since || Some(*n) == block.revision)
+                .then(|| block.reader.iter().map(ReaderPod::key).collect()),
+            StoppedBlock::Block {
+                reason,
+                since,
+                revision,
+                readers,
+            } => {
+                let stopped = BlockMark {
+                    revision: *revision,
+                    ..BlockMark::new(reason.clone(), *since)
+                };
+                stopped.same_block(block).then(|| readers.clone())
+            }
+        }
+    }
+
+    /// Whether `block` is one the node's last release already lifted: numbered no
+    /// higher than the last numbered block released, or (unnumbered) made no later than
+    /// the last unnumbered one. The number it is judged against.
+    pub fn released(&self, node: &str, block: &BlockMark) -> Option<u64> {
+        match block.revision {
+            Some(revision) => self
+                .released_revisions
+                .get(node)
+                .copied()
+                .filter(|&released| revision <= released),
+            None => self
+                .tombstones
+                .get(node)
+                .copied()
+                .filter(|&released| block.since <= released),
+        }
+    }
+}
+
+/// A block whose work was stopped.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum StoppedBlock {
+    /// As a state written before the readers were kept says it: the block's number.
+    Number(u64),
+    /// The block (as [`BlockMark::same_block`] tells it) and its readers stopped
+    /// (`namespace/name`).
+    Block {
+        /// Its first reason.
+        reason: String,
+        /// Its first time.
+        since: u64,
+        /// Its store number, when it had one.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        revision: Option<u64>,
+        /// The readers stopped, `namespace/name` (at most the record's 33).
+        #[serde(default)]
+        readers: BTreeSet<String>,
+    },
+}
+
+impl StoppedBlock {
+    /// `block`, its work stopped, with `readers`.
+    pub fn of(block: &BlockMark, readers: BTreeSet<String>) -> Self {
+        StoppedBlock::Block {
+            reason: block.reason.clone(),
+            since: block.since,
+            revision: block.revision,
+            readers,
         }
     }
 }
@@ -420,9 +488,7 @@ pub fn plan(
         let wanted = blocks.get(&node.name);
         match (wanted, &node.applied) {
             (Some(block), applied) => {
-                if let Some(&released) = state.tombstones.get(&node.name)
-                    && block.number() <= released
-                {
+                if let Some(released) = state.released(&node.name, block) {
                     steps.push(Step::Stale {
                         node: node.name.clone(),
                         block: block.clone(),
@@ -468,7 +534,7 @@ pub fn plan(
                         // A newer record that asks for a drain is a new disruption: the
                         // breaker counts it as it counts a new block.
                         if block.stop.as_deref() == Some(STOP_NODE)
-                            && applied.block.number() != block.number()
+                            && !applied.block.same_block(block)
                             && let Err(trip) = state.breaker.admit(
                                 limits,
                                 &node.name,
@@ -536,7 +602,8 @@ pub fn plan(
                 if tainted
                     && !drain_refused
                     && block.stop.is_some()
-                    && readers_stopped.is_none_or(|done| block.readers().count() > done)
+                    && readers_stopped
+                        .is_none_or(|done| block.readers().any(|r| !done.contains(&r.key())))
                 {
                     steps.push(Step::StopWork {
                         node: node.name.clone(),
@@ -545,8 +612,12 @@ pub fn plan(
                 }
             }
             (None, Some(applied)) => {
-                let released = state.tombstones.entry(node.name.clone()).or_default();
-                *released = (*released).max(applied.block.number());
+                let (released, number) = match applied.block.revision {
+                    Some(revision) => (&mut state.released_revisions, revision),
+                    None => (&mut state.tombstones, applied.block.since),
+                };
+                let released = released.entry(node.name.clone()).or_default();
+                *released = (*released).max(number);
                 steps.push(Step::Release {
                     node: node.name.clone(),
                     applied: applied.clone(),
@@ -560,10 +631,10 @@ pub fn plan(
     state
         .tombstones
         .retain(|name, _| nodes.iter().any(|n| &n.name == name));
-    state.stopped.retain(|name, _| blocks.contains_key(name));
     state
-        .stopped_readers
-        .retain(|name, _| blocks.contains_key(name));
+        .released_revisions
+        .retain(|name, _| nodes.iter().any(|n| &n.name == name));
+    state.stopped.retain(|name, _| blocks.contains_key(name));
     state
         .applied
         .retain(|name, _| nodes.iter().any(|n| &n.name == name));
@@ -733,7 +804,8 @@ mod tests {
         assert_eq!(kinds, ["block", "stop", "block"]);
         assert!(matches!(&steps[2], Step::Refused { .. }));
         // Once stopped, the same record is not stopped again; a newer one is.
-        state.stopped.insert("n1".into(), 10);
+        // (As a state written before the readers were kept says it.)
+        state.stopped.insert("n1".into(), StoppedBlock::Number(10));
         let applied = |since| NodeView {
             applied: Some(AppliedMark {
                 block: stopping(since),
@@ -852,7 +924,7 @@ mod tests {
     fn a_block_is_ordered_by_its_store_revision_not_its_time() {
         let mut state = ControlState::default();
         // Released: the block numbered 40 (made at a later second than the next one).
-        state.tombstones.insert("n1".into(), 40);
+        state.released_revisions.insert("n1".into(), 40);
         let nodes = [node("n1", None)];
         let newer = BlockMark {
             revision: Some(41),
@@ -875,7 +947,23 @@ mod tests {
             ..mark("old", 2_000_000_000)
         };
         let mut state = ControlState::default();
-        state.tombstones.insert("n1".into(), 40);
+        state.released_revisions.insert("n1".into(), 40);
+        let steps = plan(
+            &BTreeMap::from([("n1".to_owned(), replayed.clone())]),
+            &nodes,
+            &mut state,
+            &limits(),
+            &settings(),
+            1_000,
+        );
+        assert!(
+            matches!(steps.as_slice(), [Step::Stale { released: 40, .. }]),
+            "{steps:?}"
+        );
+        // A time tombstone (a release of a block no store numbered, or one written before
+        // numbers: a Unix time, far above any store number) never judges a numbered block.
+        let mut state = ControlState::default();
+        state.tombstones.insert("n1".into(), 1_700_000_000);
         let steps = plan(
             &BTreeMap::from([("n1".to_owned(), replayed)]),
             &nodes,
@@ -885,7 +973,7 @@ mod tests {
             1_000,
         );
         assert!(
-            matches!(steps.as_slice(), [Step::Stale { released: 40, .. }]),
+            matches!(steps.as_slice(), [Step::Block { .. }]),
             "{steps:?}"
         );
     }
@@ -1026,8 +1114,10 @@ mod tests {
             ..node("n1", None)
         };
         let mut state = ControlState::default();
-        state.stopped.insert("n1".into(), 5);
-        state.stopped_readers.insert("n1".into(), 1);
+        state.stopped.insert(
+            "n1".into(),
+            StoppedBlock::of(&first, BTreeSet::from(["train/llm-0".to_owned()])),
+        );
         let blocks = BTreeMap::from([("n1".into(), first.clone())]);
         assert!(
             plan(
@@ -1063,13 +1153,85 @@ mod tests {
             again.readers().map(|r| r.name.as_str()).collect::<Vec<_>>(),
             ["llm-0", "llm-1"]
         );
-        state.stopped_readers.insert("n1".into(), 2);
-        assert!(plan(&blocks, &[applied], &mut state, &limits(), &settings(), 100).is_empty());
+        state.stopped.insert(
+            "n1".into(),
+            StoppedBlock::of(&again, again.readers().map(ReaderPod::key).collect()),
+        );
+        assert!(
+            plan(
+                &blocks,
+                std::slice::from_ref(&applied),
+                &mut state,
+                &limits(),
+                &settings(),
+                100
+            )
+            .is_empty()
+        );
+        // The history's oldest entry dropped (the record keeps 32) or a merge sorting a
+        // lagging replica's read in before a stopped one: the readers are told apart by
+        // name, not by their place, so only the one not stopped yet is stopped.
+        let reordered = BlockMark {
+            history: vec![
+                LaterBlock {
+                    reader: Some(reader("llm-2")),
+                },
+                LaterBlock {
+                    reader: Some(reader("llm-1")),
+                },
+            ],
+            ..again.clone()
+        };
+        let blocks = BTreeMap::from([("n1".into(), reordered)]);
+        let steps = plan(&blocks, &[applied], &mut state, &limits(), &settings(), 100);
+        assert!(matches!(&steps[..], [Step::StopWork { .. }]), "{steps:?}");
         // Neither the history nor the count reaches the node's annotation.
         let text = serde_json::to_string(&again).unwrap();
         assert!(
             !text.contains("llm-1") && !text.contains("history"),
             "{text}"
+        );
+    }
+
+    #[test]
+    fn a_block_numbered_by_its_store_after_it_was_acted_on_is_the_same_block() {
+        // In force here before its store numbered it (a block that must not wait for
+        // etcd), tainted and drained; then the watch delivers it, numbered.
+        let unnumbered = BlockMark {
+            stop: Some(STOP_NODE.into()),
+            ..mark("read failed", 10)
+        };
+        let numbered = BlockMark {
+            revision: Some(77),
+            ..unnumbered.clone()
+        };
+        assert!(unnumbered.same_block(&numbered) && numbered.same_block(&unnumbered));
+        let applied = NodeView {
+            applied: Some(AppliedMark {
+                block: unnumbered.clone(),
+                taint_added: true,
+                effect: None,
+                key: None,
+            }),
+            taints: vec![taint()],
+            ..node("n1", None)
+        };
+        let mut state = ControlState::default();
+        state
+            .stopped
+            .insert("n1".into(), StoppedBlock::of(&unnumbered, BTreeSet::new()));
+        // The breaker is full: a new block or a new drain would be refused.
+        state.breaker.tripped = Some(Trip {
+            at: 1,
+            reason: "full".into(),
+            node: "n9".into(),
+        });
+        let blocks = BTreeMap::from([("n1".into(), numbered)]);
+        let steps = plan(&blocks, &[applied], &mut state, &limits(), &settings(), 100);
+        // The mark learns the number; nothing is admitted, refused or drained again.
+        assert!(
+            matches!(&steps[..], [Step::Refresh { mark, replaces: None, .. }] if mark.block.revision == Some(77)),
+            "{steps:?}"
         );
     }
 }

@@ -37,7 +37,7 @@ impl Controller {
         let earlier = state.readers_stopped(node, block);
         let mut pods: Vec<PodRef> = block
             .readers()
-            .skip(earlier.unwrap_or(0))
+            .filter(|r| earlier.as_ref().is_none_or(|done| !done.contains(&r.key())))
             .map(|r| PodRef {
                 namespace: r.namespace.clone(),
                 name: r.name.clone(),

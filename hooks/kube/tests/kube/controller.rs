@@ -492,7 +492,7 @@ async fn a_restarted_controller_acts_once_and_catches_up_with_what_changed_while
     .await;
     let state = h
         .state_until("gpu-1's release reported", |s| {
-            s["tombstones"]["gpu-1"].is_u64()
+            s["releasedRevisions"]["gpu-1"].is_u64()
         })
         .await;
     // One block of gpu-1 (before), one release (after); never a second block.
@@ -576,10 +576,10 @@ async fn a_block_replayed_from_a_restored_backup_of_probitys_store_is_never_acte
         .await;
     let state = h
         .state_until("the release's tombstone", |s| {
-            s["tombstones"]["gpu-1"].is_u64()
+            s["releasedRevisions"]["gpu-1"].is_u64()
         })
         .await;
-    let released = state["tombstones"]["gpu-1"].as_u64().unwrap();
+    let released = state["releasedRevisions"]["gpu-1"].as_u64().unwrap();
 
     // Restored: Probity holds the block again, under its old number.
     h.probity.stop();
@@ -786,7 +786,7 @@ async fn a_controller_restarted_mid_drain_evicts_each_pod_once_and_loses_none() 
         .unwrap();
     let _second = h.controller("c2", &[]);
     let state = h
-        .state_until("the drain finished", |s| s["stopped"]["gpu-1"].is_u64())
+        .state_until("the drain finished", |s| s["stopped"]["gpu-1"].is_object())
         .await;
     let evictions = |pod: &str| {
         state["report"]
@@ -1116,7 +1116,7 @@ async fn a_failed_verified_read_taints_the_node_and_evicts_only_the_reading_pod(
     )
     .await;
     let state = h
-        .state_until("the stop reported", |s| s["stopped"]["gpu-1"].is_u64())
+        .state_until("the stop reported", |s| s["stopped"]["gpu-1"].is_object())
         .await;
     let stop = state["report"]
         .as_array()
@@ -1134,7 +1134,9 @@ async fn a_failed_verified_read_taints_the_node_and_evicts_only_the_reading_pod(
     let bystander = pods.get("bystander").await.unwrap().metadata.uid.unwrap();
     failed_read(&h, "gpu-2", "training", "bystander", &bystander).await;
     let state = h
-        .state_until("gpu-2's stop reported", |s| s["stopped"]["gpu-2"].is_u64())
+        .state_until("gpu-2's stop reported", |s| {
+            s["stopped"]["gpu-2"].is_object()
+        })
         .await;
     assert!(
         state["report"]
@@ -1184,7 +1186,7 @@ async fn a_failed_verified_read_taints_the_node_and_evicts_only_the_reading_pod(
     .await;
     let state = h
         .state_until("both readers counted", |s| {
-            s["stoppedReaders"]["gpu-1"] == 2
+            s["stopped"]["gpu-1"]["readers"] == json!(["training/trainer-0", "training/trainer-1"])
         })
         .await;
     let evictions = |pod: &str| {
@@ -1270,7 +1272,7 @@ async fn an_eviction_a_disruption_budget_forbids_is_retried_and_reported_and_del
     drop(controller);
     let _controller = h.controller("c2", &["--evict-escalate-after-seconds", "1"]);
     let state = h
-        .state_until("the escalation", |s| s["stopped"]["gpu-1"].is_u64())
+        .state_until("the escalation", |s| s["stopped"]["gpu-1"].is_object())
         .await;
     assert!(
         state["report"]
@@ -1287,6 +1289,296 @@ async fn an_eviction_a_disruption_budget_forbids_is_retried_and_reported_and_del
     let guarded = pods.get_opt("guarded-0").await.unwrap();
     assert!(guarded.as_ref().is_none_or(terminating));
     assert!(!terminating(&pods.get("guarded-1").await.unwrap()));
+}
+
+/// A pod in `training` on `node` whose `probity.io/migrate-priority` is `priority`
+/// (none: no annotation).
+async fn ranked_pod(h: &Harness, name: &str, node: &str, priority: Option<&str>) {
+    let pods: Api<Pod> = Api::namespaced(h.plane.client(), "training");
+    let annotations = priority.map_or(json!({}), |p| json!({"probity.io/migrate-priority": p}));
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": name, "annotations": annotations},
+        "spec": {"nodeName": node, "containers": [{"name": "main", "image": "trainer:1"}]}
+    }))
+    .unwrap();
+    pods.create(&PostParams::default(), &pod).await.unwrap();
+}
+
+/// Moves the start of `zone`'s migrate window in the controller's state back past its
+/// length, as time passing would (the ConfigMap is written at the version read).
+async fn close_window(h: &Harness, zone: &str) {
+    let maps: Api<ConfigMap> = Api::namespaced(h.plane.client(), NAMESPACE);
+    for _ in 0..20 {
+        let mut map = maps.get("probity-controller-state").await.unwrap();
+        let data = map.data.as_mut().unwrap();
+        let mut state: Value = serde_json::from_str(&data["state"]).unwrap();
+        state["migrations"][zone]["start"] = json!(1);
+        data.insert("state".into(), state.to_string());
+        map.metadata.managed_fields = None;
+        match maps
+            .replace("probity-controller-state", &PostParams::default(), &map)
+            .await
+        {
+            Ok(_) => return,
+            Err(kube::Error::Api(status)) if status.code == 409 => continue,
+            Err(e) => panic!("closing the window: {e}"),
+        }
+    }
+    panic!("the controller's state changed under every attempt to close the window");
+}
+
+/// gpu-hot1's reporter (the stand-in for its agent, whose GPU telemetry cannot run
+/// here) reports its node; Probity decides from its facts. The answer.
+async fn report_gpu_hot1(h: &Harness) -> Value {
+    let (status, body) = h
+        .probity
+        .call("POST", "/v1/actions/migrate", &json!({"node": "gpu-hot1"}))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    body
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_zone_at_its_ceiling_loses_pods_up_to_the_windows_bound_in_the_policys_order_until_it_cools()
+ {
+    let h = Harness::start(&[]).await;
+    for (node, zone) in [
+        ("gpu-hot1", "zone-hot"),
+        ("gpu-hot2", "zone-hot"),
+        ("gpu-1", "zone-a"),
+    ] {
+        h.plane
+            .add_node(node, zone, 8, "NVIDIA-A100-SXM4-80GB")
+            .await;
+    }
+    h.plane.namespace("training").await;
+    ranked_pod(&h, "low", "gpu-hot1", Some("1")).await;
+    ranked_pod(&h, "high", "gpu-hot2", Some("10")).await;
+    ranked_pod(&h, "mid", "gpu-hot1", Some("5")).await;
+    ranked_pod(&h, "unranked", "gpu-hot2", None).await;
+    ranked_pod(&h, "elsewhere", "gpu-1", Some("100")).await;
+    let metrics_port = free_port();
+    let _controller = h.controller(
+        "c1",
+        &["--metrics-listen", &format!("127.0.0.1:{metrics_port}")],
+    );
+
+    // zone-hot draws 38.5 of its 40 kW (testdata/entities/cluster.json): at its ceiling.
+    let body = report_gpu_hot1(&h).await;
+    assert_eq!(body["published"][0]["target"], "zone-hot", "{body}");
+    assert_eq!(
+        body["published"][0]["parameters"]["pods_per_window"], "2",
+        "{body}"
+    );
+
+    // The policy's bound (2 per window), highest priority first, from every node of
+    // the zone; accepted evictions leave the pods terminating (no kubelet finishes them).
+    let pods: Api<Pod> = Api::namespaced(h.plane.client(), "training");
+    for name in ["high", "mid"] {
+        watch_until(
+            &pods,
+            &WatchParams::default().fields(&format!("metadata.name={name}")),
+            &format!("{name} evicted"),
+            WAIT,
+            |p: &Pod| terminating(p).then_some(()),
+        )
+        .await;
+    }
+    let state = h
+        .state_until("the window's two evictions reported", |s| {
+            s["migrations"]["zone-hot"]["evicted"] == 2
+                && s["report"]
+                    .as_array()
+                    .is_some_and(|r| r.iter().filter(|r| r["action"] == "migrate").count() == 2)
+        })
+        .await;
+    let done: Vec<(&str, &str)> = state["report"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["action"] == "migrate")
+        .map(|r| {
+            (
+                r["outcome"].as_str().unwrap(),
+                r["detail"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        done,
+        [
+            ("done", "training/high evicted from zone zone-hot"),
+            ("done", "training/mid evicted from zone zone-hot")
+        ],
+        "{state}"
+    );
+
+    // The bound holds: passes go on, and nothing else leaves within the window.
+    let passes = |text: &str| -> Option<u64> {
+        text.lines()
+            .find_map(|l| l.strip_prefix("probity_controller_passes_total "))
+            .and_then(|v| v.trim().parse().ok())
+    };
+    let start = metrics_passes(metrics_port, &passes).await;
+    crate::cluster::poll_ready("five more passes", WAIT, || async {
+        let now = metrics_passes(metrics_port, &passes).await;
+        (now >= start + 5).then_some(())
+    })
+    .await;
+    for name in ["low", "unranked", "elsewhere"] {
+        assert!(!terminating(&pods.get(name).await.unwrap()), "{name}");
+    }
+    let text = metrics_text(metrics_port).await;
+    assert!(
+        text.contains("probity_controller_actions_total{kind=\"migrate\",outcome=\"done\"} 2"),
+        "{text}"
+    );
+
+    // The zone cools: the next report withdraws the request and the controller forgets
+    // the zone.
+    let (_, mut zone) = h
+        .probity
+        .call("GET", "/v1/entities/Zone/zone-hot", &json!({}))
+        .await;
+    zone["attrs"]["powerDrawW"] = json!(10_000);
+    let (status, body) = h.probity.call("POST", "/v1/entities", &json!([zone])).await;
+    assert_eq!(status, 200, "{body}");
+    let body = report_gpu_hot1(&h).await;
+    assert_eq!(
+        body["withdrawn"],
+        json!(["migrate/gpu-hot1/thermal.zone-power-ceiling/zone-hot"]),
+        "{body}"
+    );
+    let (_, live) = h
+        .probity
+        .call("GET", "/v1/actions/migrate", &json!({}))
+        .await;
+    assert_eq!(live["requests"], json!([]), "{live}");
+    // Time passes (the window closes, as after its 300 s): with no request, nothing
+    // more leaves the zone, and the closed window is forgotten.
+    close_window(&h, "zone-hot").await;
+    h.state_until("zone-hot forgotten", |s| {
+        s["migrations"]["zone-hot"].is_null()
+    })
+    .await;
+    let start = metrics_passes(metrics_port, &passes).await;
+    crate::cluster::poll_ready("five more passes", WAIT, || async {
+        let now = metrics_passes(metrics_port, &passes).await;
+        (now >= start + 5).then_some(())
+    })
+    .await;
+    for name in ["low", "unranked", "elsewhere"] {
+        assert!(!terminating(&pods.get(name).await.unwrap()), "{name}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_migration_a_budget_refuses_is_backed_off_and_reported_never_deleted_and_a_dry_run_moves_nothing()
+ {
+    let h = Harness::start(&[]).await;
+    h.plane
+        .add_node("gpu-hot1", "zone-hot", 8, "NVIDIA-A100-SXM4-80GB")
+        .await;
+    h.plane.namespace("training").await;
+    let pods: Api<Pod> = Api::namespaced(h.plane.client(), "training");
+    for (name, priority) in [("guarded-0", "10"), ("guarded-1", "5")] {
+        bound_pod(
+            &h,
+            "training",
+            name,
+            "gpu-hot1",
+            json!({"app": "guarded"}),
+            true,
+        )
+        .await;
+        pods.patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {
+                "probity.io/migrate-priority": priority}}})),
+        )
+        .await
+        .unwrap();
+    }
+    ranked_pod(&h, "free", "gpu-hot1", Some("1")).await;
+    let budgets: Api<k8s_openapi::api::policy::v1::PodDisruptionBudget> =
+        Api::namespaced(h.plane.client(), "training");
+    budgets
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "metadata": {"name": "guarded"},
+                "spec": {"minAvailable": 2, "selector": {"matchLabels": {"app": "guarded"}}}
+            }))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    watch_until(
+        &budgets,
+        &WatchParams::default().fields("metadata.name=guarded"),
+        "the budget counting both pods healthy",
+        WAIT,
+        |b: &k8s_openapi::api::policy::v1::PodDisruptionBudget| {
+            let status = b.status.as_ref()?;
+            (status.current_healthy == Some(2) && status.disruptions_allowed == Some(0))
+                .then_some(())
+        },
+    )
+    .await;
+    h.command(&["dry-run", "on"]);
+    let _controller = h.controller("c1", &[]);
+    report_gpu_hot1(&h).await;
+
+    // A dry run asks the apiserver (dryRun=All), reports once, and counts nothing.
+    let state = h
+        .state_until("the dry run's migrations reported", |s| {
+            s["report"].as_array().is_some_and(|r| {
+                r.iter()
+                    .filter(|r| r["action"] == "migrate" && r["outcome"] == "would")
+                    .count()
+                    == 2
+            })
+        })
+        .await;
+    assert_eq!(state["migrations"]["zone-hot"]["evicted"], 0, "{state}");
+    for name in ["guarded-0", "guarded-1", "free"] {
+        assert!(!terminating(&pods.get(name).await.unwrap()), "{name}");
+    }
+
+    // For real: the guarded pods come first, their budget refuses, they are backed off
+    // and reported (and given back to the window), and the next in order goes.
+    h.command(&["dry-run", "off"]);
+    watch_until(
+        &pods,
+        &WatchParams::default().fields("metadata.name=free"),
+        "free evicted",
+        WAIT,
+        |p: &Pod| terminating(p).then_some(()),
+    )
+    .await;
+    let state = h
+        .state_until("the refusals and the eviction reported", |s| {
+            s["stopping"]["training/guarded-0"]["attempts"].as_u64() >= Some(1)
+                && s["migrations"]["zone-hot"]["evicted"] == 1
+        })
+        .await;
+    let refused: Vec<&str> = state["report"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["action"] == "migrate" && r["outcome"] == "disrupted")
+        .filter_map(|r| r["detail"].as_str())
+        .collect();
+    assert!(
+        refused
+            .iter()
+            .any(|d| d.starts_with("training/guarded-0: eviction refused")),
+        "{state}"
+    );
+    for name in ["guarded-0", "guarded-1"] {
+        assert!(!terminating(&pods.get(name).await.unwrap()), "{name}");
+    }
 }
 
 /// Issue 31 item 6: nodes nobody seeded, created with GPU feature discovery's labels
