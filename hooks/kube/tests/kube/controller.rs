@@ -733,31 +733,7 @@ async fn a_controller_restarted_mid_drain_evicts_each_pod_once_and_loses_none() 
         )
         .await;
     }
-    let budgets: Api<k8s_openapi::api::policy::v1::PodDisruptionBudget> =
-        Api::namespaced(h.plane.client(), "training");
-    budgets
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({
-                "metadata": {"name": "guarded"},
-                "spec": {"minAvailable": 2, "selector": {"matchLabels": {"app": "guarded"}}}
-            }))
-            .unwrap(),
-        )
-        .await
-        .unwrap();
-    watch_until(
-        &budgets,
-        &WatchParams::default().fields("metadata.name=guarded"),
-        "the budget counting both pods healthy",
-        WAIT,
-        |b: &k8s_openapi::api::policy::v1::PodDisruptionBudget| {
-            let status = b.status.as_ref()?;
-            (status.current_healthy == Some(2) && status.disruptions_allowed == Some(0))
-                .then_some(())
-        },
-    )
-    .await;
+    let budgets = guard_budget(&h).await;
 
     let first = h.controller("c1", &[]);
     let (status, body) = h
@@ -1070,6 +1046,37 @@ async fn failed_read(h: &Harness, node: &str, namespace: &str, pod: &str, uid: &
     assert_eq!(blocked["nodes"][node]["stop"], "reader", "{blocked}");
 }
 
+/// A PodDisruptionBudget over the two ready `app=guarded` pods in `training` that
+/// allows no disruption, once the disruption controller counts both healthy.
+async fn guard_budget(h: &Harness) -> Api<k8s_openapi::api::policy::v1::PodDisruptionBudget> {
+    let budgets: Api<k8s_openapi::api::policy::v1::PodDisruptionBudget> =
+        Api::namespaced(h.plane.client(), "training");
+    budgets
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "metadata": {"name": "guarded"},
+                "spec": {"minAvailable": 2, "selector": {"matchLabels": {"app": "guarded"}}}
+            }))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    watch_until(
+        &budgets,
+        &WatchParams::default().fields("metadata.name=guarded"),
+        "the budget counting both pods healthy",
+        WAIT,
+        |b: &k8s_openapi::api::policy::v1::PodDisruptionBudget| {
+            let status = b.status.as_ref()?;
+            (status.current_healthy == Some(2) && status.disruptions_allowed == Some(0))
+                .then_some(())
+        },
+    )
+    .await;
+    budgets
+}
+
 fn terminating(pod: &Pod) -> bool {
     pod.metadata.deletion_timestamp.is_some()
 }
@@ -1228,31 +1235,7 @@ async fn an_eviction_a_disruption_budget_forbids_is_retried_and_reported_and_del
         true,
     )
     .await;
-    let budgets: Api<k8s_openapi::api::policy::v1::PodDisruptionBudget> =
-        Api::namespaced(h.plane.client(), "training");
-    budgets
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({
-                "metadata": {"name": "guarded"},
-                "spec": {"minAvailable": 2, "selector": {"matchLabels": {"app": "guarded"}}}
-            }))
-            .unwrap(),
-        )
-        .await
-        .unwrap();
-    watch_until(
-        &budgets,
-        &WatchParams::default().fields("metadata.name=guarded"),
-        "the budget counting both pods healthy",
-        WAIT,
-        |b: &k8s_openapi::api::policy::v1::PodDisruptionBudget| {
-            let status = b.status.as_ref()?;
-            (status.current_healthy == Some(2) && status.disruptions_allowed == Some(0))
-                .then_some(())
-        },
-    )
-    .await;
+    guard_budget(&h).await;
     let controller = h.controller("c1", &[]);
     failed_read(&h, "gpu-1", "training", "guarded-0", &uid).await;
     // Refused, retried with back-off, reported each time, never deleted.
@@ -1501,31 +1484,7 @@ async fn a_migration_a_budget_refuses_is_backed_off_and_reported_never_deleted_a
         .unwrap();
     }
     ranked_pod(&h, "free", "gpu-hot1", Some("1")).await;
-    let budgets: Api<k8s_openapi::api::policy::v1::PodDisruptionBudget> =
-        Api::namespaced(h.plane.client(), "training");
-    budgets
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({
-                "metadata": {"name": "guarded"},
-                "spec": {"minAvailable": 2, "selector": {"matchLabels": {"app": "guarded"}}}
-            }))
-            .unwrap(),
-        )
-        .await
-        .unwrap();
-    watch_until(
-        &budgets,
-        &WatchParams::default().fields("metadata.name=guarded"),
-        "the budget counting both pods healthy",
-        WAIT,
-        |b: &k8s_openapi::api::policy::v1::PodDisruptionBudget| {
-            let status = b.status.as_ref()?;
-            (status.current_healthy == Some(2) && status.disruptions_allowed == Some(0))
-                .then_some(())
-        },
-    )
-    .await;
+    guard_budget(&h).await;
     h.command(&["dry-run", "on"]);
     let _controller = h.controller("c1", &[]);
     report_gpu_hot1(&h).await;
