@@ -514,17 +514,7 @@ async fn a_paused_controller_acts_on_nothing_until_resumed() {
     h.block("gpu-1", "while paused").await;
     // Passes go on while paused (the metrics count them): wait for several after the
     // block, then nothing may have changed.
-    let passes = |text: &str| -> Option<u64> {
-        text.lines()
-            .find_map(|l| l.strip_prefix("probity_controller_passes_total "))
-            .and_then(|v| v.trim().parse().ok())
-    };
-    let start = metrics_passes(metrics_port, &passes).await;
-    crate::cluster::poll_ready("five passes while paused", WAIT, || async {
-        let now = metrics_passes(metrics_port, &passes).await;
-        (now >= start + 5).then_some(())
-    })
-    .await;
+    five_more_passes(metrics_port, "five passes while paused").await;
     assert!(taints(&h.nodes().get("gpu-1").await.unwrap()).is_empty());
     let text = metrics_text(metrics_port).await;
     assert!(text.contains("probity_controller_paused 1"), "{text}");
@@ -596,17 +586,7 @@ async fn a_block_replayed_from_a_restored_backup_of_probitys_store_is_never_acte
         outcomes(s, "stale") == ["gpu-1"]
     })
     .await;
-    let passes = |text: &str| -> Option<u64> {
-        text.lines()
-            .find_map(|l| l.strip_prefix("probity_controller_passes_total "))
-            .and_then(|v| v.trim().parse().ok())
-    };
-    let start = metrics_passes(metrics_port, &passes).await;
-    crate::cluster::poll_ready("five passes answered the replay", WAIT, || async {
-        let now = metrics_passes(metrics_port, &passes).await;
-        (now >= start + 5).then_some(())
-    })
-    .await;
+    five_more_passes(metrics_port, "five passes answered the replay").await;
     let node = h.nodes().get("gpu-1").await.unwrap();
     assert!(taints(&node).is_empty(), "{:?}", taints(&node));
 
@@ -812,11 +792,24 @@ async fn metrics_text(port: u16) -> String {
     out
 }
 
-async fn metrics_passes(port: u16, passes: &impl Fn(&str) -> Option<u64>) -> u64 {
-    crate::cluster::poll_ready("the controller's metrics", WAIT, || async {
-        passes(&metrics_text(port).await)
+/// Waits until the controller serving metrics on `port` has made five more passes.
+async fn five_more_passes(port: u16, what: &str) {
+    let passes = |text: &str| -> Option<u64> {
+        text.lines()
+            .find_map(|l| l.strip_prefix("probity_controller_passes_total "))
+            .and_then(|v| v.trim().parse().ok())
+    };
+    let count = || async {
+        crate::cluster::poll_ready("the controller's metrics", WAIT, || async {
+            passes(&metrics_text(port).await)
+        })
+        .await
+    };
+    let start = count().await;
+    crate::cluster::poll_ready(what, WAIT, || async {
+        (count().await >= start + 5).then_some(())
     })
-    .await
+    .await;
 }
 
 /// A blocked node runs what tolerates Probity's taint (its own agents) and nothing else:
@@ -1397,17 +1390,7 @@ async fn a_zone_at_its_ceiling_loses_pods_up_to_the_windows_bound_in_the_policys
     );
 
     // The bound holds: passes go on, and nothing else leaves within the window.
-    let passes = |text: &str| -> Option<u64> {
-        text.lines()
-            .find_map(|l| l.strip_prefix("probity_controller_passes_total "))
-            .and_then(|v| v.trim().parse().ok())
-    };
-    let start = metrics_passes(metrics_port, &passes).await;
-    crate::cluster::poll_ready("five more passes", WAIT, || async {
-        let now = metrics_passes(metrics_port, &passes).await;
-        (now >= start + 5).then_some(())
-    })
-    .await;
+    five_more_passes(metrics_port, "five more passes").await;
     for name in ["low", "unranked", "elsewhere"] {
         assert!(!terminating(&pods.get(name).await.unwrap()), "{name}");
     }
@@ -1444,12 +1427,7 @@ async fn a_zone_at_its_ceiling_loses_pods_up_to_the_windows_bound_in_the_policys
         s["migrations"]["zone-hot"].is_null()
     })
     .await;
-    let start = metrics_passes(metrics_port, &passes).await;
-    crate::cluster::poll_ready("five more passes", WAIT, || async {
-        let now = metrics_passes(metrics_port, &passes).await;
-        (now >= start + 5).then_some(())
-    })
-    .await;
+    five_more_passes(metrics_port, "five more passes after the window").await;
     for name in ["low", "unranked", "elsewhere"] {
         assert!(!terminating(&pods.get(name).await.unwrap()), "{name}");
     }
