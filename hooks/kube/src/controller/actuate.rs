@@ -96,4 +96,15 @@ pub trait Actuator {
         reason: &str,
         dry_run: bool,
     ) -> impl Future<Output = Result<Outcome, Self::Error>> + Send;
+
+    /// The work that may be moved off `nodes` (a zone asked to `migrate`), each piece
+    /// with its rank in the policy's order, `order_key` (Kubernetes: the pod annotation
+    /// of that name); none a drain would leave (a DaemonSet's, a mirror pod, one
+    /// stopping). Moving a piece is [`Actuator::stop_pod`]: its owner starts it again
+    /// elsewhere, and the zone's facts decide where.
+    fn movable_work(
+        &self,
+        nodes: &[String],
+        order_key: &str,
+    ) -> impl Future<Output = Result<Vec<super::migrate::Candidate>, Self::Error>> + Send;
 }

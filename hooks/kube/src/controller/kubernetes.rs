@@ -509,4 +509,27 @@ impl Actuator for KubeActuator {
             Err(source) => Err(ControllerError::kube(what, source)),
         }
     }
+
+    async fn movable_work(
+        &self,
+        nodes: &[String],
+        order_key: &str,
+    ) -> Result<Vec<super::migrate::Candidate>, ControllerError> {
+        let pods: Api<Pod> = Api::all(self.client.clone());
+        let mut out = Vec::new();
+        for node in nodes {
+            let list = pods
+                .list(&ListParams::default().fields(&format!("spec.nodeName={node}")))
+                .await
+                .map_err(|e| {
+                    ControllerError::kube(format!("listing the pods on node {node}"), e)
+                })?;
+            out.extend(
+                list.items
+                    .into_iter()
+                    .filter_map(|pod| super::migrate::candidate(pod, node, order_key)),
+            );
+        }
+        Ok(out)
+    }
 }

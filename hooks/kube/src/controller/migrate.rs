@@ -23,7 +23,6 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, ListParams};
 use probity_base::error::chain as error_chain;
 use serde::{Deserialize, Serialize};
 
@@ -196,7 +195,7 @@ pub fn order(candidates: &mut [Candidate]) {
 
 /// A pod's candidate, unless a drain would leave it (a DaemonSet's, a mirror pod, one
 /// terminating).
-fn candidate(pod: Pod, node: &str, order_annotation: &str) -> Option<Candidate> {
+pub(super) fn candidate(pod: Pod, node: &str, order_annotation: &str) -> Option<Candidate> {
     let meta = &pod.metadata;
     let daemon = meta
         .owner_references
@@ -430,22 +429,7 @@ impl Controller {
             })
             .filter_map(|n| n.metadata.name.clone())
             .collect();
-        let pods: Api<Pod> = Api::all(self.client.clone());
-        let mut out = Vec::new();
-        for node in nodes {
-            let list = pods
-                .list(&ListParams::default().fields(&format!("spec.nodeName={node}")))
-                .await
-                .map_err(|e| {
-                    ControllerError::kube(format!("listing the pods on node {node}"), e)
-                })?;
-            out.extend(
-                list.items
-                    .into_iter()
-                    .filter_map(|pod| candidate(pod, &node, order_annotation)),
-            );
-        }
-        Ok(out)
+        self.actuator.movable_work(&nodes, order_annotation).await
     }
 }
 
