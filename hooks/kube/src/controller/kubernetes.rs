@@ -5,7 +5,7 @@
 //! carrying the `resourceVersion` it was computed from: a node someone else changed in
 //! between is read again, and their taints and cordon are written back exactly as found.
 
-use k8s_openapi::api::core::v1::{Node, Pod, Taint};
+use k8s_openapi::api::core::v1::{Node, ObjectReference, Pod, Taint};
 use kube::api::{
     Api, DeleteParams, EvictParams, ListParams, Patch, PatchParams, PostParams, Preconditions,
 };
@@ -164,6 +164,33 @@ impl KubeActuator {
     }
 
     async fn event(&self, node: &Node, type_: EventType, reason: &str, action: &str, note: String) {
+        self.publish(&node.object_ref(&()), type_, reason, action, note)
+            .await;
+    }
+
+    /// An Event on the pod a stop evicted or deleted, in its namespace: whoever looks at
+    /// the pod (or its owner, recreating it) sees why it went.
+    async fn pod_event(&self, pod: &PodRef, reason: &str, action: &str, note: String) {
+        let regarding = ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("Pod".into()),
+            namespace: Some(pod.namespace.clone()),
+            name: Some(pod.name.clone()),
+            uid: pod.uid.clone(),
+            ..ObjectReference::default()
+        };
+        self.publish(&regarding, EventType::Warning, reason, action, note)
+            .await;
+    }
+
+    async fn publish(
+        &self,
+        regarding: &ObjectReference,
+        type_: EventType,
+        reason: &str,
+        action: &str,
+        note: String,
+    ) {
         let event = Event {
             type_,
             reason: reason.into(),
@@ -171,10 +198,10 @@ impl KubeActuator {
             action: action.into(),
             secondary: None,
         };
-        // An Event is a courtesy to whoever looks at the node; the taint and the
+        // An Event is a courtesy to whoever looks at the object; the taint and the
         // controller's report are the record, so a refused Event is only logged.
-        if let Err(error) = self.recorder.publish(&event, &node.object_ref(&())).await {
-            tracing::warn!(node = node.metadata.name.as_deref().unwrap_or(""), %error, "publishing an Event failed");
+        if let Err(error) = self.recorder.publish(&event, regarding).await {
+            tracing::warn!(object = regarding.name.as_deref().unwrap_or(""), %error, "publishing an Event failed");
         }
     }
 
@@ -322,7 +349,11 @@ impl Actuator for KubeActuator {
             ..DeleteParams::default()
         };
         match pods.delete(&pod.name, &params).await {
-            Ok(_) => Ok(Outcome::Done),
+            Ok(_) => {
+                self.pod_event(pod, "ProbityDeleted", "Delete", reason.to_owned())
+                    .await;
+                Ok(Outcome::Done)
+            }
             Err(kube::Error::Api(status)) if matches!(status.code, 404 | 409) => {
                 Ok(Outcome::Unchanged)
             }
@@ -494,7 +525,13 @@ impl Actuator for KubeActuator {
         };
         let what = format!("evicting pod {}/{} ({reason})", pod.namespace, pod.name);
         match pods.evict(&pod.name, &params).await {
-            Ok(_) => Ok(Outcome::Done),
+            Ok(_) => {
+                if !dry_run {
+                    self.pod_event(pod, "ProbityEvicted", "Evict", reason.to_owned())
+                        .await;
+                }
+                Ok(Outcome::Done)
+            }
             // Gone, or another pod now has the name (the uid precondition failed): the
             // pod that read is not running any more.
             Err(kube::Error::Api(status)) if matches!(status.code, 404 | 409) => {

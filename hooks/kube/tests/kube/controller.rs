@@ -1126,6 +1126,15 @@ async fn a_failed_verified_read_taints_the_node_and_evicts_only_the_reading_pod(
         .unwrap();
     assert_eq!(stop["outcome"], "done", "{state}");
     assert_eq!(stop["detail"], "training/trainer-0 evicted", "{state}");
+    // Whoever looks at the pod sees why it went.
+    crate::cluster::poll_ready("the Event on trainer-0", WAIT, || async {
+        h.events("trainer-0")
+            .await
+            .iter()
+            .any(|(reason, _)| reason == "ProbityEvicted")
+            .then_some(())
+    })
+    .await;
     // The policy says `reader`: the other pod on the node keeps running.
     assert!(!terminating(&pods.get("bystander").await.unwrap()));
 

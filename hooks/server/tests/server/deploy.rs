@@ -1143,20 +1143,13 @@ fn workloads_but_the_controller_have_no_token_and_no_role() {
             );
         }
     }
-    // Every namespaced object is in the release's namespace, but the controller's Role
-    // for Events about Nodes (recorded in "default").
+    // Every namespaced object is in the release's namespace.
     for doc in &r.0 {
         let kind = doc["kind"].as_str().unwrap();
         if kind.ends_with("WebhookConfiguration") || kind.starts_with("Cluster") {
             continue;
         }
-        let events_role = format!("{CONTROLLER}-events-{NAMESPACE}");
-        let want = if doc["metadata"]["name"] == events_role.as_str() {
-            "default"
-        } else {
-            NAMESPACE
-        };
-        assert_eq!(doc["metadata"]["namespace"], want, "{kind}");
+        assert_eq!(doc["metadata"]["namespace"], NAMESPACE, "{kind}");
     }
 }
 
@@ -1415,8 +1408,9 @@ fn the_controller_is_bound_to_exactly_the_permissions_it_uses() {
         want.insert(grant("cluster", "", "pods", verb, ""));
     }
     want.insert(grant("cluster", "", "pods/eviction", "create", ""));
+    // Events about Nodes (in "default") and about the Pods it evicts (anywhere).
     for verb in ["create", "patch"] {
-        want.insert(grant("default", "events.k8s.io", "events", verb, ""));
+        want.insert(grant("cluster", "events.k8s.io", "events", verb, ""));
     }
     for (group, resource, name) in [
         ("coordination.k8s.io", "leases", CONTROLLER),
