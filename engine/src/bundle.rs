@@ -22,6 +22,7 @@ use crate::decision::Severity;
 use crate::diagnostic::SourceDiagnostic;
 use crate::error::LoadError;
 use crate::facts::FactOrigins;
+use crate::modes::{Mode, ModeConfig, ModeScope, PolicyModes, ScopedMode};
 use crate::plugin::PluginSet;
 use crate::settings::SettingsSchema;
 use crate::source::{Origin, SourceFile, Sources};
@@ -118,17 +119,32 @@ pub(crate) struct PolicyMeta {
     pub obligation: Option<ObligationSpec>,
     /// `@score("N")` of a permit policy: what its allow adds to the decision's score.
     pub score: i64,
-    /// `@required`, or the schema's `@block_policy`: no reload may drop it.
+    /// `@required`, or the schema's `@block_policy`: no reload may drop it, and it
+    /// always enforces.
     pub required: bool,
+    /// What its firing does (`@mode`, `[modes]` or a `[[mode_scope]]` of probity.toml).
+    pub mode: Mode,
+    /// The file that declared `mode` (a policy file, probity.toml), or `default`.
+    pub declared_in: String,
+    /// That file's path, when it has one (for its owner, when a reload lowers a mode).
+    pub declared_path: Option<std::path::PathBuf>,
 }
 
 /// A loaded, validated policy set.
 pub(crate) struct Bundle {
+    /// The policies that decide: every permit and the forbids that enforce.
     pub policies: PolicySet,
     /// For each action in the schema, only the policies whose action scope can match it.
     /// Cedar skips a policy whose scope fails anyway; slicing at load time spares every
     /// decision the walk over the other actions' policies.
     pub by_action: HashMap<EntityUid, PolicySet>,
+    /// The forbids in `warn` or `audit` mode: evaluated after the decision, with the
+    /// same entities, into its `warnings` and `audit`; empty in an all-enforcing set.
+    pub watched: PolicySet,
+    /// `watched` sliced per action, as `by_action`.
+    pub watched_by_action: HashMap<EntityUid, PolicySet>,
+    /// Each policy id's modes (its own and its scopes').
+    pub modes: BTreeMap<String, PolicyModes>,
     pub schema: Schema,
     pub meta: HashMap<PolicyId, Arc<PolicyMeta>>,
     /// Which facts the engine owns, from the schema's `@owned` annotations.
@@ -252,6 +268,13 @@ impl Bundle {
             }
         }
 
+        // `[modes]` and `[[mode_scope]]` of probity.toml: checked against the set here,
+        // applied once it validates.
+        let mode_config = ModeConfig::read(&sources.config)
+            .map_err(|found| problems.extend(found))
+            .unwrap_or_default();
+        apply_mode_overrides(&mode_config, &mut meta, &sources.config, &mut problems);
+
         // The blocklist's enforcement is not left to the files: the schema names its
         // policy, and a set without it (or with it as a permit) never loads.
         if let Some(block) = conventions.block_policy()
@@ -336,13 +359,48 @@ impl Bundle {
             }
         }
 
-        match (schema, descriptions, problems.is_empty()) {
-            (Some(schema), Some(descriptions), true) => {
-                let by_action = slice_by_action(&policies, &schema);
+        let arranged = match (&schema, problems.is_empty()) {
+            (Some(schema), true) => {
+                match arrange_modes(
+                    &policies,
+                    &meta,
+                    &mode_config.scopes,
+                    schema,
+                    &sources.config,
+                ) {
+                    Ok(arranged) => Some(arranged),
+                    Err(found) => {
+                        problems.extend(found);
+                        None
+                    }
+                }
+            }
+            _ => None,
+        };
+
+        match (schema, descriptions, arranged, problems.is_empty()) {
+            (Some(schema), Some(descriptions), Some(arranged), true) => {
+                let Arranged {
+                    enforcing,
+                    watched,
+                    meta,
+                    modes,
+                } = arranged;
+                let by_action = slice_by_action(&enforcing, &schema);
+                let watched_by_action = slice_by_action(&watched, &schema);
+                // A decision's slice holds what every policy it evaluates may name.
+                let mut all = enforcing.clone();
+                for p in watched.policies() {
+                    let _ = all.add(p.clone());
+                }
+                let all_by_action = slice_by_action(&all, &schema);
                 Ok(Self {
-                    literals: literals_by_action(&policies, &by_action),
+                    literals: literals_by_action(&all, &all_by_action),
                     by_action,
-                    all_literals: literals_of(&policies),
+                    watched,
+                    watched_by_action,
+                    modes,
+                    all_literals: literals_of(&all),
                     action_entities: action_entities(&schema),
                     blocklist: origins.blocklist.as_ref().and_then(|b| {
                         Some((crate::store::entity_type(&b.entity_type)?, b.attr.clone()))
@@ -350,7 +408,7 @@ impl Bundle {
                     origins,
                     descriptions,
                     conventions: Arc::new(conventions),
-                    policies,
+                    policies: enforcing,
                     schema,
                     meta,
                     settings,
@@ -366,7 +424,20 @@ impl Bundle {
     }
 
     pub fn policy_count(&self) -> usize {
-        self.meta.len()
+        self.modes.len()
+    }
+
+    /// The forbids in `warn` or `audit` mode that can apply to `action`, if any.
+    pub fn watched_for(&self, action: &EntityUid) -> Option<&PolicySet> {
+        if self.watched.is_empty() {
+            return None;
+        }
+        let set = if self.watched_by_action.is_empty() {
+            &self.watched
+        } else {
+            self.watched_by_action.get(action)?
+        };
+        (!set.is_empty()).then_some(set)
     }
 
     /// The policies that can apply to `action`: its slice, or the whole set for an
@@ -596,7 +667,7 @@ fn read_meta(
     };
     let required =
         annotation("required").is_some() || conventions.block_policy() == Some(id.as_str());
-    Ok(PolicyMeta {
+    let mut meta = PolicyMeta {
         id,
         forbid,
         severity,
@@ -604,7 +675,266 @@ fn read_meta(
         obligation,
         score,
         required,
-    })
+        mode: Mode::Enforce,
+        declared_in: if required { "required" } else { "default" }.to_owned(),
+        declared_path: None,
+    };
+    if let Some(text) = annotation("mode") {
+        let mode = text
+            .parse::<Mode>()
+            .map_err(|why| format!("@mode(\"{text}\"): {why}"))?;
+        meta.check_mode(mode)
+            .map_err(|why| format!("@mode(\"{text}\"): {why}"))?;
+        meta.mode = mode;
+        meta.declared_in = file.name.clone();
+        meta.declared_path = file.path.clone();
+    }
+    Ok(meta)
+}
+
+impl PolicyMeta {
+    /// Whether this policy may take `mode`: a permit grants, so only a forbid has a
+    /// mode other than `enforce`; a required policy always enforces.
+    fn check_mode(&self, mode: Mode) -> Result<(), String> {
+        if mode == Mode::Enforce {
+            return Ok(());
+        }
+        if !self.forbid {
+            return Err(format!(
+                "{} is a permit: a mode says what a forbid's firing does, and a permit only grants",
+                self.id
+            ));
+        }
+        if self.required {
+            return Err(format!(
+                "{} is required (@required, or the schema's @block_policy): it always enforces",
+                self.id
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// `[modes]` and the policies `[[mode_scope]]` names, checked against the set; the
+/// overrides applied to `meta`.
+fn apply_mode_overrides(
+    config: &ModeConfig,
+    meta: &mut HashMap<PolicyId, Arc<PolicyMeta>>,
+    file: &SourceFile,
+    problems: &mut Vec<SourceDiagnostic>,
+) {
+    for o in &config.overrides {
+        let Some(m) = meta.get_mut(&PolicyId::new(&o.policy)) else {
+            problems.push(*file.at(
+                o.span.clone(),
+                format!("modes.{}: the set has no policy with this @id", o.policy),
+            ));
+            continue;
+        };
+        if let Err(why) = m.check_mode(o.mode) {
+            problems.push(*file.at(o.span.clone(), format!("modes.{}: {why}", o.policy)));
+            continue;
+        }
+        let m = Arc::make_mut(m);
+        m.mode = o.mode;
+        m.declared_in = file.name.clone();
+        m.declared_path = file.path.clone();
+    }
+    for (i, scope) in config.scopes.iter().enumerate() {
+        let name = format!("mode_scope[{i}]");
+        let why = match meta.get(&PolicyId::new(&scope.policy)) {
+            None => Some(format!(
+                "the set has no policy with the @id {}",
+                scope.policy
+            )),
+            Some(m) if m.required => Some(format!(
+                "{} is required (@required, or the schema's @block_policy): it enforces everywhere, so it takes no scope",
+                m.id
+            )),
+            Some(m) => m.check_mode(scope.mode).err(),
+        };
+        if let Some(why) = why {
+            problems.push(*file.at(scope.span.clone(), format!("{name}: {why}")));
+        }
+    }
+}
+
+/// The set split by mode, scoped modes made policies of their own.
+struct Arranged {
+    enforcing: PolicySet,
+    watched: PolicySet,
+    meta: HashMap<PolicyId, Arc<PolicyMeta>>,
+    modes: BTreeMap<String, PolicyModes>,
+}
+
+/// Splits `policies` into the enforcing and the watched set; a policy with scopes
+/// becomes one policy per scope and one for the rest (see [`crate::modes`]), each
+/// validated strictly, a problem located at the scope's `when` in probity.toml.
+fn arrange_modes(
+    policies: &PolicySet,
+    meta: &HashMap<PolicyId, Arc<PolicyMeta>>,
+    scopes: &[ModeScope],
+    schema: &Schema,
+    config: &SourceFile,
+) -> Result<Arranged, Vec<SourceDiagnostic>> {
+    let mut problems = Vec::new();
+    let mut out = Arranged {
+        enforcing: PolicySet::new(),
+        watched: PolicySet::new(),
+        meta: HashMap::with_capacity(meta.len()),
+        modes: BTreeMap::new(),
+    };
+    // The conditions, parsed once: index in `scopes` -> the expression's JSON.
+    let mut conditions: Vec<Option<Value>> = Vec::with_capacity(scopes.len());
+    for (i, scope) in scopes.iter().enumerate() {
+        match scope_condition(&scope.when) {
+            Ok(c) => conditions.push(Some(c)),
+            Err(why) => {
+                problems.push(*config.at(
+                    scope.when_span.clone(),
+                    format!("mode_scope[{i}].when: {why}"),
+                ));
+                conditions.push(None);
+            }
+        }
+    }
+    if !problems.is_empty() {
+        return Err(problems);
+    }
+    let mut scoped_set = PolicySet::new();
+    // A scoped policy's id -> the index of the scope whose condition it holds last.
+    let mut scope_of: HashMap<PolicyId, usize> = HashMap::new();
+    let place = |out: &mut Arranged, policy: cedar_policy::Policy, m: Arc<PolicyMeta>| {
+        let set = if m.forbid && m.mode != Mode::Enforce {
+            &mut out.watched
+        } else {
+            &mut out.enforcing
+        };
+        let id = policy.id().clone();
+        // Ids are unique: the set's own, or the original's with a `#` suffix no @id has.
+        let _ = set.add(policy);
+        out.meta.insert(id, m);
+    };
+    for policy in policies.policies() {
+        let Some(m) = meta.get(policy.id()) else {
+            continue;
+        };
+        let mine: Vec<(usize, &ModeScope)> = scopes
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.policy == m.id)
+            .collect();
+        out.modes.insert(
+            m.id.clone(),
+            PolicyModes {
+                mode: m.mode,
+                declared_in: m.declared_in.clone(),
+                scoped: mine
+                    .iter()
+                    .map(|(_, s)| ScopedMode {
+                        when: s.when.clone(),
+                        mode: s.mode,
+                    })
+                    .collect(),
+            },
+        );
+        if mine.is_empty() {
+            place(&mut out, policy.clone(), Arc::clone(m));
+            continue;
+        }
+        let Ok(json) = policy.to_json() else {
+            continue;
+        };
+        let base: Vec<Value> = json
+            .get("conditions")
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default();
+        let mut unless: Vec<Value> = Vec::new();
+        let variants = mine
+            .iter()
+            .map(|(i, s)| (Some(*i), Some(*s)))
+            .chain(std::iter::once((None, None)));
+        for (index, scope) in variants {
+            let mut conds = base.clone();
+            conds.extend(unless.iter().cloned());
+            let (suffix, mode) = match (index, scope) {
+                (Some(i), Some(s)) => {
+                    let body = conditions.get(i).cloned().flatten().unwrap_or(Value::Null);
+                    conds.push(serde_json::json!({"kind": "when", "body": body.clone()}));
+                    unless.push(serde_json::json!({"kind": "unless", "body": body}));
+                    (format!("#scope{i}"), s.mode)
+                }
+                _ => ("#unscoped".to_owned(), m.mode),
+            };
+            let mut variant = json.clone();
+            if let Some(o) = variant.as_object_mut() {
+                o.insert("conditions".into(), Value::Array(conds));
+            }
+            let id = PolicyId::new(format!("{}{suffix}", m.id));
+            let at = index.or_else(|| mine.first().map(|(i, _)| *i)).unwrap_or(0);
+            match cedar_policy::Policy::from_json(Some(id.clone()), variant) {
+                Ok(p) => {
+                    let _ = scoped_set.add(p.clone());
+                    scope_of.insert(id, at);
+                    let mut vm = PolicyMeta::clone(m);
+                    vm.mode = mode;
+                    if index.is_some() {
+                        vm.declared_in = config.name.clone();
+                        vm.declared_path = config.path.clone();
+                    }
+                    place(&mut out, p, Arc::new(vm));
+                }
+                Err(e) => {
+                    if let Some(s) = scopes.get(at) {
+                        problems.push(
+                            *config.at(s.when_span.clone(), format!("mode_scope[{at}].when: {e}")),
+                        );
+                    }
+                }
+            }
+        }
+    }
+    if !scoped_set.is_empty() {
+        let result = Validator::new(schema.clone()).validate(&scoped_set, ValidationMode::Strict);
+        for err in result.validation_errors() {
+            let at = scope_of.get(err.policy_id()).copied().unwrap_or(0);
+            if let Some(s) = scopes.get(at) {
+                problems
+                    .push(*config.at(s.when_span.clone(), format!("mode_scope[{at}].when: {err}")));
+            }
+        }
+    }
+    if problems.is_empty() {
+        Ok(out)
+    } else {
+        problems.dedup_by(|a, b| a.message == b.message);
+        Err(problems)
+    }
+}
+
+/// A scope's `when` as the JSON of one Cedar expression.
+fn scope_condition(text: &str) -> Result<Value, String> {
+    let policy = cedar_policy::Policy::parse(
+        None,
+        format!("permit (principal, action, resource) when {{ {text} }};"),
+    )
+    .map_err(|e| format!("not a Cedar expression: {e}"))?;
+    let json = policy.to_json().map_err(|e| e.to_string())?;
+    match json
+        .get("conditions")
+        .and_then(Value::as_array)
+        .map(Vec::as_slice)
+    {
+        Some([only]) if only.get("kind").and_then(Value::as_str) == Some("when") => only
+            .get("body")
+            .cloned()
+            .ok_or_else(|| "not a Cedar expression".to_owned()),
+        _ => Err(
+            "not one Cedar expression (write the condition alone, as `when { ... }` holds it)"
+                .into(),
+        ),
+    }
 }
 
 /// A block obligation's `@param_stop` and `@param_taint_effect` say what the cluster

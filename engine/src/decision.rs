@@ -91,6 +91,25 @@ pub struct DecisionError {
     pub message: String,
 }
 
+/// A forbid in `warn` or `audit` mode that fired (see [`crate::Mode`]): what it would
+/// have refused, and what it would have had done. It changes nothing: the decision is
+/// made by the enforcing policies alone, and these obligations are never carried out.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Notice {
+    /// The policy's `@id`.
+    pub policy: String,
+    /// The policy's `@message`, filled.
+    pub message: String,
+    /// The policy's `@severity`.
+    pub severity: Severity,
+    /// What the policy would have imposed had it enforced: recorded, never done.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub obligations: Vec<Obligation>,
+    /// Set when the policy could not be evaluated (an enforcing one would have denied).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
 /// The engine's answer to a [`Request`](crate::Request).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Decision {
@@ -103,6 +122,13 @@ pub struct Decision {
     pub obligations: Vec<Obligation>,
     /// Errors met while deciding.
     pub errors: Vec<DecisionError>,
+    /// The forbids in `warn` mode that fired: the caller is told (admission answers
+    /// them as AdmissionReview `warnings`), and the decision is not changed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<Notice>,
+    /// The forbids in `audit` mode that fired: recorded only.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub audit: Vec<Notice>,
     /// How much the policies prefer this allow: the sum of the `@score` annotations of
     /// the permit policies that allowed it (0 on a deny, or when none has one). The
     /// scheduler extender ranks nodes by it.
@@ -132,6 +158,8 @@ impl Decision {
                 policy: None,
                 message: message.into(),
             }],
+            warnings: Vec::new(),
+            audit: Vec::new(),
             score: 0,
             unrecorded: false,
         }

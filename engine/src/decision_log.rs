@@ -434,9 +434,13 @@ fn finish(decisions: Vec<Decision>, outcome: Outcome) -> Vec<Decision> {
     }
 }
 
-/// Whether DESIGN's rule asks for a record: a deny, or any obligation.
+/// Whether DESIGN's rule asks for a record: a deny, any obligation, or a warn or audit
+/// policy that fired (what the reports and `policy impact` read).
 pub(crate) fn needs_record(d: &Decision) -> bool {
-    d.decision == Effect::Deny || !d.obligations.is_empty()
+    d.decision == Effect::Deny
+        || !d.obligations.is_empty()
+        || !d.warnings.is_empty()
+        || !d.audit.is_empty()
 }
 
 /// Submits the records `decisions` need (if any) to `log`.
@@ -514,6 +518,8 @@ mod tests {
             }],
             errors: Vec::new(),
             score: 3,
+            warnings: Vec::new(),
+            audit: Vec::new(),
             unrecorded: false,
         };
         let plain_allow = Decision {
@@ -575,6 +581,8 @@ mod tests {
             obligations: Vec::new(),
             errors: Vec::new(),
             score: 0,
+            warnings: Vec::new(),
+            audit: Vec::new(),
             unrecorded: false,
         }
     }

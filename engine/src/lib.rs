@@ -58,6 +58,7 @@ mod fanout;
 mod guard;
 pub mod integrity;
 pub mod keys;
+mod modes;
 mod plugin;
 /// For the fuzz target `plugins_toml`; not part of the API.
 #[cfg(feature = "fuzzing")]
@@ -88,17 +89,18 @@ pub use block::{
     BlockEvent, BlockRecord, ReaderPod, ReaderPodError, STOP_NODE, STOP_READER, TAINT_EFFECTS,
 };
 pub use conventions::{Conventions, PortProtocol, PortSet, Restrictions, VerifiedRead};
-pub use decision::{Decision, DecisionError, Effect, Obligation, Reason, Severity};
+pub use decision::{Decision, DecisionError, Effect, Notice, Obligation, Reason, Severity};
 pub use decision_log::Settled;
 pub use diagnostic::SourceDiagnostic;
 pub use engine::{DecideOptions, Engine, EngineBuilder, EntitiesByReference, PolicyStatus};
 pub use error::{EntityError, LoadError, RequestError, WatchError};
 pub use facts::EntityOwner;
 pub use fanout::DecisionCache;
+pub use modes::{Mode, ModeChange, PolicyModes, ScopedMode};
 pub use plugin::PluginInfo;
 /// For the plugin benchmark; not an API.
 #[cfg(feature = "bench-hooks")]
 pub use plugin::compile_uncached as __compile_plugin_uncached;
 pub use request::{EntityUid, Request};
 pub use settings::{SettingInfo, Settings, SettingsSchema};
-pub use watch::{ReloadEvent, ReloadOutcome, ReloadWatcher, Settle, Sleeper};
+pub use watch::{ReloadEvent, ReloadOutcome, ReloadTrigger, ReloadWatcher, Settle, Sleeper};

@@ -29,7 +29,8 @@
 //! may not claim). `reasons` and `obligations`, when given, must match exactly (as
 //! sets; an obligation's `parameters`, when given, must be exactly its `@param_*`s);
 //! `errors` (default `false`) says whether evaluation errors are expected; `score`
-//! (optional) is the decision's expected score.
+//! (optional) is the decision's expected score; `warnings` and `audit` (optional) are
+//! the ids of the `warn` and `audit` policies expected to fire, exactly.
 //! `policy` names the rule the file covers.
 
 use std::collections::BTreeSet;
@@ -93,6 +94,12 @@ struct Expect {
     /// The decision's score (the `@score`s of the permits that allowed it).
     #[serde(default)]
     score: Option<i64>,
+    /// The `warn` policies that fired, exactly (as a set).
+    #[serde(default)]
+    warnings: Option<BTreeSet<String>>,
+    /// The `audit` policies that fired, exactly (as a set).
+    #[serde(default)]
+    audit: Option<BTreeSet<String>>,
 }
 
 #[derive(Deserialize, Debug)]
@@ -326,6 +333,17 @@ fn check(d: &Decision, expect: &Expect) -> Result<(), String> {
         let got: BTreeSet<String> = d.reason_ids().map(str::to_owned).collect();
         if &got != want {
             problems.push(format!("reasons {got:?}, expected {want:?}"));
+        }
+    }
+    for (name, want, got) in [
+        ("warnings", &expect.warnings, &d.warnings),
+        ("audit", &expect.audit, &d.audit),
+    ] {
+        if let Some(want) = want {
+            let got: BTreeSet<String> = got.iter().map(|n| n.policy.clone()).collect();
+            if &got != want {
+                problems.push(format!("{name} {got:?}, expected {want:?}"));
+            }
         }
     }
     if let Some(want) = &expect.obligations {

@@ -83,6 +83,26 @@ pub enum ReloadOutcome {
     Rejected,
 }
 
+/// What started a reload attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ReloadTrigger {
+    /// The watcher saw the policy files change ([`Engine::watch`]).
+    FileWatch,
+    /// A host asked: [`Engine::reload`] or [`Engine::reload_when_settled`] (a signal,
+    /// an administrative call).
+    Call,
+}
+
+impl std::fmt::Display for ReloadTrigger {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            ReloadTrigger::FileWatch => "the policy files changed (file watch)",
+            ReloadTrigger::Call => "a reload asked by the host",
+        })
+    }
+}
+
 /// One reload attempt, as [`Engine::reload_events`] reports it.
 #[derive(Debug, Clone)]
 pub struct ReloadEvent {
@@ -104,6 +124,12 @@ pub struct ReloadEvent {
     pub rounds: u32,
     /// When it ended, by the engine's clock, in Unix milliseconds.
     pub at_unix_ms: u64,
+    /// What started it.
+    pub trigger: ReloadTrigger,
+    /// The policies whose mode the new set lowers (enforce to warn or audit, warn to
+    /// audit), each also recorded in the event log (kind `policy-mode-lowered`) when a
+    /// state store is attached. Hosts log these at warning level.
+    pub lowered: Vec<crate::modes::ModeChange>,
 }
 
 /// The receivers of [`Engine::reload_events`].
@@ -284,6 +310,14 @@ impl Engine {
     /// [`Engine::reload_events`]. What the watcher calls after each burst of changes;
     /// a host that reloads on a signal should call it too.
     pub fn reload_when_settled(&self, settle: &Settle) -> Result<(), Arc<LoadError>> {
+        self.settled_reload(settle, ReloadTrigger::Call)
+    }
+
+    fn settled_reload(
+        &self,
+        settle: &Settle,
+        trigger: ReloadTrigger,
+    ) -> Result<(), Arc<LoadError>> {
         let started = Instant::now();
         let before = self.live_digest();
         let mut last_changed = PathBuf::new();
@@ -298,7 +332,7 @@ impl Engine {
             match changed(&first, &second) {
                 None => {
                     let result = prepared.and_then(|bundle| self.commit_reload(bundle));
-                    return self.finish_reload(started, before, round, result);
+                    return self.finish_reload(started, before, round, trigger, result);
                 }
                 Some(path) => last_changed = path,
             }
@@ -308,6 +342,7 @@ impl Engine {
             started,
             before,
             settle.max_rounds,
+            trigger,
             Err(LoadError::Unsettled {
                 rounds: settle.max_rounds,
                 debounce_ms,
@@ -437,7 +472,7 @@ impl Engine {
                     }
                     // The outcome is kept in the engine (last_error, status) and sent to
                     // the reload event subscribers.
-                    let _ = engine.reload_when_settled(&settle);
+                    let _ = engine.settled_reload(&settle, ReloadTrigger::FileWatch);
                 }
             })
             .map_err(|source| WatchError::Notify {
@@ -535,6 +570,7 @@ impl Engine {
             Instant::now(),
             before,
             0,
+            ReloadTrigger::FileWatch,
             Err(LoadError::StillOpen { path, waited_ms }),
         );
     }

@@ -13,9 +13,10 @@ use super::Engine;
 use super::entities::check_claimed_block;
 use super::snapshot::Snapshot;
 use crate::bundle::{MessagePart, MessageTemplate, PolicyMeta, TargetPath, TargetRoot};
-use crate::decision::{Decision, DecisionError, Effect, Obligation, Reason};
+use crate::decision::{Decision, DecisionError, Effect, Notice, Obligation, Reason};
 use crate::decision_log::{self, Settled};
 use crate::facts::ContextOwner;
+use crate::modes::Mode;
 use crate::plugin::PluginEntities;
 use crate::request::{EntityUid, Request};
 use crate::store::{self, Stored};
@@ -418,19 +419,7 @@ impl Engine {
         let obligations = determining
             .iter()
             .filter(|(_, fired)| *fired)
-            .filter_map(|(m, _)| {
-                let spec = m.obligation.as_ref()?;
-                Some(Obligation {
-                    kind: spec.kind.clone(),
-                    target: spec.target.as_ref().and_then(|t| facts.target(t)),
-                    parameters: spec
-                        .parameters
-                        .iter()
-                        .map(|(k, v)| (k.clone(), facts.render(v)))
-                        .collect(),
-                    policy: m.id.clone(),
-                })
-            })
+            .filter_map(|(m, _)| facts.obligation(m))
             .collect();
         let score = if decision == Effect::Allow {
             determining
@@ -440,7 +429,13 @@ impl Engine {
         } else {
             0
         };
+        let (warnings, audit) = match bundle.watched_for(&request.action.0) {
+            None => (Vec::new(), Vec::new()),
+            Some(watched) => self.notices(bundle, watched, &cedar_request, &entities, &facts),
+        };
         let cedar = Decision {
+            warnings,
+            audit,
             score,
             unrecorded: false,
             decision,
@@ -495,6 +490,70 @@ impl Engine {
         }
     }
 
+    /// The watched forbids (`warn` and `audit` mode) that fire on the request a
+    /// decision was made for, with the same entities: each becomes a [`Notice`] in the
+    /// list of its mode, with the obligations it would have imposed. A watched forbid
+    /// that cannot be evaluated is a notice saying so (an enforcing one would deny).
+    fn notices(
+        &self,
+        bundle: &crate::bundle::Bundle,
+        watched: &cedar_policy::PolicySet,
+        cedar_request: &cedar_policy::Request,
+        entities: &Entities,
+        facts: &Facts<'_>,
+    ) -> (Vec<Notice>, Vec<Notice>) {
+        let response = self
+            .shared
+            .authorizer
+            .is_authorized(cedar_request, watched, entities);
+        let mut warnings = Vec::new();
+        let mut audit = Vec::new();
+        let mut push = |m: &PolicyMeta, notice: Notice| match m.mode {
+            Mode::Warn => warnings.push(notice),
+            Mode::Audit => audit.push(notice),
+            Mode::Enforce => {}
+        };
+        for id in response.diagnostics().reason() {
+            let Some(m) = bundle.meta.get(id) else {
+                continue;
+            };
+            push(
+                m,
+                Notice {
+                    policy: m.id.clone(),
+                    message: facts.render(&m.message),
+                    severity: m.severity,
+                    obligations: facts.obligation(m).into_iter().collect(),
+                    error: None,
+                },
+            );
+        }
+        for err in response.diagnostics().errors() {
+            let cedar_policy::AuthorizationError::PolicyEvaluationError(err) = err;
+            let Some(m) = bundle.meta.get(err.policy_id()) else {
+                continue;
+            };
+            push(
+                m,
+                Notice {
+                    policy: m.id.clone(),
+                    message: facts.render(&m.message),
+                    severity: m.severity,
+                    obligations: Vec::new(),
+                    error: Some(err.inner().to_string()),
+                },
+            );
+        }
+        let order = |a: &Notice, b: &Notice| {
+            b.severity
+                .cmp(&a.severity)
+                .then_with(|| a.policy.cmp(&b.policy))
+        };
+        warnings.sort_by(order);
+        audit.sort_by(order);
+        (warnings, audit)
+    }
+
     /// Runs one plugin of the live set alone on `request`, as `decide` would call it,
     /// without Cedar: `None` if no plugin has that name. For benchmarks and debugging;
     /// not a stable API.
@@ -508,6 +567,8 @@ impl Engine {
             obligations: Vec::new(),
             errors: Vec::new(),
             score: 0,
+            warnings: Vec::new(),
+            audit: Vec::new(),
             unrecorded: false,
         };
         Some(crate::plugin::combine(
@@ -576,6 +637,21 @@ pub(super) struct Facts<'a> {
 }
 
 impl Facts<'_> {
+    /// The obligation `policy` imposes on this request, if it has one.
+    pub(super) fn obligation(&self, policy: &PolicyMeta) -> Option<Obligation> {
+        let spec = policy.obligation.as_ref()?;
+        Some(Obligation {
+            kind: spec.kind.clone(),
+            target: spec.target.as_ref().and_then(|t| self.target(t)),
+            parameters: spec
+                .parameters
+                .iter()
+                .map(|(k, v)| (k.clone(), self.render(v)))
+                .collect(),
+            policy: policy.id.clone(),
+        })
+    }
+
     /// Follows a `@target` path through entity-valued attributes.
     pub(super) fn target(&self, path: &TargetPath) -> Option<String> {
         let mut uid = match path.root {

@@ -11,11 +11,12 @@ use super::snapshot::{Working, owned_cache};
 use crate::bundle::Bundle;
 use crate::error::{EntityError, LoadError};
 use crate::facts::EntityOwner;
+use crate::modes::{ModeChange, PolicyModes};
 use crate::plugin::PluginInfo;
 use crate::policy_seal::{self, LoadedSeal, SealInfo, Sealing};
 use crate::source::Origin;
 use crate::state::SharedState;
-use crate::watch::{ReloadEvent, ReloadOutcome};
+use crate::watch::{ReloadEvent, ReloadOutcome, ReloadTrigger};
 
 /// The state of the loaded policy set, for status endpoints and `probity check`.
 #[derive(Debug, Clone, serde::Serialize)]
@@ -59,7 +60,7 @@ impl Engine {
         let result = self
             .prepare_reload()
             .and_then(|bundle| self.commit_reload(bundle));
-        self.finish_reload(started, before, 1, result)
+        self.finish_reload(started, before, 1, ReloadTrigger::Call, result)
     }
 
     /// Subscribes to reloads: every reload attempt from now on (by the watcher or
@@ -95,12 +96,18 @@ impl Engine {
         .map(Arc::new)
     }
 
-    /// Swaps `bundle` in; whether it differed from the live set. In sealed mode the seal
+    /// Swaps `bundle` in: `None` when it is the live set, else the modes it lowers
+    /// (see [`ReloadEvent::lowered`]). In sealed mode the seal
     /// is judged again against the live one (another reload may have won the race) and
     /// made durable in the attached state store before the set goes live.
-    pub(crate) fn commit_reload(&self, bundle: Arc<Bundle>) -> Result<bool, LoadError> {
+    pub(crate) fn commit_reload(
+        &self,
+        bundle: Arc<Bundle>,
+    ) -> Result<Option<Vec<ModeChange>>, LoadError> {
         let refusal: Arc<Mutex<Option<LoadError>>> = Arc::new(Mutex::new(None));
         let stash = Arc::clone(&refusal);
+        let lowered: Arc<Mutex<Vec<ModeChange>>> = Arc::new(Mutex::new(Vec::new()));
+        let lowered_stash = Arc::clone(&lowered);
         let state = self.shared.state.get().cloned();
         let dir = self
             .shared
@@ -160,6 +167,8 @@ impl Engine {
                     });
                 }
             }
+            *lowered_stash.lock().unwrap_or_else(PoisonError::into_inner) =
+                lowered_modes(&w.bundle, &bundle);
             // The configuration's entities go with the set that made them.
             let stale: Vec<EntityUID> = w
                 .store
@@ -182,7 +191,10 @@ impl Engine {
             Ok(1)
         }));
         match result {
-            Ok(n) => Ok(n == 1),
+            Ok(0) => Ok(None),
+            Ok(_) => Ok(Some(std::mem::take(
+                &mut *lowered.lock().unwrap_or_else(PoisonError::into_inner),
+            ))),
             Err(e) => Err(refusal
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
@@ -205,16 +217,20 @@ impl Engine {
         started: std::time::Instant,
         before: String,
         rounds: u32,
-        result: Result<bool, LoadError>,
+        trigger: ReloadTrigger,
+        result: Result<Option<Vec<ModeChange>>, LoadError>,
     ) -> Result<(), Arc<LoadError>> {
+        let mut lowered = Vec::new();
         let (outcome, error, returned) = match result {
             Ok(changed) => {
                 self.shared.last_error.store(None);
                 self.shared.reloads.fetch_add(1, Ordering::Relaxed);
-                let outcome = if changed {
-                    ReloadOutcome::Loaded
-                } else {
-                    ReloadOutcome::Unchanged
+                let outcome = match changed {
+                    Some(changes) => {
+                        lowered = changes;
+                        ReloadOutcome::Loaded
+                    }
+                    None => ReloadOutcome::Unchanged,
                 };
                 (outcome, None, Ok(()))
             }
@@ -225,6 +241,16 @@ impl Engine {
                 (ReloadOutcome::Rejected, Some(Arc::clone(&e)), Err(e))
             }
         };
+        // A lowered mode is never silent: it goes to the event log (and, through the
+        // reload event, to the host's log at warning level).
+        if let Some(log) = self.log() {
+            for change in &lowered {
+                let detail = format!("{change}; trigger: {trigger}");
+                // The reload already happened; a failed record is left to the host's
+                // log, which the event below reaches either way.
+                let _ = log.record_event(&change.policy, None, LOWERED_EVENT, &detail);
+            }
+        }
         let live = self.shared.current.load();
         self.shared.reload_events.publish(ReloadEvent {
             seq: 0,
@@ -236,6 +262,8 @@ impl Engine {
             duration: started.elapsed(),
             rounds,
             at_unix_ms: self.shared.clock.now_unix_ms(),
+            trigger,
+            lowered,
         });
         returned
     }
@@ -276,8 +304,46 @@ impl Engine {
             .map(|m| (m.id.clone(), m.forbid))
             .collect();
         ids.sort();
+        ids.dedup();
         ids
     }
+
+    /// Each policy of the live set with its modes: its own (`enforce` unless `@mode`
+    /// or probity.toml's `[modes]` say otherwise) and its scoped ones.
+    pub fn policy_modes(&self) -> std::collections::BTreeMap<String, PolicyModes> {
+        self.shared.current.load().bundle.modes.clone()
+    }
+}
+
+/// The event log's kind for a reload that lowered a policy's mode.
+pub(crate) const LOWERED_EVENT: &str = "policy-mode-lowered";
+
+/// The modes `after` lowers against `before`, per policy present in both.
+fn lowered_modes(before: &Bundle, after: &Bundle) -> Vec<ModeChange> {
+    let mut out = Vec::new();
+    for (id, now) in &after.modes {
+        let Some(was) = before.modes.get(id) else {
+            continue;
+        };
+        for (scope, from, to) in now.lowered_from(was) {
+            // The file that declares the new mode: a scope's is probity.toml.
+            let (declared_in, path) = after
+                .meta
+                .values()
+                .find(|m| &m.id == id && m.mode == to)
+                .map(|m| (m.declared_in.clone(), m.declared_path.clone()))
+                .unwrap_or_else(|| (now.declared_in.clone(), None));
+            out.push(ModeChange {
+                policy: id.clone(),
+                scope,
+                from,
+                to,
+                owner: path.as_deref().and_then(crate::modes::file_owner),
+                declared_in,
+            });
+        }
+    }
+    out
 }
 
 /// Reads the set from `origin`, checks it against its seal in sealed mode (before

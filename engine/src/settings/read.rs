@@ -383,6 +383,10 @@ pub(super) fn unclaimed(
         return Ok(());
     };
     for (key, child) in t.iter() {
+        // Policy modes are read by `crate::modes`, not through the schema.
+        if at.is_empty() && crate::modes::MODE_TABLES.contains(&key.get_ref().as_ref()) {
+            continue;
+        }
         at.push(key.get_ref().to_string());
         if !claimed.iter().any(|c| c == at) {
             let is_prefix = claimed.iter().any(|c| c.starts_with(at));

@@ -16,6 +16,7 @@ mod engine;
 mod facts;
 mod fanout;
 mod integrity;
+mod modes;
 mod plugins;
 mod read_guard;
 pub mod reload;
