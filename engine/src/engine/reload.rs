@@ -42,6 +42,9 @@ pub struct PolicyStatus {
     /// The seal the live set was checked against, in sealed mode.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub seal: Option<SealInfo>,
+    /// The policies not plainly enforcing: a `warn` or `audit` mode, or scoped modes.
+    #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub modes: std::collections::BTreeMap<String, PolicyModes>,
 }
 
 impl Engine {
@@ -291,6 +294,12 @@ impl Engine {
             entities: current.store.len(),
             plugins: b.plugins.infos(),
             seal: b.seal.as_ref().map(|s| s.info.clone()),
+            modes: b
+                .modes
+                .iter()
+                .filter(|(_, m)| m.mode != crate::modes::Mode::Enforce || !m.scoped.is_empty())
+                .map(|(id, m)| (id.clone(), m.clone()))
+                .collect(),
         }
     }
 

@@ -242,6 +242,8 @@ mod tests {
                 .collect(),
             errors: vec![],
             score: 0,
+            warnings: Vec::new(),
+            audit: Vec::new(),
             unrecorded: false,
         }
     }

@@ -586,6 +586,16 @@ fn check(dir: &Path, files: &SchemaConfig, sealed: Option<&Path>) -> Result<u8> 
             seal.name, seal.version, seal.digest, seal.key_id
         ))?;
     }
+    // What does not plainly enforce is said, so that a rollout is never forgotten.
+    for (policy, modes) in &status.modes {
+        out::line(format_args!(
+            "mode {policy}: {} ({})",
+            modes.mode, modes.declared_in
+        ))?;
+        for scoped in &modes.scoped {
+            out::line(format_args!("  {} where {}", scoped.mode, scoped.when))?;
+        }
+    }
     for p in &status.plugins {
         out::line(format_args!(
             "plugin {} {} for {} ({}, {} ms, {} MiB)",

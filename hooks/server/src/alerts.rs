@@ -322,6 +322,8 @@ mod tests {
                 obligations,
                 errors: vec![],
                 score: 0,
+                warnings: Vec::new(),
+                audit: Vec::new(),
                 unrecorded: false,
             },
         }

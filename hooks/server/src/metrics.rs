@@ -58,11 +58,29 @@ pub(crate) struct Metrics {
     unrecorded: AtomicU64,
     /// policy -> decisions it determined, [allow, deny]. Read-locked on the hot path.
     by_policy: RwLock<HashMap<String, [AtomicU64; 2]>>,
+    /// policy -> times it fired without enforcing, [warn, audit].
+    findings: RwLock<HashMap<String, [AtomicU64; 2]>>,
     /// (endpoint, allowed) -> admission reviews answered.
     reviews: Mutex<BTreeMap<(&'static str, bool), u64>>,
     /// route -> request latency and responses by status class.
     routes: RwLock<HashMap<String, RouteStats>>,
     decide_latency: Histogram,
+}
+
+/// Adds one to `policy`'s counter `index` in `map`, read-locked unless the policy is new.
+fn count(map: &RwLock<HashMap<String, [AtomicU64; 2]>>, policy: &str, index: usize) {
+    let read = map.read().unwrap_or_else(PoisonError::into_inner);
+    if let Some(counts) = read.get(policy) {
+        if let Some(c) = counts.get(index) {
+            c.fetch_add(1, Ordering::Relaxed);
+        }
+        return;
+    }
+    drop(read);
+    let mut write = map.write().unwrap_or_else(PoisonError::into_inner);
+    if let Some(c) = write.entry(policy.to_owned()).or_default().get(index) {
+        c.fetch_add(1, Ordering::Relaxed);
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -86,24 +104,13 @@ impl Metrics {
             self.unrecorded.fetch_add(1, Ordering::Relaxed);
         }
         for r in &d.reasons {
-            let read = self
-                .by_policy
-                .read()
-                .unwrap_or_else(PoisonError::into_inner);
-            if let Some(counts) = read.get(&r.policy) {
-                if let Some(c) = counts.get(index) {
-                    c.fetch_add(1, Ordering::Relaxed);
-                }
-            } else {
-                drop(read);
-                let mut write = self
-                    .by_policy
-                    .write()
-                    .unwrap_or_else(PoisonError::into_inner);
-                if let Some(c) = write.entry(r.policy.clone()).or_default().get(index) {
-                    c.fetch_add(1, Ordering::Relaxed);
-                }
-            }
+            count(&self.by_policy, &r.policy, index);
+        }
+        for n in &d.warnings {
+            count(&self.findings, &n.policy, 0);
+        }
+        for n in &d.audit {
+            count(&self.findings, &n.policy, 1);
         }
     }
 
@@ -177,6 +184,55 @@ impl Metrics {
                     );
                 }
             }
+        }
+        w.family(
+            "probity_policy_findings_total",
+            Kind::Counter,
+            "Times a policy in warn or audit mode fired (what it would have refused), by mode and policy.",
+        );
+        let findings: BTreeMap<String, [u64; 2]> = self
+            .findings
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .map(|(p, [w, a])| {
+                (
+                    p.clone(),
+                    [w.load(Ordering::Relaxed), a.load(Ordering::Relaxed)],
+                )
+            })
+            .collect();
+        for (policy, counts) in &findings {
+            for (mode, n) in ["warn", "audit"].iter().zip(counts) {
+                if *n > 0 {
+                    w.sample(
+                        "probity_policy_findings_total",
+                        &[("mode", mode), ("policy", policy)],
+                        n,
+                    );
+                }
+            }
+        }
+        w.family(
+            "probity_policy_mode",
+            Kind::Gauge,
+            "1 for each policy not plainly enforcing, labelled with its mode where no scope applies (a scoped policy also has scoped=\"true\").",
+        );
+        for (policy, modes) in &status.modes {
+            let scoped = if modes.scoped.is_empty() {
+                "false"
+            } else {
+                "true"
+            };
+            w.sample(
+                "probity_policy_mode",
+                &[
+                    ("mode", modes.mode.as_str()),
+                    ("policy", policy),
+                    ("scoped", scoped),
+                ],
+                1,
+            );
         }
         w.family(
             "probity_admission_reviews_total",

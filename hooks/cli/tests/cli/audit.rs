@@ -27,6 +27,8 @@ fn decision(effect: Effect, policy: &str, target: Option<&str>) -> Decision {
             .collect(),
         errors: Vec::new(),
         score: 0,
+        warnings: Vec::new(),
+        audit: Vec::new(),
         unrecorded: false,
     }
 }

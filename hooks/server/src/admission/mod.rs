@@ -109,6 +109,9 @@ struct Answer {
     message: Option<String>,
     code: u16,
     warnings: Vec<String>,
+    /// What `audit` policies found, by policy: the apiserver keeps these in its audit
+    /// log under the webhook's name (`<webhook>/<policy id>`).
+    audit_annotations: std::collections::BTreeMap<String, String>,
     patch: Option<Vec<Value>>,
     /// What the policies refused, one entry per decision (for comparing an UPDATE's
     /// object with its old object).
@@ -116,6 +119,27 @@ struct Answer {
 }
 
 impl Answer {
+    /// Adds what `decision`'s `warn` and `audit` policies found about `what` (one of
+    /// the review's decisions): a warning each, and an audit annotation per policy.
+    fn notices(&mut self, decision: &probity::Decision, what: &str) {
+        for n in &decision.warnings {
+            self.warnings.push(format!(
+                "probity: {what}: {} ({}, warn mode)",
+                n.message, n.policy
+            ));
+        }
+        for n in &decision.audit {
+            let value = format!("{what}: {}", n.message);
+            self.audit_annotations
+                .entry(audit_key(&n.policy))
+                .and_modify(|v| {
+                    v.push_str(" | ");
+                    v.push_str(&value);
+                })
+                .or_insert(value);
+        }
+    }
+
     fn allow(uid: &str) -> Self {
         Self {
             uid: uid.to_owned(),
@@ -123,6 +147,7 @@ impl Answer {
             message: None,
             code: 200,
             warnings: Vec::new(),
+            audit_annotations: std::collections::BTreeMap::new(),
             patch: None,
             denials: Vec::new(),
         }
@@ -151,6 +176,9 @@ impl Answer {
         if !self.warnings.is_empty() {
             response.insert("warnings".into(), json!(self.warnings));
         }
+        if !self.audit_annotations.is_empty() {
+            response.insert("auditAnnotations".into(), json!(self.audit_annotations));
+        }
         if let Some(patch) = self.patch.filter(|p| !p.is_empty()) {
             let bytes = serde_json::to_vec(&patch).unwrap_or_default();
             response.insert("patchType".into(), Value::String("JSONPatch".into()));
@@ -160,6 +188,29 @@ impl Answer {
             );
         }
         json!({"apiVersion": API_VERSION, "kind": "AdmissionReview", "response": response})
+    }
+}
+
+/// A policy id as an audit annotation key: the apiserver prefixes it with the webhook's
+/// name, and the result must be a qualified name (at most 63 characters of letters,
+/// digits, `-`, `_` and `.`, beginning and ending with a letter or digit).
+pub(crate) fn audit_key(policy: &str) -> String {
+    let mapped: String = policy
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.') {
+                c
+            } else {
+                '-'
+            }
+        })
+        .take(63)
+        .collect();
+    let trimmed = mapped.trim_matches(|c: char| !c.is_ascii_alphanumeric());
+    if trimmed.is_empty() {
+        "policy".to_owned()
+    } else {
+        trimmed.to_owned()
     }
 }
 
@@ -335,4 +386,23 @@ fn owned_by_daemon_set(pod: &Value) -> bool {
                     && o.get("controller").and_then(Value::as_bool) == Some(true)
             })
         })
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::audit_key;
+
+    #[test]
+    fn audit_keys_are_qualified_names_whatever_the_policy_id() {
+        assert_eq!(
+            audit_key("placement.driver-drift"),
+            "placement.driver-drift"
+        );
+        assert_eq!(audit_key("a b/c"), "a-b-c");
+        assert_eq!(audit_key("-x-"), "x");
+        assert_eq!(audit_key("/"), "policy");
+        let long = audit_key(&"p".repeat(100));
+        assert_eq!(long.len(), 63);
+    }
 }

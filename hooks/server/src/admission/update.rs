@@ -61,6 +61,7 @@ pub(super) fn judge_update(
     if now.denials.iter().all(|d| before.denials.contains(d)) {
         let mut a = Answer::allow(uid);
         a.warnings = now.warnings;
+        a.audit_annotations = now.audit_annotations;
         a.warnings.extend(now.denials.iter().map(|d| {
             format!("probity: already refused before this update, not introduced by it: {d}")
         }));

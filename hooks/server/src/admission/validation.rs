@@ -41,7 +41,10 @@ pub(super) fn validate_workload(
     };
     let mut warnings = Vec::new();
     let mut denials: Vec<String> = Vec::new();
+    // What `warn` and `audit` policies found, whatever the decision.
+    let mut found = Answer::allow(uid);
     let mut note = |d: &Decision, what: &str, warnings: &mut Vec<String>| {
+        found.notices(d, what);
         if d.is_allowed() {
             for o in &d.obligations {
                 warnings.push(format!(
@@ -117,9 +120,12 @@ pub(super) fn validate_workload(
             Err(e) => return Answer::deny(uid, 400, e),
         }
     }
+    warnings.append(&mut found.warnings);
+    let audit_annotations = found.audit_annotations;
     if denials.is_empty() {
         let mut a = Answer::allow(uid);
         a.warnings = warnings;
+        a.audit_annotations = audit_annotations;
         a
     } else {
         let mut a = Answer::deny(
@@ -128,6 +134,7 @@ pub(super) fn validate_workload(
             format!("probity denied {}: {}", w.name, denials.join(" | ")),
         );
         a.warnings = warnings;
+        a.audit_annotations = audit_annotations;
         a.denials = denials;
         a
     }

@@ -36,6 +36,18 @@ fn log_reloads(engine: &Engine) {
         .spawn(move || {
             // Ends when the engine, and with it the sender, is dropped.
             for e in events {
+                for change in &e.lowered {
+                    tracing::warn!(
+                        policy = %change.policy,
+                        from = %change.from,
+                        to = %change.to,
+                        scope = change.scope.as_deref().unwrap_or(""),
+                        declared_in = %change.declared_in,
+                        owner = change.owner.as_deref().unwrap_or("unknown"),
+                        trigger = %e.trigger,
+                        "a policy's mode was lowered: it no longer denies what it did"
+                    );
+                }
                 let seal = e
                     .seal
                     .as_ref()

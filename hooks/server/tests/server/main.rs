@@ -16,6 +16,7 @@ mod api;
 mod deploy;
 mod disk_full;
 mod keys;
+mod modes;
 mod net;
 mod placement;
 mod routes;
