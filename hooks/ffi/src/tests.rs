@@ -196,6 +196,35 @@ fn a_bad_policy_directory_is_a_policy_error_that_names_the_file() {
     assert!(last_error().contains("broken.cedar"), "{}", last_error());
 }
 
+#[test]
+fn an_audit_policy_allows_through_the_c_abi_and_keeps_its_obligation_apart() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = concat!(env!("CARGO_MANIFEST_DIR"), "/../../policies");
+    copy_dir(std::path::Path::new(src), tmp.path());
+    let config = tmp.path().join("probity.toml");
+    let mut text = std::fs::read_to_string(&config).unwrap();
+    text.push_str("\n[modes]\n\"thermal.zone-power-ceiling\" = \"audit\"\n");
+    std::fs::write(&config, text).unwrap();
+    let e = open(Some(tmp.path().to_str().unwrap()), None);
+    let cluster = std::fs::read(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../testdata/entities/cluster.json"
+    ))
+    .unwrap();
+    let mut n = 0;
+    // SAFETY: a live slice and a local out parameter.
+    let status = unsafe { probity_upsert_entities(e, cluster.as_ptr(), cluster.len(), &mut n) };
+    assert_eq!(status, ProbityStatus::Ok, "{}", last_error());
+    let (status, d) = decide(e, HOT, 0);
+    assert_eq!(status, ProbityStatus::Ok);
+    let d = d.unwrap();
+    assert_eq!(d["decision"], "allow", "{d}");
+    assert_eq!(d["obligations"], serde_json::json!([]), "{d}");
+    assert_eq!(d["audit"][0]["policy"], "thermal.zone-power-ceiling", "{d}");
+    assert_eq!(d["audit"][0]["obligations"][0]["kind"], "migrate", "{d}");
+    assert_eq!(probity_engine_close(e), ProbityStatus::Ok);
+}
+
 fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
     for entry in std::fs::read_dir(from).unwrap() {
         let entry = entry.unwrap();

@@ -1264,3 +1264,43 @@ fn a_threshold_added_by_schema_toml_and_policy_is_honoured_by_eval_and_check() {
         "{err}"
     );
 }
+
+#[test]
+fn eval_shows_an_audit_policys_finding_and_allows_and_check_lists_the_mode() {
+    let dir = copy_policies();
+    let config = dir.path().join("probity.toml");
+    let mut text_config = std::fs::read_to_string(&config).unwrap();
+    text_config.push_str("\n[modes]\n\"thermal.zone-power-ceiling\" = \"audit\"\n");
+    std::fs::write(&config, text_config).unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let req = tmp.path().join("req.json");
+    std::fs::write(&req, r#"{"principal": "Workload::\"train-1\"", "action": "schedule", "resource": "Node::\"gpu-hot1\""}"#).unwrap();
+    let out = probity(&[
+        "eval",
+        "--request",
+        req.to_str().unwrap(),
+        "--entities",
+        "testdata/entities/cluster.json",
+        "--policies",
+        dir.path().to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let d: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(d["decision"], "allow");
+    assert_eq!(d["obligations"], serde_json::json!([]));
+    assert_eq!(d["audit"][0]["policy"], "thermal.zone-power-ceiling");
+    assert_eq!(d["audit"][0]["obligations"][0]["kind"], "migrate");
+    assert_eq!(
+        d["audit"][0]["obligations"][0]["target"],
+        "Zone::\"zone-hot\""
+    );
+
+    let out = probity(&["check", dir.path().to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let listed = text(&out.stdout);
+    assert!(
+        listed.lines().any(|l| l.starts_with("mode thermal.zone-power-ceiling: audit (")
+            && l.ends_with("probity.toml)")),
+        "{listed}"
+    );
+}
