@@ -1299,8 +1299,10 @@ fn eval_shows_an_audit_policys_finding_and_allows_and_check_lists_the_mode() {
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     let listed = text(&out.stdout);
     assert!(
-        listed.lines().any(|l| l.starts_with("mode thermal.zone-power-ceiling: audit (")
-            && l.ends_with("probity.toml)")),
+        listed.lines().any(
+            |l| l.starts_with("mode thermal.zone-power-ceiling: audit (")
+                && l.ends_with("probity.toml)")
+        ),
         "{listed}"
     );
 }

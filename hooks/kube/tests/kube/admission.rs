@@ -234,3 +234,105 @@ async fn a_webhook_answer_slower_than_its_timeout_refuses_the_pod_and_an_unknown
         "Probity did not review the ConfigMap"
     );
 }
+
+/// `kubectl create` of `pod` in `namespace`, as an operator runs it: its exit status and
+/// standard error, where kubectl prints the apiserver's warnings ("Warning: ...").
+fn kubectl_create(cluster: &Installed, namespace: &str, pod: &Value) -> (bool, String) {
+    let mut object = pod.clone();
+    object["apiVersion"] = json!("v1");
+    object["kind"] = json!("Pod");
+    let file = cluster.probity.state_dir.join("../pod.json");
+    std::fs::write(&file, object.to_string()).unwrap();
+    let out = std::process::Command::new(crate::cluster::kube_bin("kubectl"))
+        .arg("--kubeconfig")
+        .arg(&cluster.plane.kubeconfig)
+        .args(["-n", namespace, "create", "-f"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Waits until Probity serves `policy` in `mode` (GET /v1/policy/status).
+async fn serving_mode(cluster: &Installed, policy: &str, mode: &str) {
+    for _ in 0..200 {
+        let (_, status) = cluster
+            .probity
+            .call("GET", "/v1/policy/status", &Value::Null)
+            .await;
+        let serving = &status["modes"][policy];
+        // An enforcing policy is not listed among the modes.
+        if (mode == "enforce" && serving.is_null()) || serving["mode"] == mode {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    panic!("probity never served {policy} in {mode} mode");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rule_rolled_out_in_warn_then_audit_mode_admits_and_the_client_sees_the_warning() {
+    let mut cluster = Installed::start().await;
+    let policies = tempfile::tempdir().unwrap();
+    crate::controller::copy_dir(&cluster.probity.policies, policies.path());
+    let config = policies.path().join("probity.toml");
+    let original = std::fs::read_to_string(&config).unwrap();
+    std::fs::write(
+        &config,
+        format!("{original}\n[modes]\n\"placement.inference-gpu-cpu-ratio\" = \"warn\"\n"),
+    )
+    .unwrap();
+    cluster.probity.stop();
+    cluster.probity.policies = policies.path().to_owned();
+    cluster.probity.restart().await;
+    serving_mode(&cluster, "placement.inference-gpu-cpu-ratio", "warn").await;
+
+    // The pod the rule refuses when it enforces is created, and kubectl shows why it
+    // would not have been.
+    let (created, stderr) = kubectl_create(
+        &cluster,
+        "inference",
+        &gpu_pod("infer-warned", "inference", 2, "4"),
+    );
+    assert!(created, "{stderr}");
+    assert!(
+        stderr.contains("Warning: probity: admit into namespace inference: ")
+            && stderr.contains(RATIO_MESSAGE)
+            && stderr.contains("(placement.inference-gpu-cpu-ratio, warn mode)"),
+        "{stderr}"
+    );
+
+    // Lowered again, to audit, by editing the file the server watches: no warning, and
+    // the finding is in the decision log.
+    std::fs::write(
+        &config,
+        format!("{original}\n[modes]\n\"placement.inference-gpu-cpu-ratio\" = \"audit\"\n"),
+    )
+    .unwrap();
+    serving_mode(&cluster, "placement.inference-gpu-cpu-ratio", "audit").await;
+    let (created, stderr) = kubectl_create(
+        &cluster,
+        "inference",
+        &gpu_pod("infer-audited", "inference", 2, "4"),
+    );
+    assert!(created, "{stderr}");
+    assert!(!stderr.contains("Warning"), "{stderr}");
+    let audited = records(&cluster).await.into_iter().any(|r| {
+        r["decision"]["decision"] == "allow"
+            && r["decision"]["audit"][0]["policy"] == "placement.inference-gpu-cpu-ratio"
+    });
+    assert!(audited, "no audit finding recorded");
+    // The rule enforcing again refuses the same pod.
+    std::fs::write(&config, &original).unwrap();
+    serving_mode(&cluster, "placement.inference-gpu-cpu-ratio", "enforce").await;
+    let (created, stderr) = kubectl_create(
+        &cluster,
+        "inference",
+        &gpu_pod("infer-refused", "inference", 2, "4"),
+    );
+    assert!(!created);
+    assert!(stderr.contains(RATIO_MESSAGE), "{stderr}");
+}

@@ -764,7 +764,7 @@ async fn a_controller_restarted_mid_drain_evicts_each_pod_once_and_loses_none() 
 }
 
 /// Copies a directory (files and subdirectories), owner-only.
-fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
+pub(crate) fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
     use std::os::unix::fs::PermissionsExt;
     std::fs::create_dir_all(to).unwrap();
     std::fs::set_permissions(to, std::fs::Permissions::from_mode(0o700)).unwrap();
