@@ -590,3 +590,51 @@ fn a_zone_at_its_ceiling_asks_the_controller_to_migrate_until_it_cools() {
     assert_eq!(withdrawn.outcome, "withdrawn");
     assert!(shared.action_requests().unwrap().is_empty());
 }
+
+/// The same hot zone under the ceiling rule in audit mode: nothing is asked of the
+/// controller and nothing is alerted, but the decision log keeps what would have been.
+#[test]
+fn a_zone_at_its_ceiling_under_an_audit_rule_asks_nothing_and_is_recorded() {
+    let policies = tempfile::tempdir().unwrap();
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../policies");
+    let copied = std::process::Command::new("cp")
+        .arg("-r")
+        .arg(root.join("."))
+        .arg(policies.path())
+        .status()
+        .unwrap();
+    assert!(copied.success());
+    let config = policies.path().join("probity.toml");
+    let mut text = std::fs::read_to_string(&config).unwrap();
+    text.push_str("\n[modes]\n\"thermal.zone-power-ceiling\" = \"audit\"\n");
+    std::fs::write(&config, text).unwrap();
+    let state = tempfile::tempdir().unwrap();
+    let clock = std::sync::Arc::new(probity::ManualClock::at(crate::support::T0));
+    let engine = probity::Engine::builder(policies.path())
+        .clock(std::sync::Arc::clone(&clock) as std::sync::Arc<dyn probity::Clock>)
+        .build()
+        .unwrap();
+    let store = std::sync::Arc::new(probity::state::StateStore::open(state.path()).unwrap());
+    engine.attach_state(store.clone()).unwrap();
+    engine
+        .upsert_entities(&crate::support::cluster_entities(false))
+        .unwrap();
+    engine.upsert_entities(&zone_drawing(100_000)).unwrap();
+    let node = FakeNode::new();
+    let mut agent = agent(node.config("", ""), engine.clone());
+    let r = agent.cycle();
+    assert!(
+        r.obligations.iter().all(|o| o.kind != "migrate"),
+        "{:?}",
+        r.obligations
+    );
+    assert!(engine.state().unwrap().action_requests().unwrap().is_empty());
+    let recorded = probity::state::LocalLog::decisions(store.as_ref(), 0, 1000).unwrap();
+    let audited = recorded
+        .iter()
+        .flat_map(|r| &r.decision.audit)
+        .find(|n| n.policy == "thermal.zone-power-ceiling")
+        .unwrap_or_else(|| panic!("no audit finding recorded: {recorded:?}"));
+    assert_eq!(audited.obligations[0].kind, "migrate");
+    assert_eq!(audited.obligations[0].target.as_deref(), Some("Zone::\"z1\""));
+}
