@@ -20,6 +20,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::mpsc::{
     Receiver, RecvTimeoutError, SyncSender, TryRecvError, TrySendError, sync_channel,
 };
@@ -30,7 +31,9 @@ use std::time::Duration;
 
 use crate::decision::{Decision, DecisionError, Effect};
 use crate::request::Request;
-use crate::state::{DecisionRecord, LocalLog, RECOVERY_INTERVAL};
+use serde_json::Value;
+
+use crate::state::{DecisionRecord, LocalLog, RECOVERY_INTERVAL, RecordedRequest};
 
 /// Submissions waiting for the writer; beyond this, submitters block.
 const QUEUE: usize = 1024;
@@ -434,18 +437,136 @@ fn finish(decisions: Vec<Decision>, outcome: Outcome) -> Vec<Decision> {
     }
 }
 
-/// Whether DESIGN's rule asks for a record: a deny, any obligation, or a warn or audit
-/// policy that fired (what the reports and `policy impact` read).
+/// Whether DESIGN's rule asks for a record: a deny, or any obligation. Such a decision
+/// fails closed when its record cannot be written.
 pub(crate) fn needs_record(d: &Decision) -> bool {
-    d.decision == Effect::Deny
-        || !d.obligations.is_empty()
-        || !d.warnings.is_empty()
-        || !d.audit.is_empty()
+    d.decision == Effect::Deny || !d.obligations.is_empty()
+}
+
+/// Whether the log keeps `d`: what [`needs_record`] asks, and an allow on which a
+/// `warn` or `audit` policy fired (what reports and `policy impact` read). Only the
+/// former fails closed: a policy that does not enforce never turns an allow into a deny,
+/// not even on a full disk.
+pub(crate) fn keeps_record(d: &Decision) -> bool {
+    needs_record(d) || !d.warnings.is_empty() || !d.audit.is_empty()
+}
+
+/// One allow in `every` that the log would not keep is kept as a sample, so that a
+/// replay (`probity policy impact`) sees allows that a candidate set might refuse.
+#[derive(Debug, Default)]
+pub(crate) struct AllowSampler {
+    every: AtomicU32,
+    seen: AtomicU64,
+}
+
+impl AllowSampler {
+    /// Keeps one allow in `every` from now on (0: none).
+    pub fn set(&self, every: u32) {
+        self.every.store(every, Ordering::Relaxed);
+    }
+
+    /// Whether this allow is the sample.
+    fn take(&self) -> bool {
+        let every = self.every.load(Ordering::Relaxed);
+        every != 0 && self.seen.fetch_add(1, Ordering::Relaxed) % u64::from(every) == 0
+    }
+}
+
+/// What a record keeps of `r` beyond principal, action and resource.
+pub(crate) fn recorded_request(r: &Request) -> RecordedRequest {
+    let mut out = RecordedRequest {
+        context: r.context.clone(),
+        entities: r.entities.clone(),
+        reporter: r.reporter,
+        redacted: Vec::new(),
+        omitted: None,
+    };
+    if let Some(c) = out.context.as_mut() {
+        for (k, v) in c.iter_mut() {
+            redact(
+                v,
+                &format!("context.{k}"),
+                secret_name(k),
+                &mut out.redacted,
+                0,
+            );
+        }
+    }
+    for (i, e) in out.entities.iter_mut().enumerate() {
+        if let Some(attrs) = e.get_mut("attrs").and_then(Value::as_object_mut) {
+            for (k, v) in attrs.iter_mut() {
+                let path = format!("entities[{i}].attrs.{k}");
+                redact(v, &path, secret_name(k), &mut out.redacted, 0);
+            }
+        }
+    }
+    out.redacted.sort();
+    let size = out
+        .context
+        .as_ref()
+        .map_or(0, |c| serde_json::to_vec(c).map_or(usize::MAX, |b| b.len()))
+        + serde_json::to_vec(&out.entities).map_or(usize::MAX, |b| b.len());
+    if size > RecordedRequest::MAX_BYTES {
+        out.context = None;
+        out.entities = Vec::new();
+        out.redacted = Vec::new();
+        out.omitted = Some(format!(
+            "context and entities of {size} bytes, over the {} a record keeps",
+            RecordedRequest::MAX_BYTES
+        ));
+    }
+    out
+}
+
+/// Whether an attribute's name says its value is a secret.
+fn secret_name(name: &str) -> bool {
+    const SECRET: [&str; 7] = [
+        "password",
+        "passwd",
+        "secret",
+        "token",
+        "credential",
+        "privatekey",
+        "apikey",
+    ];
+    let folded: String = name
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric())
+        .map(|c| c.to_ascii_lowercase())
+        .collect();
+    SECRET.iter().any(|s| folded.contains(s))
+}
+
+/// Replaces the value at `path` (and, in records and sets, what secret-named keys
+/// hold) with `"<redacted>"`, listing each path replaced.
+fn redact(v: &mut Value, path: &str, secret: bool, out: &mut Vec<String>, depth: usize) {
+    if secret {
+        *v = Value::String("<redacted>".into());
+        out.push(path.to_owned());
+        return;
+    }
+    if depth > 16 {
+        return;
+    }
+    match v {
+        Value::Object(o) => {
+            for (k, x) in o.iter_mut() {
+                redact(x, &format!("{path}.{k}"), secret_name(k), out, depth + 1);
+            }
+        }
+        Value::Array(a) => {
+            for (i, x) in a.iter_mut().enumerate() {
+                redact(x, &format!("{path}[{i}]"), false, out, depth + 1);
+            }
+        }
+        _ => {}
+    }
 }
 
 /// Submits the records `decisions` need (if any) to `log`.
 pub(crate) fn submit(
     log: Option<&DecisionLog>,
+    sampler: &AllowSampler,
     policy_digest: &str,
     time_unix_ms: u64,
     asked: &[Request],
@@ -457,16 +578,26 @@ pub(crate) fn submit(
     let records: Vec<DecisionRecord> = asked
         .iter()
         .zip(&decisions)
-        .filter(|(_, d)| needs_record(d))
-        .map(|(r, d)| DecisionRecord {
-            seq: 0,
-            time_unix_ms,
-            principal: r.principal.to_string(),
-            action: r.action.to_string(),
-            resource: r.resource.to_string(),
-            policy_digest: policy_digest.to_owned(),
-            decision: d.clone(),
-            caller: r.caller.as_deref().map(str::to_owned),
+        .filter_map(|(r, d)| {
+            let sampled = if keeps_record(d) {
+                false
+            } else if d.is_allowed() && sampler.take() {
+                true
+            } else {
+                return None;
+            };
+            Some(DecisionRecord {
+                seq: 0,
+                time_unix_ms,
+                principal: r.principal.to_string(),
+                action: r.action.to_string(),
+                resource: r.resource.to_string(),
+                policy_digest: policy_digest.to_owned(),
+                decision: d.clone(),
+                caller: r.caller.as_deref().map(str::to_owned),
+                request: Some(recorded_request(r)),
+                sampled,
+            })
         })
         .collect();
     if records.is_empty() {
@@ -482,6 +613,50 @@ pub(crate) fn submit(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_recorded_request_keeps_its_facts_redacts_secrets_and_is_bounded() {
+        let r = Request::from_json_value(&serde_json::json!({
+            "principal": "User::\"a\"", "action": "elevate", "resource": "Node::\"n\"",
+            "context": {"port": 22, "session": {"apiToken": "t0k", "user": "a"}, "Password": "p"},
+            "entities": [{"uid": {"type": "User", "id": "b"}, "parents": [],
+                          "attrs": {"client_secret": "s", "name": "b"}}]
+        }))
+        .unwrap();
+        let kept = recorded_request(&r);
+        let context = kept.context.as_ref().unwrap();
+        assert_eq!(context["port"], 22);
+        assert_eq!(context["session"]["user"], "a");
+        assert_eq!(context["session"]["apiToken"], "<redacted>");
+        assert_eq!(context["Password"], "<redacted>");
+        assert_eq!(kept.entities[0]["attrs"]["client_secret"], "<redacted>");
+        assert_eq!(kept.entities[0]["attrs"]["name"], "b");
+        assert_eq!(
+            kept.redacted,
+            [
+                "context.Password",
+                "context.session.apiToken",
+                "entities[0].attrs.client_secret"
+            ]
+        );
+        assert!(kept.replayable());
+
+        let big = "x".repeat(RecordedRequest::MAX_BYTES);
+        let r = Request::from_json_value(&serde_json::json!({
+            "principal": "User::\"a\"", "action": "elevate", "resource": "Node::\"n\"",
+            "context": {"note": big}
+        }))
+        .unwrap();
+        let kept = recorded_request(&r);
+        assert!(!kept.replayable());
+        assert!(kept.context.is_none());
+        assert!(
+            kept.omitted
+                .as_deref()
+                .unwrap()
+                .contains("over the 65536 a record keeps")
+        );
+    }
 
     #[test]
     fn a_job_held_back_by_a_full_queue_is_sent_by_the_waiter() {

@@ -118,11 +118,66 @@ impl Engine {
         }
         decision_log::submit(
             self.shared.decision_log.get(),
+            &self.shared.allow_sampler,
             &snapshot.bundle.digest,
             self.shared.clock.now_unix_ms(),
             requests,
             decisions,
         )
+    }
+
+    /// Keeps one allow in `every` in the decision log (0, the default: none), with its
+    /// request, so that `probity policy impact` can replay allows a candidate set
+    /// might refuse. Denies, obligations and warn or audit findings are kept whatever
+    /// this says; a sampled allow's record that cannot be written fails nothing.
+    pub fn sample_allows(&self, every: u32) {
+        self.shared.allow_sampler.set(every);
+    }
+
+    /// Decides again the request `record` keeps, under the live set and store, as a
+    /// dry run (nothing recorded): what `probity policy impact` compares. The engine's
+    /// clock facts are those of the record's time. `Err` says why the record cannot be
+    /// replayed (written before requests were kept, or kept without its context).
+    pub fn decide_recorded(
+        &self,
+        record: &crate::state::DecisionRecord,
+    ) -> Result<Decision, String> {
+        let kept = record
+            .request
+            .as_ref()
+            .ok_or("the record keeps no request (written before requests were recorded)")?;
+        if let Some(why) = &kept.omitted {
+            return Err(format!("the record's request was not kept whole: {why}"));
+        }
+        let uid = |text: &str, what: &str| {
+            text.parse::<EntityUid>()
+                .map_err(|e| format!("the record's {what} {text:?}: {e}"))
+        };
+        let snapshot = self.shared.current.load();
+        let mut request = Request {
+            principal: uid(&record.principal, "principal")?,
+            action: uid(&record.action, "action")?,
+            resource: uid(&record.resource, "resource")?,
+            context: kept.context.clone(),
+            entities: kept.entities.clone(),
+            reporter: kept.reporter,
+            caller: None,
+        };
+        // The clock's facts as they were: supplied from the record's time, which only
+        // a reporter may do.
+        if let Some(facts) = snapshot.bundle.origins.action(request.action.id()) {
+            let attrs: Vec<String> = facts.clock_attrs().map(|a| a.to_string()).collect();
+            if !attrs.is_empty() {
+                let context = request.context.get_or_insert_with(Map::new);
+                for attr in attrs {
+                    context
+                        .entry(attr)
+                        .or_insert_with(|| Value::from(record.time_unix_ms / 1000));
+                }
+                request.reporter = true;
+            }
+        }
+        Ok(self.decide_in(&snapshot, &request, None))
     }
 
     /// The live snapshot, held.

@@ -57,6 +57,8 @@ struct Shared {
     log: std::sync::OnceLock<Arc<dyn LocalLog>>,
     /// Records denies and obligations in the state store, once one is attached.
     decision_log: std::sync::OnceLock<DecisionLog>,
+    /// Which allows the decision log keeps as samples ([`Engine::sample_allows`]).
+    allow_sampler: crate::decision_log::AllowSampler,
     /// Sealed mode: load only sets whose `policy.seal` verifies.
     sealing: Option<Sealing>,
     /// Who hears of reloads ([`Engine::reload_events`]).
@@ -235,6 +237,7 @@ impl Engine {
                 state: std::sync::OnceLock::new(),
                 log: std::sync::OnceLock::new(),
                 decision_log: std::sync::OnceLock::new(),
+                allow_sampler: crate::decision_log::AllowSampler::default(),
                 sealing,
                 reload_events: ReloadSubscribers::default(),
                 by_reference: Mutex::new(None),

@@ -152,6 +152,50 @@ pub struct DecisionRecord {
     /// `addr:10.0.0.7`); absent when the host named no caller.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub caller: Option<String>,
+    /// The request as it was decided, so that it can be decided again under another
+    /// policy set (`probity policy impact`); absent from records written before it was
+    /// kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request: Option<RecordedRequest>,
+    /// An allow that needed no record, kept as one of the sampled allows
+    /// ([`crate::Engine::sample_allows`]).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub sampled: bool,
+}
+
+/// What a decision record keeps of its request beyond principal, action and resource:
+/// the context and the request's own entities as the caller sent them, bounded in size
+/// ([`RecordedRequest::MAX_BYTES`]), with the values of secret-looking attributes
+/// redacted.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RecordedRequest {
+    /// The request's context, as sent (the engine's clock facts are not in it: a replay
+    /// fills them from the record's time).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context: Option<serde_json::Map<String, serde_json::Value>>,
+    /// The request's own entities (admission's workload), as sent.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub entities: Vec<serde_json::Value>,
+    /// Whether it was asked by an authorized fact reporter.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub reporter: bool,
+    /// The paths whose values were redacted (`context.token`, `entities[0].attrs.key`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub redacted: Vec<String>,
+    /// Why the context and entities were left out (over [`RecordedRequest::MAX_BYTES`]):
+    /// such a record cannot be decided again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub omitted: Option<String>,
+}
+
+impl RecordedRequest {
+    /// The most bytes of context and entities (as JSON) a record keeps.
+    pub const MAX_BYTES: usize = 64 * 1024;
+
+    /// Whether the request can be decided again as it was.
+    pub fn replayable(&self) -> bool {
+        self.omitted.is_none()
+    }
 }
 
 impl DecisionRecord {

@@ -25,6 +25,8 @@ fn record(i: u64) -> DecisionRecord {
         action: "Action::\"schedule\"".into(),
         resource: "Node::\"gpu-1\"".into(),
         caller: None,
+        request: None,
+        sampled: false,
         policy_digest: "0".repeat(64),
         decision: Decision::error("blocked"),
     }

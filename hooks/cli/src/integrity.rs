@@ -101,6 +101,11 @@ pub enum PolicyCommand {
         #[command(flatten)]
         anchor: AnchorArgs,
     },
+    /// Replay recorded decisions under the live set and a candidate set: every one whose
+    /// answer would change (allow to deny and back, obligations or warn/audit findings
+    /// gained or lost), grouped by policy, with examples. Exit 0 when nothing changes,
+    /// 1 when something does.
+    Impact(crate::impact::ImpactArgs),
 }
 
 fn open_state(args: &StateArgs) -> Result<Arc<StateStore>> {
@@ -740,6 +745,7 @@ pub fn policy(command: &PolicyCommand) -> Result<u8> {
             state,
             anchor,
         } => policy_seal(dir, name, *version, state, anchor),
+        PolicyCommand::Impact(args) => crate::impact::impact(args),
     }
 }
 

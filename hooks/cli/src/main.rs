@@ -20,6 +20,7 @@ macro_rules! err_line {
 
 mod agent;
 mod controller;
+mod impact;
 mod integrity;
 mod keys;
 
@@ -530,12 +531,12 @@ fn build_with(
     b.build()
 }
 
-fn report(e: LoadError) -> anyhow::Error {
+pub(crate) fn report(e: LoadError) -> anyhow::Error {
     err_line!("{:?}", miette::Report::new(e));
     Exit(exit::INVALID_POLICIES).into()
 }
 
-fn load(args: &PolicyArgs) -> Result<Engine> {
+pub(crate) fn load(args: &PolicyArgs) -> Result<Engine> {
     load_with_clock(args, None)
 }
 
@@ -688,7 +689,7 @@ fn eval(
 }
 
 /// Loads a Cedar entity JSON file into the engine's store.
-fn load_entities(engine: &Engine, path: &Path) -> Result<()> {
+pub(crate) fn load_entities(engine: &Engine, path: &Path) -> Result<()> {
     let bytes = read_limited(path, MAX_ENTITIES_BYTES)?;
     let json: serde_json::Value = serde_json::from_slice(&bytes)
         .with_context(|| format!("{} is not valid JSON", path.display()))?;

@@ -311,6 +311,8 @@ mod tests {
             action: "Action::\"schedule\"".into(),
             resource: "Node::\"gpu-1\"".into(),
             caller: None,
+            request: None,
+            sampled: false,
             policy_digest: "d".into(),
             decision: Decision {
                 decision: Effect::Deny,

@@ -134,6 +134,8 @@ fn record(time_unix_ms: u64) -> DecisionRecord {
         action: "a".into(),
         resource: "r".into(),
         caller: None,
+        request: None,
+        sampled: false,
         policy_digest: "d".into(),
         decision: Decision::error("x"),
     }

@@ -628,7 +628,14 @@ fn a_zone_at_its_ceiling_under_an_audit_rule_asks_nothing_and_is_recorded() {
         "{:?}",
         r.obligations
     );
-    assert!(engine.state().unwrap().action_requests().unwrap().is_empty());
+    assert!(
+        engine
+            .state()
+            .unwrap()
+            .action_requests()
+            .unwrap()
+            .is_empty()
+    );
     let recorded = probity::state::LocalLog::decisions(store.as_ref(), 0, 1000).unwrap();
     let audited = recorded
         .iter()
@@ -636,5 +643,8 @@ fn a_zone_at_its_ceiling_under_an_audit_rule_asks_nothing_and_is_recorded() {
         .find(|n| n.policy == "thermal.zone-power-ceiling")
         .unwrap_or_else(|| panic!("no audit finding recorded: {recorded:?}"));
     assert_eq!(audited.obligations[0].kind, "migrate");
-    assert_eq!(audited.obligations[0].target.as_deref(), Some("Zone::\"z1\""));
+    assert_eq!(
+        audited.obligations[0].target.as_deref(),
+        Some("Zone::\"z1\"")
+    );
 }

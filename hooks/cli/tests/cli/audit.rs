@@ -41,6 +41,8 @@ fn record(principal: &str, resource: &str, decision: Decision) -> DecisionRecord
         action: "Action::\"schedule\"".into(),
         resource: resource.into(),
         caller: None,
+        request: None,
+        sampled: false,
         policy_digest: "0".repeat(64),
         decision,
     }

@@ -10,6 +10,7 @@
 mod agent;
 mod audit;
 mod forward;
+mod impact;
 mod keys;
 #[path = "../../../testsupport/services.rs"]
 mod services;
@@ -27,6 +28,12 @@ fn probity(args: &[&str]) -> Output {
         .args(args)
         .current_dir(root())
         .output()
+        .unwrap()
+}
+
+/// The shared cluster fixture.
+fn cluster_json() -> serde_json::Value {
+    serde_json::from_slice(&std::fs::read(root().join("testdata/entities/cluster.json")).unwrap())
         .unwrap()
 }
 
@@ -832,6 +839,8 @@ fn bug_a_closed_pipe_ends_audit_quietly_with_status_0() {
                 action: "Action::\"schedule\"".into(),
                 resource: "Node::\"gpu-blocked\"".into(),
                 caller: None,
+                request: None,
+                sampled: false,
                 policy_digest: "0".repeat(64),
                 decision: probity::Decision::error("a blocked node takes part in this request"),
             })
