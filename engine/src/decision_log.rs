@@ -465,10 +465,10 @@ impl AllowSampler {
         self.every.store(every, Ordering::Relaxed);
     }
 
-    /// Whether this allow is the sample.
+    /// Whether this allow is the sample: the `every`-th, then every `every` after it.
     fn take(&self) -> bool {
         let every = self.every.load(Ordering::Relaxed);
-        every != 0 && self.seen.fetch_add(1, Ordering::Relaxed) % u64::from(every) == 0
+        every != 0 && (self.seen.fetch_add(1, Ordering::Relaxed) + 1) % u64::from(every) == 0
     }
 }
 

@@ -362,3 +362,43 @@ fn an_audit_finding_is_recorded_in_the_decision_log_though_it_allows() {
     assert_eq!(records.len(), 1);
     assert_eq!(records[0].decision, d);
 }
+
+#[test]
+fn scenarios_expect_warnings_and_audit_findings_by_policy() {
+    let dir = policy_copy();
+    append_config(
+        dir.path(),
+        "\n[modes]\n\"placement.driver-drift\" = \"audit\"\n\"thermal.zone-power-ceiling\" = \"warn\"\n",
+    );
+    let engine = Engine::builder(dir.path()).build().unwrap();
+    let scenario = dir.path().join("modes.json");
+    let write = |audit: &str| {
+        std::fs::write(
+            &scenario,
+            serde_json::json!({
+                "entities": crate::root().join("testdata/entities/cluster.json"),
+                "cases": [
+                    {"name": "drift is audited",
+                     "request": {"principal": "Workload::\"train-1\"", "action": "schedule", "resource": "Node::\"gpu-drift\""},
+                     "expect": {"decision": "allow", "audit": [audit], "warnings": [], "obligations": []}},
+                    {"name": "a hot zone warns",
+                     "request": {"principal": "Workload::\"train-1\"", "action": "schedule", "resource": "Node::\"gpu-hot1\""},
+                     "expect": {"decision": "allow", "warnings": ["thermal.zone-power-ceiling"], "audit": []}}
+                ]
+            })
+            .to_string(),
+        )
+        .unwrap();
+    };
+    write("placement.driver-drift");
+    let results = probity::scenario::run_file(&engine, &scenario).unwrap();
+    assert!(results.iter().all(|r| r.passed()), "{results:?}");
+    write("placement.other");
+    let results = probity::scenario::run_file(&engine, &scenario).unwrap();
+    let failure = results[0].failure.as_deref().unwrap();
+    assert!(
+        failure.contains(r#"audit {"placement.driver-drift"}, expected {"placement.other"}"#),
+        "{failure}"
+    );
+    assert!(results[1].passed());
+}

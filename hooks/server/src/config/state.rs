@@ -342,6 +342,10 @@ pub struct DecisionLogConfig {
     pub warn_pct: u8,
     /// How often retention runs, in seconds. Default 60.
     pub prune_interval_seconds: u64,
+    /// One allow in this many is kept with its request, so that `probity policy
+    /// impact` can find allows a candidate set would refuse (0: none). None are kept
+    /// while the log holds `warn_pct` of `max_bytes`. Default 1000.
+    pub sample_allows_every: u32,
 }
 
 impl Default for DecisionLogConfig {
@@ -351,6 +355,7 @@ impl Default for DecisionLogConfig {
             max_age_days: 30,
             warn_pct: 90,
             prune_interval_seconds: 60,
+            sample_allows_every: 1000,
         }
     }
 }

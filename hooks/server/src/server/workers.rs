@@ -144,6 +144,12 @@ pub(super) fn spawn_retention(state: &AppState) -> Option<std::sync::mpsc::Sende
                     Err(e) => tracing::error!(error = %e, "pruning the decision log failed"),
                 }
                 if let Ok(usage) = store.decision_log_usage() {
+                    // Sampled allows stay within the disk budget: none are kept while
+                    // the log is near it, so that they never push out denies.
+                    let near = usage.bytes.saturating_mul(100)
+                        >= c.max_bytes.saturating_mul(u64::from(c.warn_pct));
+                    s.engine()
+                        .sample_allows(if near { 0 } else { c.sample_allows_every });
                     s.set_log_usage(usage);
                 }
                 match rx.recv_timeout(every) {
