@@ -92,7 +92,9 @@ pub use conventions::{Conventions, PortProtocol, PortSet, Restrictions, Verified
 pub use decision::{Decision, DecisionError, Effect, Notice, Obligation, Reason, Severity};
 pub use decision_log::Settled;
 pub use diagnostic::SourceDiagnostic;
-pub use engine::{DecideOptions, Engine, EngineBuilder, EntitiesByReference, PolicyStatus};
+pub use engine::{
+    DecideOptions, Engine, EngineBuilder, EntitiesByReference, PolicyStatus, ShadowSet,
+};
 pub use error::{EntityError, LoadError, RequestError, WatchError};
 pub use facts::EntityOwner;
 pub use fanout::DecisionCache;

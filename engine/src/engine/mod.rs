@@ -30,6 +30,7 @@ mod decide;
 mod entities;
 mod reload;
 mod replication;
+mod shadow;
 mod snapshot;
 mod world;
 
@@ -39,6 +40,7 @@ use entities::ByReferenceAnswer;
 pub use entities::EntitiesByReference;
 pub use reload::PolicyStatus;
 use reload::load_bundle;
+pub use shadow::ShadowSet;
 pub(crate) use snapshot::Snapshot;
 use snapshot::{Writes, owned_cache};
 

@@ -486,6 +486,17 @@ pub(crate) async fn policy_status(State(state): State<AppState>) -> Json<probity
     Json(state.engine().status())
 }
 
+/// `GET /v1/policy/shadow`: the shadow set's counts and latest disagreements.
+pub(crate) async fn policy_shadow(State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
+    match state.shadow() {
+        None => Err(ApiError::NotFound(
+            "no shadow set is configured ([policies] shadow)".into(),
+        )),
+        Some(Err(why)) => Err(ApiError::Unavailable(why.to_owned())),
+        Some(Ok(shadow)) => Ok(Json(shadow.report())),
+    }
+}
+
 /// Largest signed manifest `/v1/verify` reads.
 const MAX_MANIFEST_BYTES: u64 = 64 * 1024 * 1024;
 

@@ -22,7 +22,8 @@
 //! | `GET /v1/actions/migrate`, `POST /v1/actions/migrate` | the live `migrate` requests (for the controller); `{"node"}`: a reporter's node decided and its requests published or withdrawn (authorized: `manage` on `Api::"actions"`, operation `report`) |
 //! | `PUT /v1/facts/cluster` | replace the facts the cluster owns (`{"entities": [..]}`: each Node's `@owned("cluster")` attributes, from its Kubernetes Node) (authorized: `manage` on `Api::"cluster"`, operation `replace`; the controller) |
 //! | `POST /v1/events` | append `{"events": [{"object", "node", "kind", "detail"}]}` to the event log (authorized: `manage` on `Api::"events"`, operation `record`; the controller's actions) |
-//! | `GET /v1/policy/status` | digest, files, reloads, last reload error |
+//! | `GET /v1/policy/status` | digest, files, reloads, last reload error, the policies not plainly enforcing (`modes`) |
+//! | `GET /v1/policy/shadow` | the shadow set (`[policies] shadow`): decisions agreed, disagreed and dropped, by policy, the latest disagreements |
 //! | `GET /v1/cluster/digests` | the policy digest every process serves (from the state store), and which lag |
 //! | `POST /v1/verify` | verify a file before a node reads it; a failure blocks the node (authorized: `manage` on `Api::"verify"`) |
 //! | `GET /v1/decisions?from=&limit=` | the decision log, oldest first (authorized: `read` on `Api::"decisions"`) |
@@ -82,6 +83,7 @@ mod metrics;
 mod placement;
 mod reader_claim;
 mod server;
+mod shadow;
 mod stream;
 
 use std::sync::Arc;
@@ -145,6 +147,9 @@ struct Inner {
     /// The local store that holds the decision and event logs (redb, or the etcd
     /// backend's local store), for the SIEM forwarders.
     local_logs: std::sync::OnceLock<Arc<probity::state::StateStore>>,
+    /// `[policies] shadow`: the candidate set decided beside the live one, or why it
+    /// could not be loaded.
+    shadow: Option<Result<shadow::Shadow, String>>,
     /// The SIEM forwarders, while serving with `[siem]`.
     forwarders: std::sync::Mutex<Option<forward::Forwarders>>,
     /// The alert sinks fed from the decision log, while serving with `[alerts]`.
@@ -183,6 +188,10 @@ impl AppState {
             config.server.max_fact_streams,
             config.server.max_fact_streams_per_caller,
         );
+        let shadow = config.policies.shadow.as_ref().map(|dir| {
+            shadow::Shadow::start(&engine, dir, config.policies.shadow_sample_every)
+                .inspect_err(|e| tracing::error!(error = %e, "the shadow set is not decided"))
+        });
         let large = config.scheduler.max_large_requests;
         let large_scheduler_requests = limits::Connections::new(large, large);
         Self {
@@ -204,6 +213,7 @@ impl AppState {
                 fact_streams,
                 keys: std::sync::OnceLock::new(),
                 local_logs: std::sync::OnceLock::new(),
+                shadow,
                 forwarders: std::sync::Mutex::new(None),
                 alerts: std::sync::Mutex::new(None),
                 storage: std::sync::Mutex::new(probity::state::StorageHealth::default()),
@@ -557,7 +567,34 @@ impl AppState {
             .pop()
             .unwrap_or_else(|| Decision::error("no decision"));
         self.metrics().record_decision(&d, start.elapsed());
+        self.offer_shadow(request, &d);
         Self::recorded(d)
+    }
+
+    /// Hands a decided request to the shadow set, when one is configured and this
+    /// decision is its sample (never waits).
+    pub(crate) fn offer_shadow(&self, request: &Request, decision: &Decision) {
+        if let Some(Ok(shadow)) = &self.inner.shadow
+            && shadow.wants()
+        {
+            shadow.submit(request.clone(), decision.clone());
+        }
+    }
+
+    /// A copy of `request` when the shadow set wants this decision as its sample.
+    fn shadow_sample(&self, request: &Request) -> Option<Request> {
+        match &self.inner.shadow {
+            Some(Ok(shadow)) if shadow.wants() => Some(request.clone()),
+            _ => None,
+        }
+    }
+
+    /// The shadow set, or why it is not decided; `None` when none is configured.
+    pub(crate) fn shadow(&self) -> Option<Result<&shadow::Shadow, &str>> {
+        self.inner
+            .shadow
+            .as_ref()
+            .map(|s| s.as_ref().map_err(String::as_str))
     }
 
     /// Decides within `caller`'s budget of recorded decisions. A decision that runs
@@ -571,6 +608,7 @@ impl AppState {
     ) -> Result<Decision, ApiError> {
         let start = Instant::now();
         let request = request.on_behalf_of(caller.0.as_str());
+        let sample = self.shadow_sample(&request);
         let decision = if self.engine().runs_plugins(&request) {
             let s = self.clone();
             let c = caller.clone();
@@ -604,6 +642,9 @@ impl AppState {
             .next()
             .unwrap_or_else(|| Decision::error("the decision record could not be awaited"));
         self.metrics().record_decision(&decision, start.elapsed());
+        if let (Some(request), Some(Ok(shadow))) = (sample, &self.inner.shadow) {
+            shadow.submit(request, decision.clone());
+        }
         Self::recorded(decision)
     }
 
@@ -619,8 +660,9 @@ impl AppState {
         }
         let decisions = settled.settle();
         let per = start.elapsed() / u32::try_from(requests.len().max(1)).unwrap_or(u32::MAX);
-        for d in &decisions {
+        for (r, d) in requests.iter().zip(&decisions) {
             self.metrics().record_decision(d, per);
+            self.offer_shadow(r, d);
         }
         // One commit holds a batch's records: none was written.
         if let Some(d) = decisions.iter().find(|d| d.unrecorded) {
@@ -691,6 +733,7 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/nodes/{id}/block", post(api::block_node))
         .route("/v1/nodes/{id}/unblock", post(api::unblock_node))
         .route("/v1/policy/status", get(api::policy_status))
+        .route("/v1/policy/shadow", get(api::policy_shadow))
         .route("/v1/cluster/digests", get(api::cluster_digests))
         .route("/v1/decisions", get(api::decisions))
         .route("/v1/events", post(api::record_events))

@@ -364,6 +364,21 @@ pub(crate) fn exposition(state: &AppState) -> String {
         .render(&state.engine().status(), state.is_ready());
     let mut w = Writer::new(&mut text);
     limits(state, &mut w);
+    if let Some(Ok(shadow)) = state.shadow() {
+        let (agreed, disagreed, dropped) = shadow.totals();
+        w.family(
+            "probity_shadow_decisions_total",
+            Kind::Counter,
+            "Sampled decisions decided again under the shadow set, by outcome (dropped: the shadow queue was full).",
+        );
+        for (outcome, n) in [
+            ("agreed", agreed),
+            ("disagreed", disagreed),
+            ("dropped", dropped),
+        ] {
+            w.sample("probity_shadow_decisions_total", &[("outcome", outcome)], n);
+        }
+    }
     decision_caches(state, &mut w);
     siem(state, &mut w);
     alerts(state, &mut w);

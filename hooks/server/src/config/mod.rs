@@ -63,7 +63,7 @@ pub struct Config {
 }
 
 /// The policy set.
-#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
 pub struct PolicyConfig {
     /// Policy directory (with probity.cedarschema and probity.toml), hot-reloaded on
@@ -80,6 +80,25 @@ pub struct PolicyConfig {
     /// In sealed mode, the seal's name the set must carry (so that another set signed
     /// with the same key cannot stand in for it). Default: any, then the live set's.
     pub seal_name: Option<String>,
+    /// A candidate policy directory decided beside the live set on sampled requests,
+    /// off the hot path, its disagreements counted (`GET /v1/policy/shadow`, metrics).
+    /// Its schema must be the live set's. It never answers. Default: none.
+    pub shadow: Option<PathBuf>,
+    /// One decision in this many is decided again under the shadow set. Default 100.
+    pub shadow_sample_every: u32,
+}
+
+impl Default for PolicyConfig {
+    fn default() -> Self {
+        Self {
+            dir: None,
+            entities: None,
+            sealed: false,
+            seal_name: None,
+            shadow: None,
+            shadow_sample_every: 100,
+        }
+    }
 }
 
 /// Log output format.

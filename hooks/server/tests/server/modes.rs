@@ -114,3 +114,109 @@ async fn the_extender_does_not_filter_on_a_policy_that_does_not_enforce() {
     assert_eq!(out["NodeNames"], json!(["gpu-a1", "gpu-hot1"]), "{out}");
     assert_eq!(out["FailedNodes"], json!({}), "{out}");
 }
+
+/// A server on the default policies whose `[policies] shadow` is `shadow`, deciding
+/// every request again under it.
+fn state_with_shadow(shadow: &std::path::Path) -> AppState {
+    let engine = crate::engine();
+    let mut config = Config::default();
+    config.policies.shadow = Some(shadow.to_owned());
+    config.policies.shadow_sample_every = 1;
+    AppState::new(engine, config)
+}
+
+#[tokio::test]
+async fn a_shadow_set_never_changes_an_answer_and_counts_its_disagreements() {
+    // The candidate: the zone ceiling only warns, so a hot zone takes work.
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("next");
+    crate::placement::copy_dir(&root().join("policies"), &dir);
+    let config = dir.join("probity.toml");
+    let text = std::fs::read_to_string(&config).unwrap();
+    std::fs::write(
+        &config,
+        format!("{text}\n[modes]\n\"thermal.zone-power-ceiling\" = \"warn\"\n"),
+    )
+    .unwrap();
+    let shadowed = state_with_shadow(&dir);
+    let plain = crate::state();
+    let nodes = [
+        "gpu-a1",
+        "gpu-hot1",
+        "gpu-blocked",
+        "gpu-drift",
+        "gpu-hot1",
+        "gpu-a1",
+    ];
+    for node in nodes {
+        let request = json!({"principal": "Workload::\"train-1\"", "action": "schedule",
+                             "resource": format!("Node::\"{node}\"")});
+        let (_, with) = call(&shadowed, Method::POST, "/v1/decide", Some(&request), None).await;
+        let (_, without) = call(&plain, Method::POST, "/v1/decide", Some(&request), None).await;
+        assert_eq!(with, without, "the shadow changed the answer for {node}");
+    }
+    // The shadow thread decides off the hot path: wait for it, boundedly.
+    let mut report = Value::Null;
+    for _ in 0..200 {
+        let (status, r) = call(&shadowed, Method::GET, "/v1/policy/shadow", None, None).await;
+        assert_eq!(status, StatusCode::OK, "{r}");
+        report = r;
+        let done = report["agreed"].as_u64().unwrap() + report["disagreed"].as_u64().unwrap();
+        if done == nodes.len() as u64 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert_eq!(report["disagreed"], 2, "{report:#}");
+    assert_eq!(report["agreed"], 4, "{report:#}");
+    assert_eq!(report["dropped"], 0);
+    assert_eq!(
+        report["by_policy"]["thermal.zone-power-ceiling"], 2,
+        "{report:#}"
+    );
+    let recent = &report["recent"][0];
+    assert_eq!(recent["request"]["resource"], "Node::\"gpu-hot1\"");
+    assert_eq!(recent["live"]["decision"], "deny");
+    assert_eq!(recent["shadow"]["decision"], "allow");
+    let (_, metrics) = call(&shadowed, Method::GET, "/metrics", None, None).await;
+    assert!(
+        metrics
+            .as_str()
+            .unwrap()
+            .contains("probity_shadow_decisions_total{outcome=\"disagreed\"} 2"),
+        "{metrics}"
+    );
+}
+
+#[tokio::test]
+async fn a_shadow_set_with_another_schema_is_refused_and_none_is_not_found() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("next");
+    crate::placement::copy_dir(&root().join("policies"), &dir);
+    let schema = dir.join("probity.cedarschema");
+    let text = std::fs::read_to_string(&schema).unwrap();
+    std::fs::write(&schema, format!("{text}\nentity Extra;\n")).unwrap();
+    let s = state_with_shadow(&dir);
+    let (status, body) = call(&s, Method::GET, "/v1/policy/shadow", None, None).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    assert!(
+        body.to_string()
+            .contains("its schema must be the live set's"),
+        "{body}"
+    );
+    // The live answers are unaffected.
+    let request = json!({"principal": "Workload::\"train-1\"", "action": "schedule",
+                         "resource": "Node::\"gpu-a1\""});
+    let (status, d) = call(&s, Method::POST, "/v1/decide", Some(&request), None).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(d["decision"], "allow");
+    let (status, _) = call(
+        &crate::state(),
+        Method::GET,
+        "/v1/policy/shadow",
+        None,
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+}
