@@ -20,7 +20,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::mpsc::{
     Receiver, RecvTimeoutError, SyncSender, TryRecvError, TrySendError, sync_channel,
 };
@@ -451,18 +451,35 @@ pub(crate) fn keeps_record(d: &Decision) -> bool {
     needs_record(d) || !d.warnings.is_empty() || !d.audit.is_empty()
 }
 
-/// One allow in `every` that the log would not keep is kept as a sample, so that a
-/// replay (`probity policy impact`) sees allows that a candidate set might refuse.
-#[derive(Debug, Default)]
-pub(crate) struct AllowSampler {
+/// What the log keeps beyond what it must: one allow in `every` that it would not
+/// otherwise keep, as a sample, so that a replay (`probity policy impact`) sees allows
+/// a candidate set might refuse; and whether records keep their requests.
+#[derive(Debug)]
+pub(crate) struct RecordOptions {
     every: AtomicU32,
     seen: AtomicU64,
+    keep_requests: AtomicBool,
 }
 
-impl AllowSampler {
+impl Default for RecordOptions {
+    fn default() -> Self {
+        Self {
+            every: AtomicU32::new(0),
+            seen: AtomicU64::new(0),
+            keep_requests: AtomicBool::new(true),
+        }
+    }
+}
+
+impl RecordOptions {
     /// Keeps one allow in `every` from now on (0: none).
-    pub fn set(&self, every: u32) {
+    pub fn sample_allows(&self, every: u32) {
         self.every.store(every, Ordering::Relaxed);
+    }
+
+    /// Whether records keep their requests from now on.
+    pub fn keep_requests(&self, keep: bool) {
+        self.keep_requests.store(keep, Ordering::Relaxed);
     }
 
     /// Whether this allow is the sample: the `every`-th, then every `every` after it.
@@ -566,7 +583,7 @@ fn redact(v: &mut Value, path: &str, secret: bool, out: &mut Vec<String>, depth:
 /// Submits the records `decisions` need (if any) to `log`.
 pub(crate) fn submit(
     log: Option<&DecisionLog>,
-    sampler: &AllowSampler,
+    options: &RecordOptions,
     policy_digest: &str,
     time_unix_ms: u64,
     asked: &[Request],
@@ -581,7 +598,7 @@ pub(crate) fn submit(
         .filter_map(|(r, d)| {
             let sampled = if keeps_record(d) {
                 false
-            } else if d.is_allowed() && sampler.take() {
+            } else if d.is_allowed() && options.take() {
                 true
             } else {
                 return None;
@@ -595,7 +612,10 @@ pub(crate) fn submit(
                 policy_digest: policy_digest.to_owned(),
                 decision: d.clone(),
                 caller: r.caller.as_deref().map(str::to_owned),
-                request: Some(recorded_request(r)),
+                request: options
+                    .keep_requests
+                    .load(Ordering::Relaxed)
+                    .then(|| recorded_request(r)),
                 sampled,
             })
         })

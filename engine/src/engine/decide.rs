@@ -118,7 +118,7 @@ impl Engine {
         }
         decision_log::submit(
             self.shared.decision_log.get(),
-            &self.shared.allow_sampler,
+            &self.shared.record_options,
             &snapshot.bundle.digest,
             self.shared.clock.now_unix_ms(),
             requests,
@@ -131,7 +131,14 @@ impl Engine {
     /// might refuse. Denies, obligations and warn or audit findings are kept whatever
     /// this says; a sampled allow's record that cannot be written fails nothing.
     pub fn sample_allows(&self, every: u32) {
-        self.shared.allow_sampler.set(every);
+        self.shared.record_options.sample_allows(every);
+    }
+
+    /// Whether decision records keep their requests (context and request entities,
+    /// see [`crate::state::RecordedRequest`]); true by default. Without them a record
+    /// cannot be replayed (`probity policy impact` counts it as not replayable).
+    pub fn keep_requests(&self, keep: bool) {
+        self.shared.record_options.keep_requests(keep);
     }
 
     /// Decides again the request `record` keeps, under the live set and store, as a

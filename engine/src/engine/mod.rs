@@ -59,8 +59,9 @@ struct Shared {
     log: std::sync::OnceLock<Arc<dyn LocalLog>>,
     /// Records denies and obligations in the state store, once one is attached.
     decision_log: std::sync::OnceLock<DecisionLog>,
-    /// Which allows the decision log keeps as samples ([`Engine::sample_allows`]).
-    allow_sampler: crate::decision_log::AllowSampler,
+    /// What the decision log keeps beyond what it must ([`Engine::sample_allows`],
+    /// [`Engine::keep_requests`]).
+    record_options: crate::decision_log::RecordOptions,
     /// Sealed mode: load only sets whose `policy.seal` verifies.
     sealing: Option<Sealing>,
     /// Who hears of reloads ([`Engine::reload_events`]).
@@ -239,7 +240,7 @@ impl Engine {
                 state: std::sync::OnceLock::new(),
                 log: std::sync::OnceLock::new(),
                 decision_log: std::sync::OnceLock::new(),
-                allow_sampler: crate::decision_log::AllowSampler::default(),
+                record_options: crate::decision_log::RecordOptions::default(),
                 sealing,
                 reload_events: ReloadSubscribers::default(),
                 by_reference: Mutex::new(None),

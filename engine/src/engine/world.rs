@@ -96,7 +96,7 @@ impl Engine {
                     state: std::sync::OnceLock::new(),
                     log: std::sync::OnceLock::new(),
                     decision_log: std::sync::OnceLock::new(),
-                    allow_sampler: crate::decision_log::AllowSampler::default(),
+                    record_options: crate::decision_log::RecordOptions::default(),
                     sealing: None,
                     reload_events: ReloadSubscribers::default(),
                     by_reference: Mutex::new(None),

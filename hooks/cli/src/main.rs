@@ -204,6 +204,23 @@ enum Command {
         #[command(flatten)]
         state: integrity::StateArgs,
     },
+    /// What the warn and audit policies find in the facts now: every Node judged as its
+    /// agent asks (comply), every Workload as admission does (admit), as the server's
+    /// GET /v1/reports and the controller's PolicyReports have it. Exit 0 when nothing
+    /// is found, 6 when something is.
+    Report {
+        /// Cedar entity JSON: the facts to judge.
+        #[arg(long)]
+        entities: Option<PathBuf>,
+        /// A state directory whose blocklist and node facts are judged too.
+        #[arg(long)]
+        state_dir: Option<PathBuf>,
+        /// Print the report as JSON.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        policies: PolicyArgs,
+    },
     /// Print the decision log of a state directory (denies and decisions with
     /// obligations), one JSON record per line, oldest first; or verify the audit
     /// trail's hash chain and checkpoints (`probity audit verify`).
@@ -432,6 +449,12 @@ fn run(cli: Cli) -> Result<u8> {
             list,
             state,
         } => integrity::audit(command.as_ref(), &list, &state),
+        Command::Report {
+            entities,
+            state_dir,
+            json,
+            policies,
+        } => report_store(entities.as_deref(), state_dir.as_deref(), json, &policies),
     }
 }
 
@@ -685,6 +708,59 @@ fn eval(
         exit::ALLOW
     } else {
         exit::DENY
+    })
+}
+
+/// `probity report`: the store's warn and audit findings (see `probity_server::reports`).
+fn report_store(
+    entities: Option<&Path>,
+    state_dir: Option<&Path>,
+    json: bool,
+    policies: &PolicyArgs,
+) -> Result<u8> {
+    let engine = load(policies)?;
+    if let Some(dir) = state_dir {
+        let state = probity::state::StateStore::open(dir)
+            .with_context(|| format!("cannot open the state directory {}", dir.display()))?;
+        engine.attach_state(std::sync::Arc::new(state))?;
+    }
+    if let Some(path) = entities {
+        load_entities(&engine, path)?;
+    }
+    let report = probity_server::reports::audit_store(&engine);
+    let found = report.nodes.len() + report.workloads.values().map(Vec::len).sum::<usize>();
+    if json {
+        out::line(serde_json::to_string_pretty(&report)?)?;
+    } else {
+        out::line(format_args!(
+            "judged {} entities: {found} warn/audit findings",
+            report.judged
+        ))?;
+        let all = report.nodes.iter().map(|f| ("", f)).chain(
+            report
+                .workloads
+                .iter()
+                .flat_map(|(ns, list)| list.iter().map(move |f| (ns.as_str(), f))),
+        );
+        for (namespace, f) in all {
+            let place = if namespace.is_empty() {
+                f.subject.clone()
+            } else {
+                format!("{} in namespace {namespace}", f.subject)
+            };
+            out::line(format_args!(
+                "{place}: {} ({}, {}): {}",
+                f.policy,
+                f.mode,
+                format!("{:?}", f.severity).to_lowercase(),
+                f.message
+            ))?;
+        }
+    }
+    Ok(if found == 0 {
+        exit::ALLOW
+    } else {
+        exit::VIOLATION
     })
 }
 

@@ -497,6 +497,18 @@ pub(crate) async fn policy_shadow(State(state): State<AppState>) -> Result<Json<
     }
 }
 
+/// `GET /v1/reports`: the store judged now (see [`crate::reports`]), off the async
+/// workers.
+pub(crate) async fn reports(State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
+    let report = tokio::task::spawn_blocking(move || crate::reports::audit_store(state.engine()))
+        .await
+        .map_err(|e| {
+            tracing::error!(error = %e, "the report task failed");
+            ApiError::Internal
+        })?;
+    Ok(Json(serde_json::to_value(report).unwrap_or_default()))
+}
+
 /// Largest signed manifest `/v1/verify` reads.
 const MAX_MANIFEST_BYTES: u64 = 64 * 1024 * 1024;
 

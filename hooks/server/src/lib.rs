@@ -23,6 +23,7 @@
 //! | `PUT /v1/facts/cluster` | replace the facts the cluster owns (`{"entities": [..]}`: each Node's `@owned("cluster")` attributes, from its Kubernetes Node) (authorized: `manage` on `Api::"cluster"`, operation `replace`; the controller) |
 //! | `POST /v1/events` | append `{"events": [{"object", "node", "kind", "detail"}]}` to the event log (authorized: `manage` on `Api::"events"`, operation `record`; the controller's actions) |
 //! | `GET /v1/policy/status` | digest, files, reloads, last reload error, the policies not plainly enforcing (`modes`) |
+//! | `GET /v1/reports` | what the `warn` and `audit` policies find in the store now: each Node judged as its agent asks (`comply`), each stored Workload as admission does (`admit`), nodes and workloads by namespace |
 //! | `GET /v1/policy/shadow` | the shadow set (`[policies] shadow`): decisions agreed, disagreed and dropped, by policy, the latest disagreements |
 //! | `GET /v1/cluster/digests` | the policy digest every process serves (from the state store), and which lag |
 //! | `POST /v1/verify` | verify a file before a node reads it; a failure blocks the node (authorized: `manage` on `Api::"verify"`) |
@@ -82,6 +83,7 @@ mod limits;
 mod metrics;
 mod placement;
 mod reader_claim;
+pub mod reports;
 mod server;
 mod shadow;
 mod stream;
@@ -689,6 +691,8 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("POST", "/v1/nodes/{id}/block"),
     ("POST", "/v1/nodes/{id}/unblock"),
     ("GET", "/v1/policy/status"),
+    ("GET", "/v1/policy/shadow"),
+    ("GET", "/v1/reports"),
     ("GET", "/v1/cluster/digests"),
     ("GET", "/v1/decisions"),
     ("POST", "/v1/events"),
@@ -734,6 +738,7 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/nodes/{id}/unblock", post(api::unblock_node))
         .route("/v1/policy/status", get(api::policy_status))
         .route("/v1/policy/shadow", get(api::policy_shadow))
+        .route("/v1/reports", get(api::reports))
         .route("/v1/cluster/digests", get(api::cluster_digests))
         .route("/v1/decisions", get(api::decisions))
         .route("/v1/events", post(api::record_events))

@@ -1315,3 +1315,55 @@ fn eval_shows_an_audit_policys_finding_and_allows_and_check_lists_the_mode() {
         "{listed}"
     );
 }
+
+#[test]
+fn report_prints_what_warn_and_audit_policies_find_in_the_facts_now() {
+    let dir = copy_policies();
+    let config = dir.path().join("probity.toml");
+    let mut text_config = std::fs::read_to_string(&config).unwrap();
+    text_config.push_str(
+        "\n[modes]\n\"placement.driver-drift\" = \"audit\"\n\"placement.inference-gpu-cpu-ratio\" = \"warn\"\n",
+    );
+    std::fs::write(&config, text_config).unwrap();
+    let out = probity(&[
+        "report",
+        "--entities",
+        "testdata/entities/cluster.json",
+        "--policies",
+        dir.path().to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(6), "{}", text(&out.stderr));
+    let listed = text(&out.stdout);
+    assert!(
+        listed.contains("Node::\"gpu-drift\": placement.driver-drift (audit, high): the GPU node does not run the pinned driver and CUDA image"),
+        "{listed}"
+    );
+    assert!(
+        listed.contains("Workload::\"infer-greedy\" in namespace inference: placement.inference-gpu-cpu-ratio (warn, medium)"),
+        "{listed}"
+    );
+    let out = probity(&[
+        "report",
+        "--entities",
+        "testdata/entities/cluster.json",
+        "--policies",
+        dir.path().to_str().unwrap(),
+        "--json",
+    ]);
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["nodes"].as_array().unwrap().len(), 2, "{report:#}");
+    assert_eq!(
+        report["workloads"]["inference"][0]["policy"],
+        "placement.inference-gpu-cpu-ratio"
+    );
+    // All enforcing: nothing to report.
+    let out = probity(&[
+        "report",
+        "--entities",
+        "testdata/entities/cluster.json",
+        "--policies",
+        "policies",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stdout));
+    assert!(text(&out.stdout).contains(": 0 warn/audit findings"));
+}

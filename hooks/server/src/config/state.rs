@@ -346,6 +346,10 @@ pub struct DecisionLogConfig {
     /// impact` can find allows a candidate set would refuse (0: none). None are kept
     /// while the log holds `warn_pct` of `max_bytes`. Default 1000.
     pub sample_allows_every: u32,
+    /// Whether records keep their requests (context and request-scoped entities,
+    /// secret-named values redacted, at most 64 KiB), which `probity policy impact`
+    /// replays. Default true.
+    pub keep_requests: bool,
 }
 
 impl Default for DecisionLogConfig {
@@ -356,6 +360,7 @@ impl Default for DecisionLogConfig {
             warn_pct: 90,
             prune_interval_seconds: 60,
             sample_allows_every: 1000,
+            keep_requests: true,
         }
     }
 }

@@ -99,6 +99,7 @@ pub(super) fn load_engine(
         None => Engine::from_embedded_defaults()?,
     };
     log_reloads(&engine);
+    engine.keep_requests(config.decision_log.keep_requests);
     let mut local_logs: Option<Arc<probity::state::StateStore>> = None;
     if let Some(dir) = &config.integrity.state_dir {
         let bad = |detail: String| ServeError::State {

@@ -220,3 +220,29 @@ async fn a_shadow_set_with_another_schema_is_refused_and_none_is_not_found() {
     .await;
     assert_eq!(status, StatusCode::NOT_FOUND);
 }
+
+#[tokio::test]
+async fn reports_list_what_warn_and_audit_policies_find_in_the_store() {
+    let (_tmp, s) = state_with_modes(
+        "\"placement.driver-drift\" = \"audit\"\n\"placement.inference-gpu-cpu-ratio\" = \"warn\"\n",
+    );
+    let (status, report) = call(&s, Method::GET, "/v1/reports", None, None).await;
+    assert_eq!(status, StatusCode::OK, "{report}");
+    let nodes = report["nodes"].as_array().unwrap();
+    let mut drifted: Vec<&str> = nodes.iter().map(|n| n["name"].as_str().unwrap()).collect();
+    drifted.sort_unstable();
+    // The drifted driver and the old CUDA image, as the enforcing rule refuses them.
+    assert_eq!(drifted, ["gpu-drift", "gpu-oldimage"], "{report:#}");
+    assert!(
+        nodes
+            .iter()
+            .all(|n| n["mode"] == "audit" && n["policy"] == "placement.driver-drift")
+    );
+    let inference = report["workloads"]["inference"].as_array().unwrap();
+    assert_eq!(inference.len(), 1, "{report:#}");
+    assert_eq!(inference[0]["name"], "infer-greedy");
+    assert_eq!(inference[0]["mode"], "warn");
+    // Judging the store records nothing and changes nothing.
+    let (_, again) = call(&s, Method::GET, "/v1/reports", None, None).await;
+    assert_eq!(again, report);
+}
