@@ -117,6 +117,10 @@ pub struct RunArgs {
     /// seconds (default: never; keep retrying with back-off and reporting).
     #[arg(long)]
     evict_escalate_after_seconds: Option<u64>,
+    /// Seconds between PolicyReports (wgpolicyk8s.io/v1alpha2) of what the warn and
+    /// audit policies find (Probity's GET /v1/reports); 0: write none.
+    #[arg(long, default_value_t = 60)]
+    report_interval_seconds: u64,
     /// Pods evicted per window from a zone asked to `migrate`, when its policy gives no
     /// `@param_pods_per_window`.
     #[arg(long, default_value_t = 2)]
@@ -257,6 +261,8 @@ async fn run(args: RunArgs) -> Result<u8> {
     options.zone_attribute = args.zone_attribute.clone();
     options.label_interval = Duration::from_secs(args.label_interval_seconds.max(1));
     options.evict_escalation = args.evict_escalate_after_seconds.map(Duration::from_secs);
+    options.report_interval = (args.report_interval_seconds > 0)
+        .then(|| Duration::from_secs(args.report_interval_seconds));
     options.migrate = controller::migrate::MigrateLimits {
         per_window: args.migrate_per_window,
         window: Duration::from_secs(args.migrate_window_seconds.max(1)),

@@ -36,6 +36,7 @@ pub mod metrics;
 pub mod migrate;
 pub mod nodes;
 pub mod plan;
+pub mod reports;
 pub mod shared;
 pub mod source;
 mod stop;
@@ -156,6 +157,9 @@ pub struct ControllerOptions {
     pub evict_escalation: Option<Duration>,
     /// The `migrate` bound and window when the policy gives none.
     pub migrate: migrate::MigrateLimits,
+    /// How often the PolicyReports of what warn and audit policies find are written
+    /// (see [`reports`]); `None`: never.
+    pub report_interval: Option<Duration>,
 }
 
 impl Default for ControllerOptions {
@@ -181,6 +185,7 @@ impl Default for ControllerOptions {
             record_events: false,
             migrate: migrate::MigrateLimits::default(),
             cluster_facts: false,
+            report_interval: Some(Duration::from_secs(60)),
         }
     }
 }
@@ -196,6 +201,7 @@ pub struct Controller {
     metrics: Arc<metrics::Metrics>,
     client: Client,
     labelled_at: std::sync::Mutex<Option<std::time::Instant>>,
+    reported_at: std::sync::Mutex<Option<std::time::Instant>>,
     cluster_facts_sent: std::sync::Mutex<nodes::Sent>,
     /// Per node, the answers in a row without its block, and with a stale one.
     confirmations: std::sync::Mutex<(BTreeMap<String, u32>, BTreeMap<String, u32>)>,
@@ -237,6 +243,7 @@ impl Controller {
             metrics: Arc::default(),
             client,
             labelled_at: std::sync::Mutex::new(None),
+            reported_at: std::sync::Mutex::new(None),
             cluster_facts_sent: std::sync::Mutex::default(),
             confirmations: std::sync::Mutex::default(),
         }
@@ -330,6 +337,13 @@ impl Controller {
                 self.metrics.error();
                 tracing::warn!(error = %error_chain(&error), "reconcile pass failed: nothing acted on");
             }
+        }
+        // Reports touch no node either: written whatever the modes.
+        if self.lease.leads()
+            && let Err(error) = self.sync_reports().await
+        {
+            self.metrics.error();
+            tracing::warn!(error = %error_chain(&error), "the policy reports could not be written");
         }
         // The cluster's facts feed the store and touch no node: sent whatever the modes.
         if self.options.cluster_facts

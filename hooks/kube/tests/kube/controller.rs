@@ -1598,3 +1598,111 @@ async fn nodes_nobody_seeded_are_known_from_their_labels_and_a_deleted_one_is_fo
         .await;
     assert_eq!(status, 200);
 }
+
+/// Probity's report of `kind` in `namespace` (cluster-wide for `None`), once `ready`
+/// holds for its results; polled, bounded by [`WAIT`].
+async fn report_until(
+    plane: &ControlPlane,
+    kind: &str,
+    namespace: Option<&str>,
+    what: &str,
+    ready: impl Fn(&[Value]) -> bool,
+) -> Vec<Value> {
+    use kube::api::{ApiResource, DynamicObject};
+    use kube::core::GroupVersionKind;
+    let resource =
+        ApiResource::from_gvk(&GroupVersionKind::gvk("wgpolicyk8s.io", "v1alpha2", kind));
+    let api: Api<DynamicObject> = match namespace {
+        Some(ns) => Api::namespaced_with(plane.client(), ns, &resource),
+        None => Api::all_with(plane.client(), &resource),
+    };
+    let started = std::time::Instant::now();
+    let mut last = Vec::new();
+    while started.elapsed() < WAIT {
+        if let Ok(Some(report)) = api.get_opt("probity").await {
+            last = report.data["results"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default();
+            if ready(&last) {
+                return last;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    panic!("{what}: the report never got there; last results: {last:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn policy_reports_appear_for_what_warn_and_audit_rules_find_and_clear_when_they_enforce() {
+    let mut cluster = Installed::start().await;
+    let policies = tempfile::tempdir().unwrap();
+    copy_dir(&cluster.probity.policies, policies.path());
+    let config = policies.path().join("probity.toml");
+    let original = std::fs::read_to_string(&config).unwrap();
+    std::fs::write(
+        &config,
+        format!(
+            "{original}\n[modes]\n\"placement.driver-drift\" = \"audit\"\n\"placement.inference-gpu-cpu-ratio\" = \"warn\"\n"
+        ),
+    )
+    .unwrap();
+    cluster.probity.stop();
+    cluster.probity.policies = policies.path().to_owned();
+    cluster.probity.restart().await;
+    let _controller = start_controller(
+        &cluster.plane,
+        &cluster.probity,
+        "reporter",
+        &["--report-interval-seconds", "1"],
+    );
+
+    // The drifted nodes, cluster-wide, as what the audit rule would refuse.
+    let nodes = report_until(
+        &cluster.plane,
+        "ClusterPolicyReport",
+        None,
+        "the nodes' report",
+        |r| r.len() == 2,
+    )
+    .await;
+    let mut named: Vec<&str> = nodes
+        .iter()
+        .map(|r| r["resources"][0]["name"].as_str().unwrap())
+        .collect();
+    named.sort_unstable();
+    assert_eq!(named, ["gpu-drift", "gpu-oldimage"]);
+    assert!(nodes.iter().all(|r| r["policy"] == "placement.driver-drift"
+        && r["result"] == "fail"
+        && r["properties"]["mode"] == "audit"));
+    // The greedy inference workload, in its namespace, as a warning.
+    let workloads = report_until(
+        &cluster.plane,
+        "PolicyReport",
+        Some("inference"),
+        "the inference report",
+        |r| !r.is_empty(),
+    )
+    .await;
+    assert_eq!(workloads[0]["policy"], "placement.inference-gpu-cpu-ratio");
+    assert_eq!(workloads[0]["result"], "warn");
+
+    // Both rules enforcing again: the reports clear (emptied, not deleted).
+    std::fs::write(&config, &original).unwrap();
+    report_until(
+        &cluster.plane,
+        "ClusterPolicyReport",
+        None,
+        "the nodes' report cleared",
+        <[Value]>::is_empty,
+    )
+    .await;
+    report_until(
+        &cluster.plane,
+        "PolicyReport",
+        Some("inference"),
+        "the inference report cleared",
+        <[Value]>::is_empty,
+    )
+    .await;
+}

@@ -1146,7 +1146,10 @@ fn workloads_but_the_controller_have_no_token_and_no_role() {
     // Every namespaced object is in the release's namespace.
     for doc in &r.0 {
         let kind = doc["kind"].as_str().unwrap();
-        if kind.ends_with("WebhookConfiguration") || kind.starts_with("Cluster") {
+        if kind.ends_with("WebhookConfiguration")
+            || kind.starts_with("Cluster")
+            || kind == "CustomResourceDefinition"
+        {
             continue;
         }
         assert_eq!(doc["metadata"]["namespace"], NAMESPACE, "{kind}");
@@ -1384,7 +1387,7 @@ fn controller_grants(r: &Render) -> BTreeSet<Grant> {
 }
 
 /// The controller's account may do exactly what it does (nodes, pods and evictions
-/// cluster-wide, Events in "default", its own Lease and state ConfigMap here) and
+/// cluster-wide, Events in "default", PolicyReports, its own Lease and state ConfigMap here) and
 /// nothing else: no wildcard, no Secret, and updates only to the two objects it owns,
 /// which are the ones its flags name.
 #[test]
@@ -1411,6 +1414,13 @@ fn the_controller_is_bound_to_exactly_the_permissions_it_uses() {
     // Events about Nodes (in "default") and about the Pods it evicts (anywhere).
     for verb in ["create", "patch"] {
         want.insert(grant("cluster", "events.k8s.io", "events", verb, ""));
+    }
+    // The PolicyReports of what warn and audit policies find: applied and listed, an
+    // emptied one kept, never deleted.
+    for resource in ["policyreports", "clusterpolicyreports"] {
+        for verb in ["get", "list", "create", "patch"] {
+            want.insert(grant("cluster", "wgpolicyk8s.io", resource, verb, ""));
+        }
     }
     for (group, resource, name) in [
         ("coordination.k8s.io", "leases", CONTROLLER),
@@ -1742,4 +1752,37 @@ fn the_controllers_certificate_may_record_events_only_when_it_has_one() {
         config.auth.groups.get("event-recorders"),
         Some(&vec!["cn:ops-controller".to_owned()])
     );
+}
+
+/// The report kinds are installed with the chart unless told otherwise, and the
+/// controller writes reports on the configured interval, or never.
+#[test]
+fn the_policy_report_crds_come_with_the_chart_and_can_be_left_to_another_engine() {
+    let r = default_render();
+    let crds: Vec<&str> = r
+        .all("CustomResourceDefinition")
+        .iter()
+        .map(|c| c["metadata"]["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        crds,
+        [
+            "policyreports.wgpolicyk8s.io",
+            "clusterpolicyreports.wgpolicyk8s.io"
+        ]
+    );
+    let args = |r: &Render| -> Vec<String> {
+        let d = r.one("Deployment", CONTROLLER);
+        d["spec"]["template"]["spec"]["containers"][0]["args"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| a.as_str().unwrap().to_owned())
+            .collect()
+    };
+    assert!(args(&r).contains(&"--report-interval-seconds=60".to_owned()));
+    let r = render(&["controller: {reports: {installCRDs: false}}"], &[]);
+    assert!(r.all("CustomResourceDefinition").is_empty());
+    let r = render(&["controller: {reports: {enabled: false}}"], &[]);
+    assert!(args(&r).contains(&"--report-interval-seconds=0".to_owned()));
 }
