@@ -17,7 +17,7 @@
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use probity::Decision;
-use probity::state::{DecisionRecord, LocalLog, RecordedRequest, StateStore};
+use probity::state::{DecisionRecord, RecordedRequest, StateStore};
 use serde_json::json;
 
 /// Records per commit.

@@ -184,7 +184,7 @@ fn main() {
     let (mut with, mut without, mut ratio) = (Vec::new(), Vec::new(), Vec::new());
     let record_rounds = rounds.min(10);
     for round in 0..record_rounds {
-        let mut run = |keep: bool| {
+        let run = |keep: bool| {
             recording.keep_requests(keep);
             record_round(&recording)
         };

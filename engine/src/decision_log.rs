@@ -485,7 +485,8 @@ impl RecordOptions {
     /// Whether this allow is the sample: the `every`-th, then every `every` after it.
     fn take(&self) -> bool {
         let every = self.every.load(Ordering::Relaxed);
-        every != 0 && (self.seen.fetch_add(1, Ordering::Relaxed) + 1) % u64::from(every) == 0
+        every != 0
+            && (self.seen.fetch_add(1, Ordering::Relaxed) + 1).is_multiple_of(u64::from(every))
     }
 }
 

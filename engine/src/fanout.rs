@@ -485,7 +485,7 @@ impl Engine {
             Ok(p) => p,
             Err(denied) => {
                 // One deny for all: the same request was malformed for every resource.
-                let denied = Arc::new(denied);
+                let denied = Arc::new(*denied);
                 return resources.iter().map(|_| Arc::clone(&denied)).collect();
             }
         };

@@ -159,7 +159,7 @@ impl ModeConfig {
                     for (i, item) in items.iter().enumerate().take(MAX_SCOPES) {
                         match read_scope(i, item, file) {
                             Ok(scope) => out.scopes.push(scope),
-                            Err(d) => problems.push(d),
+                            Err(d) => problems.push(*d),
                         }
                     }
                 }
@@ -181,30 +181,30 @@ fn read_scope(
     index: usize,
     item: &toml::Spanned<DeValue<'_>>,
     file: &SourceFile,
-) -> Result<ModeScope, SourceDiagnostic> {
+) -> Result<ModeScope, Box<SourceDiagnostic>> {
     let name = format!("mode_scope[{index}]");
     let DeValue::Table(t) = item.get_ref() else {
-        return Err(*file.at(item.span(), format!("{name}: expected a table")));
+        return Err(file.at(item.span(), format!("{name}: expected a table")));
     };
     for (key, _) in t.iter() {
         let k: &str = key.get_ref();
         if !["policy", "mode", "when"].contains(&k) {
-            return Err(*file.at(
+            return Err(file.at(
                 key.span(),
                 format!("{name}.{k}: unknown key (a scope has policy, mode and when)"),
             ));
         }
     }
-    let text = |key: &str| -> Result<(String, Range<usize>), SourceDiagnostic> {
+    let text = |key: &str| -> Result<(String, Range<usize>), Box<SourceDiagnostic>> {
         match t.get(key) {
             Some(v) => match v.get_ref() {
                 DeValue::String(s) if !s.trim().is_empty() => Ok((s.to_string(), v.span())),
-                _ => Err(*file.at(
+                _ => Err(file.at(
                     v.span(),
                     format!("{name}.{key}: expected a non-empty string"),
                 )),
             },
-            None => Err(*file.at(item.span(), format!("{name}: missing {key}"))),
+            None => Err(file.at(item.span(), format!("{name}: missing {key}"))),
         }
     };
     let (policy, _) = text("policy")?;

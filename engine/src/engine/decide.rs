@@ -341,7 +341,7 @@ impl Engine {
                 prepared.deadline = deadline;
                 self.decide_prepared(snapshot, request, &prepared, &request.resource, None)
             }
-            Err(denied) => denied,
+            Err(denied) => *denied,
         }
     }
 
@@ -353,23 +353,24 @@ impl Engine {
         &self,
         snapshot: &Snapshot,
         request: &Request,
-    ) -> Result<Prepared, Decision> {
+    ) -> Result<Prepared, Box<Decision>> {
         let schema = &snapshot.bundle.schema;
         let context_json = self
             .effective_context(snapshot, request)
-            .map_err(Decision::error)?;
+            .map_err(|e| Box::new(Decision::error(e)))?;
         let context = match &context_json {
             None => Context::empty(),
             Some(map) => Context::from_json_value(
                 Value::Object(map.clone()),
                 Some((schema, &request.action.0)),
             )
-            .map_err(|e| Decision::error(format!("invalid context: {e}")))?,
+            .map_err(|e| Box::new(Decision::error(format!("invalid context: {e}"))))?,
         };
         let extra = if request.entities.is_empty() {
             HashMap::new()
         } else {
-            Self::request_entities(snapshot, &request.entities).map_err(Decision::error)?
+            Self::request_entities(snapshot, &request.entities)
+                .map_err(|e| Box::new(Decision::error(e)))?
         };
         Ok(Prepared {
             context_json,

@@ -87,7 +87,8 @@ struct Report {
 
 /// One record's outcome under both sets.
 enum Outcome {
-    Replayed { live: Decision, candidate: Decision },
+    /// The live and the candidate set's answers.
+    Replayed(Box<(Decision, Decision)>),
     NotReplayable(String),
 }
 
@@ -215,7 +216,9 @@ fn replay_page(
                         .iter()
                         .map(
                             |r| match (live.decide_recorded(r), candidate.decide_recorded(r)) {
-                                (Ok(live), Ok(candidate)) => Outcome::Replayed { live, candidate },
+                                (Ok(live), Ok(candidate)) => {
+                                    Outcome::Replayed(Box::new((live, candidate)))
+                                }
                                 (Err(why), _) | (_, Err(why)) => Outcome::NotReplayable(why),
                             },
                         )
@@ -237,7 +240,8 @@ fn replay_page(
                 report.not_replayable += 1;
                 *report.not_replayable_why.entry(why).or_default() += 1;
             }
-            Outcome::Replayed { live, candidate } => {
+            Outcome::Replayed(answers) => {
+                let (live, candidate) = *answers;
                 report.replayed += 1;
                 if live.decision != record.decision.decision {
                     report.live_differs_from_record += 1;
@@ -355,15 +359,16 @@ fn print_text(report: &Report) -> Result<()> {
         }
         out::line(format_args!("{policy}: {}", parts.join(", ")))?;
         for e in &p.examples {
+            let text = |path: &str| e.pointer(path).and_then(Value::as_str).unwrap_or("");
             out::line(format_args!(
                 "  e.g. {} #{}: {} {} {}: {} -> {}",
-                e["source"].as_str().unwrap_or(""),
-                e["seq"],
-                e["principal"].as_str().unwrap_or(""),
-                e["action"].as_str().unwrap_or(""),
-                e["resource"].as_str().unwrap_or(""),
-                e["live"]["decision"].as_str().unwrap_or(""),
-                e["candidate"]["decision"].as_str().unwrap_or(""),
+                text("/source"),
+                e.pointer("/seq").and_then(Value::as_u64).unwrap_or(0),
+                text("/principal"),
+                text("/action"),
+                text("/resource"),
+                text("/live/decision"),
+                text("/candidate/decision"),
             ))?;
         }
     }

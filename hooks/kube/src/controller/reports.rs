@@ -51,16 +51,20 @@ pub fn report_body(kind: &str, namespace: Option<&str>, findings: &[Value]) -> V
                 "properties": {"mode": mode, "subject": f["subject"]},
             });
             if namespace.is_none()
-                && let Some(name) = f["name"].as_str()
+                && let (Some(name), Some(o)) =
+                    (f.get("name").and_then(Value::as_str), r.as_object_mut())
             {
-                r["resources"] = json!([{"apiVersion": "v1", "kind": "Node", "name": name}]);
+                o.insert(
+                    "resources".into(),
+                    json!([{"apiVersion": "v1", "kind": "Node", "name": name}]),
+                );
             }
             r
         })
         .collect();
     let mut metadata = json!({"name": REPORT_NAME, "labels": {MANAGED_BY.0: MANAGED_BY.1}});
-    if let Some(ns) = namespace {
-        metadata["namespace"] = json!(ns);
+    if let (Some(ns), Some(o)) = (namespace, metadata.as_object_mut()) {
+        o.insert("namespace".into(), json!(ns));
     }
     json!({
         "apiVersion": "wgpolicyk8s.io/v1alpha2",
@@ -93,7 +97,11 @@ impl Controller {
                 reason: format!("not a report: {e}"),
             })?;
         let apply = PatchParams::apply(FIELD_MANAGER).force();
-        let nodes: Vec<Value> = report["nodes"].as_array().cloned().unwrap_or_default();
+        let nodes: Vec<Value> = report
+            .get("nodes")
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default();
         let cluster: Api<DynamicObject> =
             Api::all_with(self.client.clone(), &resource("ClusterPolicyReport"));
         cluster
@@ -106,7 +114,7 @@ impl Controller {
             .map_err(|e| ControllerError::kube("apply the ClusterPolicyReport", e))?;
         let namespaced = resource("PolicyReport");
         let mut written: BTreeSet<String> = BTreeSet::new();
-        if let Some(by_namespace) = report["workloads"].as_object() {
+        if let Some(by_namespace) = report.get("workloads").and_then(Value::as_object) {
             for (ns, findings) in by_namespace {
                 let findings = findings.as_array().cloned().unwrap_or_default();
                 self.apply_policy_report(&namespaced, ns, &findings, &apply)
