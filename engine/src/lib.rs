@@ -59,6 +59,9 @@ mod guard;
 pub mod integrity;
 pub mod keys;
 mod modes;
+/// For the fuzz target `mode_tables`; not part of the API.
+#[cfg(feature = "fuzzing")]
+pub use modes::fuzzing as modes_fuzzing;
 mod plugin;
 /// For the fuzz target `plugins_toml`; not part of the API.
 #[cfg(feature = "fuzzing")]

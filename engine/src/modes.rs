@@ -410,3 +410,33 @@ mod tests {
         assert!(before.lowered_from(&after).is_empty());
     }
 }
+
+/// For the fuzz target `mode_tables`; not part of the API.
+#[cfg(feature = "fuzzing")]
+pub mod fuzzing {
+    use std::sync::Arc;
+
+    use super::ModeConfig;
+    use crate::source::SourceFile;
+
+    /// Reads `data` as a `probity.toml`'s `[modes]` and `[[mode_scope]]`: no panic, and
+    /// every problem is on a line of the text, with a message.
+    pub fn mode_tables(data: &[u8]) {
+        let Ok(text) = std::str::from_utf8(data) else {
+            return;
+        };
+        let lines = text.lines().count().max(1);
+        let text: Arc<str> = Arc::from(text);
+        if let Err(problems) = ModeConfig::read(&SourceFile::inline("probity.toml", &text)) {
+            assert!(!problems.is_empty(), "an error without a problem");
+            for p in problems {
+                assert!(
+                    p.line >= 1 && p.line <= lines + 1,
+                    "line {} of {lines}",
+                    p.line
+                );
+                assert!(!p.message.is_empty());
+            }
+        }
+    }
+}
