@@ -43,6 +43,10 @@ pub struct ActionRequest {
     /// the annotation that orders pods).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub parameters: BTreeMap<String, String>,
+    /// From a policy in `warn` or `audit` mode: what would be done is reported (the
+    /// controller's evictions go with `dryRun=All`), nothing is moved.
+    #[serde(default, rename = "dryRun", skip_serializing_if = "std::ops::Not::not")]
+    pub dry_run: bool,
 }
 
 impl ActionRequest {
@@ -70,6 +74,7 @@ impl ActionRequest {
             at,
             ttl_seconds,
             parameters: obligation.parameters.clone(),
+            dry_run: false,
         })
     }
 
@@ -121,6 +126,7 @@ mod tests {
             at,
             ttl_seconds,
             parameters: BTreeMap::new(),
+            dry_run: false,
         }
     }
 

@@ -108,6 +108,22 @@ pub(crate) async fn report_migrate(
                 .map_or_else(|| o.policy.clone(), |r| r.message.clone());
             ActionRequest::of_obligation(o, &parsed.node, &reason, at, ttl)
         })
+        // A warn or audit policy's `migrate`: asked as a dry run, so the controller
+        // reports what it would move and moves nothing.
+        .chain(
+            decision
+                .warnings
+                .iter()
+                .chain(&decision.audit)
+                .flat_map(|n| {
+                    n.obligations.iter().filter_map(|o| {
+                        let mut r =
+                            ActionRequest::of_obligation(o, &parsed.node, &n.message, at, ttl)?;
+                        r.dry_run = true;
+                        Some(r)
+                    })
+                }),
+        )
         .collect();
     let node = parsed.node.clone();
     let (published, withdrawn) = tokio::task::spawn_blocking(move || {

@@ -61,6 +61,7 @@ mod tests {
             at,
             ttl_seconds: 30,
             parameters: BTreeMap::from([("per_window".into(), "2".into())]),
+            dry_run: false,
         }
     }
 

@@ -108,4 +108,39 @@ impl Agent {
         }
         done
     }
+
+    /// Publishes, as dry runs, the `migrate` requests of the warn and audit policies
+    /// that fired in `decisions` (the controller reports what it would move and moves
+    /// nothing), again each cycle they fire; withdraws those that no longer do.
+    pub(super) fn publish_dry_runs(&mut self, decisions: &[&probity::Decision], at: u64) {
+        let Some(state) = self.engine.state().cloned() else {
+            return;
+        };
+        let ttl = self.config.collect.stale_after.as_secs().max(1);
+        let mut wanted = std::collections::BTreeSet::new();
+        for d in decisions {
+            for n in d.warnings.iter().chain(&d.audit) {
+                for o in &n.obligations {
+                    let Some(mut request) =
+                        ActionRequest::of_obligation(o, &self.config.node, &n.message, at, ttl)
+                            .filter(|r| crate::config::valid_id(&r.target))
+                    else {
+                        continue;
+                    };
+                    request.dry_run = true;
+                    wanted.insert(request.key());
+                    if state.publish_action(&request).is_err() {
+                        self.obligation_failures += 1;
+                    }
+                }
+            }
+        }
+        for key in self.dry_run_actions.difference(&wanted) {
+            // A failure lapses with the TTL.
+            if state.withdraw_action(key).is_err() {
+                self.obligation_failures += 1;
+            }
+        }
+        self.dry_run_actions = wanted;
+    }
 }

@@ -116,6 +116,8 @@ impl Agent {
             self.update_alerts(before, after, &mut obligations);
         }
         self.refresh_actions(&change.raised, at);
+        let decided: Vec<&Decision> = reports.iter().map(|r| &r.decision).collect();
+        self.publish_dry_runs(&decided, at);
         for f in &change.cleared {
             let mut done = self.resolve(f, &mut obligations);
             done.extend(self.withdraw_actions(f, &mut obligations));

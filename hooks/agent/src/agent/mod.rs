@@ -155,6 +155,9 @@ pub struct Agent {
     last_phases: BTreeMap<String, f64>,
     last_unreadable: BTreeMap<String, String>,
     obligation_failures: u64,
+    /// The keys of the dry-run `migrate` requests published for warn and audit
+    /// findings, withdrawn once their finding is gone.
+    dry_run_actions: BTreeSet<String>,
     event_failures: u64,
     forwarders: Option<Forwarders>,
 }
@@ -238,6 +241,7 @@ impl Agent {
             last_phases: BTreeMap::new(),
             last_unreadable: BTreeMap::new(),
             obligation_failures: 0,
+            dry_run_actions: BTreeSet::new(),
             event_failures: 0,
             forwarders: None,
             config,

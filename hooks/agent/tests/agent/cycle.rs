@@ -591,10 +591,10 @@ fn a_zone_at_its_ceiling_asks_the_controller_to_migrate_until_it_cools() {
     assert!(shared.action_requests().unwrap().is_empty());
 }
 
-/// The same hot zone under the ceiling rule in audit mode: nothing is asked of the
-/// controller and nothing is alerted, but the decision log keeps what would have been.
+/// The same hot zone under the ceiling rule in audit mode: the controller is asked only
+/// for a dry run and nothing is alerted, and the decision log keeps what would have been.
 #[test]
-fn a_zone_at_its_ceiling_under_an_audit_rule_asks_nothing_and_is_recorded() {
+fn a_zone_at_its_ceiling_under_an_audit_rule_asks_only_a_dry_run_and_is_recorded() {
     let policies = tempfile::tempdir().unwrap();
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../policies");
     let copied = std::process::Command::new("cp")
@@ -628,14 +628,11 @@ fn a_zone_at_its_ceiling_under_an_audit_rule_asks_nothing_and_is_recorded() {
         "{:?}",
         r.obligations
     );
-    assert!(
-        engine
-            .state()
-            .unwrap()
-            .action_requests()
-            .unwrap()
-            .is_empty()
-    );
+    // Asked only as a dry run: the controller reports what it would move.
+    let requests = engine.state().unwrap().action_requests().unwrap();
+    assert_eq!(requests.len(), 1, "{requests:?}");
+    assert!(requests[0].dry_run, "{requests:?}");
+    assert_eq!(requests[0].target, "z1");
     let recorded = probity::state::LocalLog::decisions(store.as_ref(), 0, 1000).unwrap();
     let audited = recorded
         .iter()

@@ -1137,6 +1137,7 @@ fn an_action_request_goes_with_its_agents_facts_lease() {
         at: 1,
         ttl_seconds: 2,
         parameters: std::collections::BTreeMap::new(),
+        dry_run: false,
     };
     let refused = agent.publish_action(&request).unwrap_err();
     assert!(

@@ -86,6 +86,9 @@ pub struct MigrateRequest {
     /// The policy's parameters.
     #[serde(default)]
     pub parameters: BTreeMap<String, String>,
+    /// From a policy in warn or audit mode: report what would be moved, move nothing.
+    #[serde(default, rename = "dryRun")]
+    pub dry_run: bool,
 }
 
 /// What a zone is asked, all its requests together.
@@ -99,6 +102,9 @@ pub struct ZoneAsk {
     pub order_annotation: String,
     /// Why: the requests' policies and nodes.
     pub reason: String,
+    /// Every request is a dry run (from warn or audit policies): evictions go with
+    /// `dryRun=All` and count against no window. One enforcing request makes it real.
+    pub dry_run: bool,
 }
 
 /// The zones asked, from the live requests; a parameter a policy gives but that does
@@ -130,12 +136,14 @@ pub fn zone_asks(requests: &[MigrateRequest], limits: &MigrateLimits) -> BTreeMa
                 a.per_window = a.per_window.min(per_window);
                 a.window_seconds = a.window_seconds.max(window_seconds);
                 a.reason = format!("{}, {why}", a.reason);
+                a.dry_run = a.dry_run && r.dry_run;
             })
             .or_insert(ZoneAsk {
                 per_window,
                 window_seconds,
                 order_annotation: order,
                 reason: why,
+                dry_run: r.dry_run,
             });
     }
     asks
@@ -269,7 +277,7 @@ impl Controller {
                 candidates.truncate(usize::try_from(left).unwrap_or(usize::MAX));
                 candidates
             };
-            if !dry_run {
+            if !(dry_run || ask.dry_run) {
                 window.evicted = window
                     .evicted
                     .saturating_add(u32::try_from(chosen.len()).unwrap_or(u32::MAX));
@@ -291,6 +299,9 @@ impl Controller {
         let mut backoffs = BTreeMap::new();
         let mut cleared = Vec::new();
         for (zone, ask, chosen) in &plans {
+            // This zone's evictions are dry runs when the controller's mode says so, or
+            // when only warn or audit policies ask.
+            let dry_run = dry_run || ask.dry_run;
             for c in chosen {
                 if !self.lease.leads() {
                     *refunds.entry(zone.clone()).or_default() += 1;
@@ -363,16 +374,19 @@ impl Controller {
                     && k.detail == r.detail
             })
         };
-        if dry_run && records.iter().all(known) {
+        // A dry run's record says "would".
+        let dry = |r: &ActionRecord| r.outcome == "would";
+        if records.iter().all(|r| dry(r) && known(r)) {
             return Ok(());
         }
-        let unlogged = if self.options.record_events && !dry_run {
-            let (sent, error) = self.probity.record_events(&records).await;
+        let done: Vec<ActionRecord> = records.iter().filter(|r| !dry(r)).cloned().collect();
+        let unlogged = if self.options.record_events && !done.is_empty() {
+            let (sent, error) = self.probity.record_events(&done).await;
             if let Some(error) = error {
                 self.metrics.error();
                 tracing::warn!(error = %error_chain(&error), "migrations could not be appended to Probity's event log: kept for the next pass");
             }
-            records.iter().skip(sent).cloned().collect()
+            done.iter().skip(sent).cloned().collect()
         } else {
             Vec::new()
         };
@@ -392,7 +406,7 @@ impl Controller {
                 let fresh: Vec<ActionRecord> = records
                     .iter()
                     .filter(|r| {
-                        !dry_run
+                        !dry(r)
                             || !s.report.iter().any(|k| {
                                 k.node == r.node
                                     && k.action == r.action
@@ -447,7 +461,18 @@ mod tests {
                 .iter()
                 .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
                 .collect(),
+            dry_run: false,
         }
+    }
+
+    #[test]
+    fn a_zone_asked_only_by_dry_runs_is_a_dry_run_and_one_enforcing_ask_makes_it_real() {
+        let limits = MigrateLimits::default();
+        let mut dry = request("z1", "n1", &[]);
+        dry.dry_run = true;
+        assert!(zone_asks(std::slice::from_ref(&dry), &limits)["z1"].dry_run);
+        let real = request("z1", "n2", &[]);
+        assert!(!zone_asks(&[dry, real], &limits)["z1"].dry_run);
     }
 
     fn pod(name: &str, priority: Option<i64>) -> Candidate {

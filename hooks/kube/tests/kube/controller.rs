@@ -1706,3 +1706,60 @@ async fn policy_reports_appear_for_what_warn_and_audit_rules_find_and_clear_when
     )
     .await;
 }
+
+/// The same hot zone under the ceiling rule in audit mode: the request is a dry run,
+/// the controller reports which pods it would move (evictions with `dryRun=All`, which
+/// the apiserver judges without acting) and moves none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_zone_at_an_audit_rules_ceiling_is_reported_with_dry_run_evictions_and_keeps_its_pods() {
+    let mut h = Harness::start(&[]).await;
+    let policies = tempfile::tempdir().unwrap();
+    copy_dir(&h.probity.policies, policies.path());
+    let config = policies.path().join("probity.toml");
+    let original = std::fs::read_to_string(&config).unwrap();
+    std::fs::write(
+        &config,
+        format!("{original}\n[modes]\n\"thermal.zone-power-ceiling\" = \"audit\"\n"),
+    )
+    .unwrap();
+    h.probity.stop();
+    h.probity.policies = policies.path().to_owned();
+    h.probity.restart().await;
+    h.plane
+        .add_node("gpu-hot1", "zone-hot", 8, "NVIDIA-A100-SXM4-80GB")
+        .await;
+    h.plane.namespace("training").await;
+    ranked_pod(&h, "high", "gpu-hot1", Some("10")).await;
+    ranked_pod(&h, "mid", "gpu-hot1", Some("5")).await;
+    let metrics_port = free_port();
+    let _controller = h.controller(
+        "c1",
+        &["--metrics-listen", &format!("127.0.0.1:{metrics_port}")],
+    );
+    let body = report_gpu_hot1(&h).await;
+    assert_eq!(body["published"][0]["target"], "zone-hot", "{body}");
+    assert_eq!(body["published"][0]["dryRun"], true, "{body}");
+
+    let state = h
+        .state_until("the dry-run evictions reported", |s| {
+            s["report"].as_array().is_some_and(|r| {
+                r.iter()
+                    .filter(|r| r["action"] == "migrate" && r["outcome"] == "would")
+                    .count()
+                    == 2
+            })
+        })
+        .await;
+    // Nothing counted against the window, nothing moved, however many passes.
+    assert_eq!(state["migrations"]["zone-hot"]["evicted"], 0, "{state}");
+    five_more_passes(metrics_port, "five more passes").await;
+    let pods: Api<Pod> = Api::namespaced(h.plane.client(), "training");
+    for name in ["high", "mid"] {
+        assert!(!terminating(&pods.get(name).await.unwrap()), "{name}");
+    }
+    let text = metrics_text(metrics_port).await;
+    assert!(
+        !text.contains("probity_controller_actions_total{kind=\"migrate\",outcome=\"done\"}"),
+        "{text}"
+    );
+}
