@@ -501,29 +501,26 @@ pub(crate) fn recorded_request(r: &Request) -> RecordedRequest {
     };
     if let Some(c) = out.context.as_mut() {
         for (k, v) in c.iter_mut() {
-            redact(
-                v,
-                &format!("context.{k}"),
-                secret_name(k),
-                &mut out.redacted,
-                0,
-            );
+            let mut at = vec!["context".to_owned(), k.clone()];
+            redact(v, &mut at, secret_name(k), &mut out.redacted);
         }
     }
     for (i, e) in out.entities.iter_mut().enumerate() {
         if let Some(attrs) = e.get_mut("attrs").and_then(Value::as_object_mut) {
             for (k, v) in attrs.iter_mut() {
-                let path = format!("entities[{i}].attrs.{k}");
-                redact(v, &path, secret_name(k), &mut out.redacted, 0);
+                let mut at = vec![format!("entities[{i}]"), "attrs".to_owned(), k.clone()];
+                redact(v, &mut at, secret_name(k), &mut out.redacted);
             }
         }
     }
     out.redacted.sort();
     let size = out
         .context
-        .as_ref()
-        .map_or(0, |c| serde_json::to_vec(c).map_or(usize::MAX, |b| b.len()))
-        + serde_json::to_vec(&out.entities).map_or(usize::MAX, |b| b.len());
+        .iter()
+        .flat_map(|c| c.iter())
+        .map(|(k, v)| k.len() + json_size(v, 0))
+        .chain(out.entities.iter().map(|e| json_size(e, 0)))
+        .fold(0usize, usize::saturating_add);
     if size > RecordedRequest::MAX_BYTES {
         out.context = None;
         out.entities = Vec::new();
@@ -536,45 +533,88 @@ pub(crate) fn recorded_request(r: &Request) -> RecordedRequest {
     out
 }
 
-/// Whether an attribute's name says its value is a secret.
-fn secret_name(name: &str) -> bool {
-    const SECRET: [&str; 7] = [
-        "password",
-        "passwd",
-        "secret",
-        "token",
-        "credential",
-        "privatekey",
-        "apikey",
-    ];
-    let folded: String = name
-        .chars()
-        .filter(|c| c.is_ascii_alphanumeric())
-        .map(|c| c.to_ascii_lowercase())
-        .collect();
-    SECRET.iter().any(|s| folded.contains(s))
+/// About how many bytes `v` takes as JSON, counted without writing it (on the hot
+/// path of every recorded decision): strings and keys exactly, with their quotes and
+/// separators, escapes not counted; numbers at most 24.
+fn json_size(v: &Value, depth: usize) -> usize {
+    if depth > 64 {
+        return 0;
+    }
+    match v {
+        Value::Null | Value::Bool(_) => 5,
+        Value::Number(_) => 24,
+        Value::String(s) => s.len() + 2,
+        Value::Array(a) => a
+            .iter()
+            .map(|x| json_size(x, depth + 1) + 1)
+            .fold(2, usize::saturating_add),
+        Value::Object(o) => o
+            .iter()
+            .map(|(k, x)| k.len() + 4 + json_size(x, depth + 1))
+            .fold(2, usize::saturating_add),
+    }
 }
 
-/// Replaces the value at `path` (and, in records and sets, what secret-named keys
-/// hold) with `"<redacted>"`, listing each path replaced.
-fn redact(v: &mut Value, path: &str, secret: bool, out: &mut Vec<String>, depth: usize) {
+/// Whether an attribute's name says its value is a secret (`apiToken`, `client_secret`,
+/// `Password`): its letters and digits, lowercased, hold one of the words. Looked at
+/// in a buffer on the stack: this runs for every attribute of every recorded request.
+fn secret_name(name: &str) -> bool {
+    const SECRET: [&[u8]; 7] = [
+        b"password",
+        b"passwd",
+        b"secret",
+        b"token",
+        b"credential",
+        b"privatekey",
+        b"apikey",
+    ];
+    let mut folded = [0u8; 64];
+    let mut len = 0;
+    for b in name.bytes().filter(u8::is_ascii_alphanumeric) {
+        let Some(slot) = folded.get_mut(len) else {
+            break;
+        };
+        *slot = b.to_ascii_lowercase();
+        len += 1;
+    }
+    let folded = folded.get(..len).unwrap_or_default();
+    SECRET
+        .iter()
+        .any(|word| folded.windows(word.len()).any(|w| w == *word))
+}
+
+/// Replaces the value at the path `at` names (and, in records and sets, what
+/// secret-named keys hold) with `"<redacted>"`, listing each path replaced. The path is
+/// written out only for a value replaced: most requests hold none.
+fn redact(v: &mut Value, at: &mut Vec<String>, secret: bool, out: &mut Vec<String>) {
     if secret {
         *v = Value::String("<redacted>".into());
-        out.push(path.to_owned());
+        out.push(at.join("."));
         return;
     }
-    if depth > 16 {
+    if at.len() > 16 {
         return;
     }
     match v {
         Value::Object(o) => {
             for (k, x) in o.iter_mut() {
-                redact(x, &format!("{path}.{k}"), secret_name(k), out, depth + 1);
+                at.push(k.clone());
+                redact(x, at, secret_name(k), out);
+                at.pop();
             }
         }
         Value::Array(a) => {
             for (i, x) in a.iter_mut().enumerate() {
-                redact(x, &format!("{path}[{i}]"), false, out, depth + 1);
+                let Some(before) = at.last().map(String::len) else {
+                    continue;
+                };
+                if let Some(last) = at.last_mut() {
+                    last.push_str(&format!("[{i}]"));
+                }
+                redact(x, at, false, out);
+                if let Some(last) = at.last_mut() {
+                    last.truncate(before);
+                }
             }
         }
         _ => {}
