@@ -3,7 +3,7 @@
 # in interleaved rounds: the issue "rolling out a policy safely" asks for at most 1.1x.
 #
 #   cargo build --release --workspace --bin probity --example loadgen
-#   [PROBITY=BINARY] bash scripts/bench-shadow.sh [ROUNDS=3] [SAMPLE_EVERY=1] [SECONDS=10]
+#   [PROBITY=BINARY] [LOADGEN=BINARY] bash scripts/bench-shadow.sh [ROUNDS=3] [SAMPLE_EVERY=1] [SECONDS=10]
 #
 # Each round starts a fresh server on the default policies and the test cluster, and one
 # whose [policies] shadow is a copy of them with the zone ceiling in warn mode (so
@@ -18,7 +18,7 @@ rounds=${1:-3}
 every=${2:-1}
 seconds=${3:-10}
 probity=${PROBITY:-$repo/target/release/probity}
-loadgen=$repo/target/release/examples/loadgen
+loadgen=${LOADGEN:-$repo/target/release/examples/loadgen}
 for b in "$probity" "$loadgen"; do
   [ -x "$b" ] || { echo "build first: $b is missing" >&2; exit 2; }
 done
@@ -69,7 +69,7 @@ TOML
     curl -s "http://127.0.0.1:$port/v1/policy/shadow" | python3 -c '
 import json, sys
 r = json.load(sys.stdin)
-print(f"shadow: agreed {r[\"agreed\"]} disagreed {r[\"disagreed\"]} dropped {r[\"dropped\"]}", file=sys.stderr)'
+print("shadow: agreed %d disagreed %d dropped %d" % (r["agreed"], r["disagreed"], r["dropped"]), file=sys.stderr)'
   fi
   kill -TERM "$pid"
   wait "$pid" 2>/dev/null || true

@@ -2,8 +2,8 @@
 //! `shadow_sample_every` is handed, with the live answer, to a thread of its own
 //! through a bounded queue (full: dropped and counted, never waited for), which decides
 //! it under the shadow set and counts agreements and disagreements, keeping the latest
-//! disagreements for `GET /v1/policy/shadow`. The answer the caller gets is the live
-//! set's, always.
+//! disagreements for `GET /v1/policy/shadow`. The thread takes at most a quarter of a
+//! core ([`REST_FACTOR`]). The answer the caller gets is the live set's, always.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -116,10 +116,18 @@ impl Shadow {
     }
 }
 
+/// The most of one core the shadow thread takes: after each decision it rests
+/// `REST_FACTOR` times as long as the decision took. On a busy machine the hot path's
+/// threads would otherwise share their cores with it; what it cannot keep up with
+/// fills the queue and is dropped (counted).
+const REST_FACTOR: u32 = 3;
+
 fn run(engine: &Engine, set: &ShadowSet, counts: &Counts, inbox: &Receiver<(Request, Decision)>) {
     // Ends when the server's state, and with it the sender, is dropped.
     for (request, live) in inbox {
+        let started = std::time::Instant::now();
         let shadow = engine.decide_shadow(set, &request);
+        std::thread::sleep(started.elapsed() * REST_FACTOR);
         if same(&live, &shadow) {
             counts.agreed.fetch_add(1, Ordering::Relaxed);
             continue;
