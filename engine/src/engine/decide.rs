@@ -571,41 +571,36 @@ impl Engine {
             .is_authorized(cedar_request, watched, entities);
         let mut warnings = Vec::new();
         let mut audit = Vec::new();
-        let mut push = |m: &PolicyMeta, notice: Notice| match m.mode {
-            Mode::Warn => warnings.push(notice),
-            Mode::Audit => audit.push(notice),
-            Mode::Enforce => {}
+        // A fired policy's notice carries the obligation it would have imposed; a
+        // failed one's, the error instead (its condition was never established).
+        let mut push = |m: &PolicyMeta, error: Option<String>| {
+            let notice = Notice {
+                policy: m.id.clone(),
+                message: facts.render(&m.message),
+                severity: m.severity,
+                obligations: if error.is_none() {
+                    facts.obligation(m).into_iter().collect()
+                } else {
+                    Vec::new()
+                },
+                error,
+            };
+            match m.mode {
+                Mode::Warn => warnings.push(notice),
+                Mode::Audit => audit.push(notice),
+                Mode::Enforce => {}
+            }
         };
         for id in response.diagnostics().reason() {
-            let Some(m) = bundle.meta.get(id) else {
-                continue;
-            };
-            push(
-                m,
-                Notice {
-                    policy: m.id.clone(),
-                    message: facts.render(&m.message),
-                    severity: m.severity,
-                    obligations: facts.obligation(m).into_iter().collect(),
-                    error: None,
-                },
-            );
+            if let Some(m) = bundle.meta.get(id) {
+                push(m, None);
+            }
         }
         for err in response.diagnostics().errors() {
             let cedar_policy::AuthorizationError::PolicyEvaluationError(err) = err;
-            let Some(m) = bundle.meta.get(err.policy_id()) else {
-                continue;
-            };
-            push(
-                m,
-                Notice {
-                    policy: m.id.clone(),
-                    message: facts.render(&m.message),
-                    severity: m.severity,
-                    obligations: Vec::new(),
-                    error: Some(err.inner().to_string()),
-                },
-            );
+            if let Some(m) = bundle.meta.get(err.policy_id()) {
+                push(m, Some(err.inner().to_string()));
+            }
         }
         let order = |a: &Notice, b: &Notice| {
             b.severity

@@ -72,6 +72,12 @@ const HOT: &[u8] = br#"{"principal": "Workload::\"train-1\"", "action": "schedul
 
 fn cluster_engine() -> ProbityEngine {
     let e = open(None, None);
+    load_cluster(e);
+    e
+}
+
+/// Loads the test cluster's facts into `e`.
+fn load_cluster(e: ProbityEngine) {
     let cluster = std::fs::read(concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/../../testdata/entities/cluster.json"
@@ -82,7 +88,6 @@ fn cluster_engine() -> ProbityEngine {
     let status = unsafe { probity_upsert_entities(e, cluster.as_ptr(), cluster.len(), &mut n) };
     assert_eq!(status, ProbityStatus::Ok, "{}", last_error());
     assert!(n > 10);
-    e
 }
 
 #[test]
@@ -206,15 +211,7 @@ fn an_audit_policy_allows_through_the_c_abi_and_keeps_its_obligation_apart() {
     text.push_str("\n[modes]\n\"thermal.zone-power-ceiling\" = \"audit\"\n");
     std::fs::write(&config, text).unwrap();
     let e = open(Some(tmp.path().to_str().unwrap()), None);
-    let cluster = std::fs::read(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../testdata/entities/cluster.json"
-    ))
-    .unwrap();
-    let mut n = 0;
-    // SAFETY: a live slice and a local out parameter.
-    let status = unsafe { probity_upsert_entities(e, cluster.as_ptr(), cluster.len(), &mut n) };
-    assert_eq!(status, ProbityStatus::Ok, "{}", last_error());
+    load_cluster(e);
     let (status, d) = decide(e, HOT, 0);
     assert_eq!(status, ProbityStatus::Ok);
     let d = d.unwrap();

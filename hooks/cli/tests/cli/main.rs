@@ -53,6 +53,15 @@ fn copy_policies() -> tempfile::TempDir {
     tmp
 }
 
+/// A copy of the policies whose probity.toml has `modes` as its `[modes]` table.
+fn policies_with_modes(modes: &str) -> tempfile::TempDir {
+    let dir = copy_policies();
+    let config = dir.path().join("probity.toml");
+    let text = std::fs::read_to_string(&config).unwrap();
+    std::fs::write(&config, format!("{text}\n[modes]\n{modes}")).unwrap();
+    dir
+}
+
 #[test]
 fn check_passes_on_the_shipped_policies() {
     // Every shipped policy carries an @id, so counting them counts the policies.
@@ -1276,11 +1285,7 @@ fn a_threshold_added_by_schema_toml_and_policy_is_honoured_by_eval_and_check() {
 
 #[test]
 fn eval_shows_an_audit_policys_finding_and_allows_and_check_lists_the_mode() {
-    let dir = copy_policies();
-    let config = dir.path().join("probity.toml");
-    let mut text_config = std::fs::read_to_string(&config).unwrap();
-    text_config.push_str("\n[modes]\n\"thermal.zone-power-ceiling\" = \"audit\"\n");
-    std::fs::write(&config, text_config).unwrap();
+    let dir = policies_with_modes("\"thermal.zone-power-ceiling\" = \"audit\"\n");
     let tmp = tempfile::tempdir().unwrap();
     let req = tmp.path().join("req.json");
     std::fs::write(&req, r#"{"principal": "Workload::\"train-1\"", "action": "schedule", "resource": "Node::\"gpu-hot1\""}"#).unwrap();
@@ -1318,13 +1323,9 @@ fn eval_shows_an_audit_policys_finding_and_allows_and_check_lists_the_mode() {
 
 #[test]
 fn report_prints_what_warn_and_audit_policies_find_in_the_facts_now() {
-    let dir = copy_policies();
-    let config = dir.path().join("probity.toml");
-    let mut text_config = std::fs::read_to_string(&config).unwrap();
-    text_config.push_str(
-        "\n[modes]\n\"placement.driver-drift\" = \"audit\"\n\"placement.inference-gpu-cpu-ratio\" = \"warn\"\n",
+    let dir = policies_with_modes(
+        "\"placement.driver-drift\" = \"audit\"\n\"placement.inference-gpu-cpu-ratio\" = \"warn\"\n",
     );
-    std::fs::write(&config, text_config).unwrap();
     let out = probity(&[
         "report",
         "--entities",

@@ -276,18 +276,10 @@ async fn serving_mode(cluster: &Installed, policy: &str, mode: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rule_rolled_out_in_warn_then_audit_mode_admits_and_the_client_sees_the_warning() {
     let mut cluster = Installed::start().await;
-    let policies = tempfile::tempdir().unwrap();
-    crate::controller::copy_dir(&cluster.probity.policies, policies.path());
-    let config = policies.path().join("probity.toml");
-    let original = std::fs::read_to_string(&config).unwrap();
-    std::fs::write(
-        &config,
-        format!("{original}\n[modes]\n\"placement.inference-gpu-cpu-ratio\" = \"warn\"\n"),
-    )
-    .unwrap();
-    cluster.probity.stop();
-    cluster.probity.policies = policies.path().to_owned();
-    cluster.probity.restart().await;
+    let modes = cluster
+        .probity
+        .restart_with_modes("\"placement.inference-gpu-cpu-ratio\" = \"warn\"\n")
+        .await;
     serving_mode(&cluster, "placement.inference-gpu-cpu-ratio", "warn").await;
 
     // The pod the rule refuses when it enforces is created, and kubectl shows why it
@@ -307,11 +299,7 @@ async fn a_rule_rolled_out_in_warn_then_audit_mode_admits_and_the_client_sees_th
 
     // Lowered again, to audit, by editing the file the server watches: no warning, and
     // the finding is in the decision log.
-    std::fs::write(
-        &config,
-        format!("{original}\n[modes]\n\"placement.inference-gpu-cpu-ratio\" = \"audit\"\n"),
-    )
-    .unwrap();
+    modes.set("\"placement.inference-gpu-cpu-ratio\" = \"audit\"\n");
     serving_mode(&cluster, "placement.inference-gpu-cpu-ratio", "audit").await;
     let (created, stderr) = kubectl_create(
         &cluster,
@@ -326,7 +314,7 @@ async fn a_rule_rolled_out_in_warn_then_audit_mode_admits_and_the_client_sees_th
     });
     assert!(audited, "no audit finding recorded");
     // The rule enforcing again refuses the same pod.
-    std::fs::write(&config, &original).unwrap();
+    modes.restore();
     serving_mode(&cluster, "placement.inference-gpu-cpu-ratio", "enforce").await;
     let (created, stderr) = kubectl_create(
         &cluster,

@@ -760,6 +760,26 @@ impl Probity {
         self.proc = None;
     }
 
+    /// Restarts the server on a copy of its policies whose probity.toml gains the
+    /// `[modes]` lines `modes`; the copy, which the server watches (edit it with
+    /// [`PolicyModes::set`] and [`PolicyModes::restore`]).
+    pub async fn restart_with_modes(&mut self, modes: &str) -> PolicyModes {
+        let dir = tempfile::tempdir().unwrap();
+        crate::controller::copy_dir(&self.policies, dir.path());
+        let config = dir.path().join("probity.toml");
+        let original = std::fs::read_to_string(&config).unwrap();
+        let copy = PolicyModes {
+            _dir: dir,
+            config,
+            original,
+        };
+        copy.set(modes);
+        self.stop();
+        self.policies = copy._dir.path().to_owned();
+        self.restart().await;
+        copy
+    }
+
     pub fn url(&self) -> String {
         format!("https://127.0.0.1:{}", self.port)
     }
@@ -829,4 +849,23 @@ fn dechunk(mut rest: &str) -> String {
         rest = after[n..].trim_start_matches("\r\n");
     }
     out
+}
+
+/// A served copy of the policy set whose `[modes]` a test changes.
+pub struct PolicyModes {
+    _dir: tempfile::TempDir,
+    config: PathBuf,
+    original: String,
+}
+
+impl PolicyModes {
+    /// probity.toml as it was, with `modes` as its `[modes]` table.
+    pub fn set(&self, modes: &str) {
+        std::fs::write(&self.config, format!("{}\n[modes]\n{modes}", self.original)).unwrap();
+    }
+
+    /// probity.toml as it was: every policy in its own mode.
+    pub fn restore(&self) {
+        std::fs::write(&self.config, &self.original).unwrap();
+    }
 }

@@ -1636,20 +1636,12 @@ async fn report_until(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn policy_reports_appear_for_what_warn_and_audit_rules_find_and_clear_when_they_enforce() {
     let mut cluster = Installed::start().await;
-    let policies = tempfile::tempdir().unwrap();
-    copy_dir(&cluster.probity.policies, policies.path());
-    let config = policies.path().join("probity.toml");
-    let original = std::fs::read_to_string(&config).unwrap();
-    std::fs::write(
-        &config,
-        format!(
-            "{original}\n[modes]\n\"placement.driver-drift\" = \"audit\"\n\"placement.inference-gpu-cpu-ratio\" = \"warn\"\n"
-        ),
-    )
-    .unwrap();
-    cluster.probity.stop();
-    cluster.probity.policies = policies.path().to_owned();
-    cluster.probity.restart().await;
+    let modes = cluster
+        .probity
+        .restart_with_modes(
+            "\"placement.driver-drift\" = \"audit\"\n\"placement.inference-gpu-cpu-ratio\" = \"warn\"\n",
+        )
+        .await;
     let _controller = start_controller(
         &cluster.plane,
         &cluster.probity,
@@ -1688,7 +1680,7 @@ async fn policy_reports_appear_for_what_warn_and_audit_rules_find_and_clear_when
     assert_eq!(workloads[0]["result"], "warn");
 
     // Both rules enforcing again: the reports clear (emptied, not deleted).
-    std::fs::write(&config, &original).unwrap();
+    modes.restore();
     report_until(
         &cluster.plane,
         "ClusterPolicyReport",
@@ -1713,18 +1705,10 @@ async fn policy_reports_appear_for_what_warn_and_audit_rules_find_and_clear_when
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_zone_at_an_audit_rules_ceiling_is_reported_with_dry_run_evictions_and_keeps_its_pods() {
     let mut h = Harness::start(&[]).await;
-    let policies = tempfile::tempdir().unwrap();
-    copy_dir(&h.probity.policies, policies.path());
-    let config = policies.path().join("probity.toml");
-    let original = std::fs::read_to_string(&config).unwrap();
-    std::fs::write(
-        &config,
-        format!("{original}\n[modes]\n\"thermal.zone-power-ceiling\" = \"audit\"\n"),
-    )
-    .unwrap();
-    h.probity.stop();
-    h.probity.policies = policies.path().to_owned();
-    h.probity.restart().await;
+    let _modes = h
+        .probity
+        .restart_with_modes("\"thermal.zone-power-ceiling\" = \"audit\"\n")
+        .await;
     h.plane
         .add_node("gpu-hot1", "zone-hot", 8, "NVIDIA-A100-SXM4-80GB")
         .await;
