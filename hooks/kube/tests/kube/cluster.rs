@@ -765,7 +765,7 @@ impl Probity {
     /// [`PolicyModes::set`] and [`PolicyModes::restore`]).
     pub async fn restart_with_modes(&mut self, modes: &str) -> PolicyModes {
         let dir = tempfile::tempdir().unwrap();
-        crate::controller::copy_dir(&self.policies, dir.path());
+        copy_dir(&self.policies, dir.path());
         let config = dir.path().join("probity.toml");
         let original = std::fs::read_to_string(&config).unwrap();
         let copy = PolicyModes {
@@ -867,5 +867,21 @@ impl PolicyModes {
     /// probity.toml as it was: every policy in its own mode.
     pub fn restore(&self) {
         std::fs::write(&self.config, &self.original).unwrap();
+    }
+}
+
+/// Copies a directory (files and subdirectories), owner-only.
+pub fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::create_dir_all(to).unwrap();
+    std::fs::set_permissions(to, std::fs::Permissions::from_mode(0o700)).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let target = to.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            copy_dir(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), &target).unwrap();
+        }
     }
 }

@@ -12,7 +12,9 @@ use k8s_openapi::api::events::v1::Event as EventV1;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, WatchParams};
 use serde_json::{Value, json};
 
-use crate::cluster::{ControlPlane, Probity, probity_bin, root, start_controller, watch_until};
+use crate::cluster::{
+    ControlPlane, Probity, copy_dir, probity_bin, root, start_controller, watch_until,
+};
 use crate::install::{Installed, gpu_pod, test_nodes};
 use crate::services::{Proc, free_port};
 
@@ -760,22 +762,6 @@ async fn a_controller_restarted_mid_drain_evicts_each_pod_once_and_loses_none() 
     let pods: Api<Pod> = Api::namespaced(h.plane.client(), "training");
     for name in ["trainer-0", "worker-1", "guarded-0", "guarded-1"] {
         assert!(terminating(&pods.get(name).await.unwrap()), "{name}");
-    }
-}
-
-/// Copies a directory (files and subdirectories), owner-only.
-pub(crate) fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::create_dir_all(to).unwrap();
-    std::fs::set_permissions(to, std::fs::Permissions::from_mode(0o700)).unwrap();
-    for entry in std::fs::read_dir(from).unwrap() {
-        let entry = entry.unwrap();
-        let target = to.join(entry.file_name());
-        if entry.file_type().unwrap().is_dir() {
-            copy_dir(&entry.path(), &target);
-        } else {
-            std::fs::copy(entry.path(), &target).unwrap();
-        }
     }
 }
 
