@@ -19,10 +19,8 @@ connections=${2:-64}
 seconds=${3:-8}
 probity=${PROBITY:-$repo/target/release/probity}
 loadgen=$repo/target/release/examples/loadgen
-for b in "$probity" "$loadgen"; do
-  [ -x "$b" ] || { echo "build first: $b is missing" >&2; exit 2; }
-done
 . "$repo/scripts/bench-lib.sh"
+need_built "$probity" "$loadgen"
 
 work=$(mktemp -d -p /dev/shm)
 state_root=$(mktemp -d -p "${STATE_ROOT:-/var/tmp}")
@@ -59,15 +57,11 @@ entities = "$repo/testdata/entities/cluster.json"
 level = "warn"
 $state
 TOML
-  "$probity" serve --config "$work/$name.toml" > "$work/$name.log" 2>&1 &
-  local pid=$!
-  pids+=("$pid")
-  wait_port "$port"
+  start_server "$name" "$port"
   local line
   line=$("$loadgen" --tcp "127.0.0.1:$port" --path /v1/decide --body "$work/request.json" \
     --connections "$connections" --duration "$seconds" --requests 2000000 --expect '"deny"')
-  kill -TERM "$pid"
-  wait "$pid" 2>/dev/null || true
+  stop_server
   echo "$recorded $line"
 }
 

@@ -19,10 +19,8 @@ every=${2:-1}
 seconds=${3:-10}
 probity=${PROBITY:-$repo/target/release/probity}
 loadgen=${LOADGEN:-$repo/target/release/examples/loadgen}
-for b in "$probity" "$loadgen"; do
-  [ -x "$b" ] || { echo "build first: $b is missing" >&2; exit 2; }
-done
 . "$repo/scripts/bench-lib.sh"
+need_built "$probity" "$loadgen"
 
 work=$(mktemp -d -p /dev/shm)
 pids=()
@@ -58,10 +56,7 @@ $shadow
 [log]
 level = "warn"
 TOML
-  "$probity" serve --config "$work/$name.toml" > "$work/$name.log" 2>&1 &
-  local pid=$!
-  pids+=("$pid")
-  wait_port "$port"
+  start_server "$name" "$port"
   local line
   line=$("$loadgen" --tcp "127.0.0.1:$port" --path /v1/decide --body "$work/request.json" \
     --connections 8 --rate 10000 --duration "$seconds" --requests 200000 --expect '"deny"')
@@ -71,8 +66,7 @@ import json, sys
 r = json.load(sys.stdin)
 print("shadow: agreed %d disagreed %d dropped %d" % (r["agreed"], r["disagreed"], r["dropped"]), file=sys.stderr)'
   fi
-  kill -TERM "$pid"
-  wait "$pid" 2>/dev/null || true
+  stop_server
   echo "$shadowed $line"
 }
 
