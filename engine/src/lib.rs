@@ -63,6 +63,7 @@ mod modes;
 #[cfg(feature = "fuzzing")]
 pub use modes::fuzzing as modes_fuzzing;
 mod plugin;
+mod recorded;
 /// For the fuzz target `plugins_toml`; not part of the API.
 #[cfg(feature = "fuzzing")]
 pub use plugin::fuzzing as plugin_fuzzing;

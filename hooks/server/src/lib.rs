@@ -573,32 +573,6 @@ impl AppState {
         Self::recorded(d)
     }
 
-    /// Hands a decided request to the shadow set, when one is configured and this
-    /// decision is its sample (never waits).
-    pub(crate) fn offer_shadow(&self, request: &Request, decision: &Decision) {
-        if let Some(Ok(shadow)) = &self.inner.shadow
-            && shadow.wants()
-        {
-            shadow.submit(request.clone(), decision.clone());
-        }
-    }
-
-    /// A copy of `request` when the shadow set wants this decision as its sample.
-    fn shadow_sample(&self, request: &Request) -> Option<Request> {
-        match &self.inner.shadow {
-            Some(Ok(shadow)) if shadow.wants() => Some(request.clone()),
-            _ => None,
-        }
-    }
-
-    /// The shadow set, or why it is not decided; `None` when none is configured.
-    pub(crate) fn shadow(&self) -> Option<Result<&shadow::Shadow, &str>> {
-        self.inner
-            .shadow
-            .as_ref()
-            .map(|s| s.as_ref().map_err(String::as_str))
-    }
-
     /// Decides within `caller`'s budget of recorded decisions. A decision that runs
     /// plugins (deadlines up to seconds) is made on the blocking pool; one that must be
     /// recorded first (a deny or obligations, with a state store attached) awaits its

@@ -11,6 +11,8 @@ use std::sync::mpsc::{Receiver, SyncSender, TrySendError, sync_channel};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use probity::{Decision, Engine, Request, ShadowSet};
+
+use crate::AppState;
 use serde_json::{Value, json};
 
 /// Decisions waiting for the shadow thread at most.
@@ -173,4 +175,32 @@ fn same(a: &Decision, b: &Decision) -> bool {
         o
     };
     a.decision == b.decision && key(a) == key(b)
+}
+
+impl AppState {
+    /// Hands a decided request to the shadow set, when one is configured and this
+    /// decision is its sample (never waits).
+    pub(crate) fn offer_shadow(&self, request: &Request, decision: &Decision) {
+        if let Some(Ok(shadow)) = &self.inner.shadow
+            && shadow.wants()
+        {
+            shadow.submit(request.clone(), decision.clone());
+        }
+    }
+
+    /// A copy of `request` when the shadow set wants this decision as its sample.
+    pub(crate) fn shadow_sample(&self, request: &Request) -> Option<Request> {
+        match &self.inner.shadow {
+            Some(Ok(shadow)) if shadow.wants() => Some(request.clone()),
+            _ => None,
+        }
+    }
+
+    /// The shadow set, or why it is not decided; `None` when none is configured.
+    pub(crate) fn shadow(&self) -> Option<Result<&Shadow, &str>> {
+        self.inner
+            .shadow
+            .as_ref()
+            .map(|s| s.as_ref().map_err(String::as_str))
+    }
 }
