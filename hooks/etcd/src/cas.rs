@@ -235,6 +235,21 @@ impl EtcdClient {
         self.swap(key, vec![absent(&full)], vec![put], &full).await
     }
 
+    /// Writes `value` at `key` attached to `lease`, only if the key is absent: how one of
+    /// several processes takes a role (the key goes when its lease ends). Same retry rule
+    /// as [`EtcdClient::create`].
+    pub async fn create_with_lease(
+        &self,
+        key: &str,
+        value: impl Into<Vec<u8>>,
+        lease: crate::LeaseId,
+    ) -> Result<Swap, EtcdError> {
+        let full = self.inner.keyspace.full(key);
+        let options = etcd_client::PutOptions::new().with_lease(lease.0);
+        let put = TxnOp::put(full.clone(), value.into(), Some(options));
+        self.swap(key, vec![absent(&full)], vec![put], &full).await
+    }
+
     /// Writes `value` at `key` only if the key's `mod_revision` is still `mod_revision` (as
     /// read before). Same retry rule as [`EtcdClient::create`].
     pub async fn update_if(

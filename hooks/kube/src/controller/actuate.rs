@@ -1,5 +1,7 @@
 //! How a cluster manager carries out what Probity decided: one trait, one
-//! implementation per manager (Kubernetes here; Slurm is the next).
+//! implementation per manager: Kubernetes ([`super::KubeActuator`]) and Slurm (crate
+//! `probity-slurm`). A "pod" here is a manager's unit of work: a Kubernetes pod, or a
+//! Slurm job (named `job-<id>` in the namespace the Slurm settings give readers).
 
 use std::future::Future;
 
@@ -53,6 +55,11 @@ pub struct PodRef {
 pub trait Actuator {
     /// The manager's error.
     type Error: std::error::Error + Send + Sync + 'static;
+
+    /// How a report says a piece of work was stopped ("evicted", "requeued held").
+    fn stopped_word(&self) -> &'static str {
+        "evicted"
+    }
 
     /// Keeps new work off a node and marks it with `mark` (the block record acted on,
     /// and whether the taint is Probity's to remove later). `replaces`, when given, is

@@ -31,29 +31,35 @@ pub struct Metrics {
 }
 
 impl Metrics {
-    pub(crate) fn set_leader(&self, leads: bool) {
+    /// Whether this process holds the lease.
+    pub fn set_leader(&self, leads: bool) {
         self.leader.store(leads, Ordering::Relaxed);
     }
 
-    pub(crate) fn is_leader(&self) -> bool {
+    /// Whether it held the lease at the last pass.
+    pub fn is_leader(&self) -> bool {
         self.leader.load(Ordering::Relaxed)
     }
 
-    pub(crate) fn set_modes(&self, tripped: bool, paused: bool, dry_run: bool) {
+    /// The modes the last pass found.
+    pub fn set_modes(&self, tripped: bool, paused: bool, dry_run: bool) {
         self.tripped.store(tripped, Ordering::Relaxed);
         self.paused.store(paused, Ordering::Relaxed);
         self.dry_run.store(dry_run, Ordering::Relaxed);
     }
 
-    pub(crate) fn pass(&self) {
+    /// One pass made.
+    pub fn pass(&self) {
         self.passes.fetch_add(1, Ordering::Relaxed);
     }
 
-    pub(crate) fn error(&self) {
+    /// One failure (a pass, an action, a write).
+    pub fn error(&self) {
         self.errors.fetch_add(1, Ordering::Relaxed);
     }
 
-    pub(crate) fn action(&self, kind: &str, outcome: &str) {
+    /// One action with its outcome.
+    pub fn action(&self, kind: &str, outcome: &str) {
         let mut actions = self.actions.lock().unwrap_or_else(|p| p.into_inner());
         *actions
             .entry((kind.to_owned(), outcome.to_owned()))
@@ -61,7 +67,7 @@ impl Metrics {
     }
 
     /// A block acted on `seconds` after Probity recorded it.
-    pub(crate) fn lag(&self, seconds: f64) {
+    pub fn lag(&self, seconds: f64) {
         let mut lag = self.lag.lock().unwrap_or_else(|p| p.into_inner());
         for (bucket, bound) in lag.0.iter_mut().zip(LAG_BUCKETS) {
             if seconds <= bound {

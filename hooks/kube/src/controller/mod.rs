@@ -9,6 +9,7 @@
 //! Code map:
 //! - [`plan`] — one pass decided without I/O: steps, breaker admissions, tombstones;
 //! - [`breaker`] — the circuit breaker (nodes and pool shares per window);
+//! - [`confirm`] — the blocklist as a pass may act on it (lagging answers confirmed);
 //! - [`actuate`] — the [`Actuator`] trait, one implementation per cluster manager;
 //! - [`kubernetes`] — Kubernetes' implementation (taint, annotation, Event, eviction);
 //! - `stop.rs` — a block's work stopped: the reading pod, or what a drain stops;
@@ -29,6 +30,7 @@
 
 pub mod actuate;
 pub mod breaker;
+pub mod confirm;
 pub mod kubernetes;
 mod labels;
 pub mod lease;
@@ -39,7 +41,7 @@ pub mod plan;
 pub mod reports;
 pub mod shared;
 pub mod source;
-mod stop;
+pub mod stop;
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -96,6 +98,14 @@ pub enum ControllerError {
     /// An object kept changing under every write.
     #[error("{0} changed under every attempt to write it")]
     Conflict(String),
+    /// A cluster manager's command failed (Slurm's `scontrol`, `squeue`, `scancel`).
+    #[error("{what}: {reason}")]
+    Manager {
+        /// What was being done.
+        what: String,
+        /// The command's error.
+        reason: String,
+    },
     /// An eviction was refused for now (a disruption budget): it is retried, never
     /// turned into a delete.
     #[error("{what}: refused for now: {message}")]
@@ -204,7 +214,7 @@ pub struct Controller {
     reported_at: std::sync::Mutex<Option<std::time::Instant>>,
     cluster_facts_sent: std::sync::Mutex<nodes::Sent>,
     /// Per node, the answers in a row without its block, and with a stale one.
-    confirmations: std::sync::Mutex<(BTreeMap<String, u32>, BTreeMap<String, u32>)>,
+    confirmations: std::sync::Mutex<confirm::Confirmations>,
 }
 
 /// The modes a pass found the shared state in.
@@ -213,10 +223,6 @@ struct Modes {
     paused: bool,
     dry_run: bool,
 }
-
-/// Answers in a row that confirm an absence (before a release) or a stale block (before
-/// it is taken as the truth).
-const CONFIRM_PASSES: u32 = 3;
 
 impl Controller {
     /// A controller acting through `client` on what `probity` reports, with the taint
@@ -418,9 +424,16 @@ impl Controller {
                 for step in &steps {
                     if let Step::StopWork { node, block } = step {
                         let actuator = self.actuator.with_taint(settings_taint.clone());
-                        let (_, records) = self
-                            .stop_work(&actuator, node, block, &mut scratch, now, true)
-                            .await;
+                        let (_, records) = stop::stop_work(
+                            &actuator,
+                            node,
+                            block,
+                            &mut scratch,
+                            now,
+                            true,
+                            self.options.evict_escalation,
+                        )
+                        .await;
                         seen.extend(records);
                     }
                 }
@@ -529,9 +542,16 @@ impl Controller {
                         continue;
                     }
                     let actuator = self.actuator.with_taint(settings_taint.clone());
-                    let (complete, records) = self
-                        .stop_work(&actuator, node, block, &mut stops, now, false)
-                        .await;
+                    let (complete, records) = stop::stop_work(
+                        &actuator,
+                        node,
+                        block,
+                        &mut stops,
+                        now,
+                        false,
+                        self.options.evict_escalation,
+                    )
+                    .await;
                     for record in &records {
                         self.metrics.action(&record.action, &record.outcome);
                     }
@@ -626,64 +646,13 @@ impl Controller {
         Ok(modes)
     }
 
-    /// The blocklist as the plan may act on it. Probity's answer can lag (a replica
-    /// behind, a process just restarted): a node Probity set a taint on is released only
-    /// once its block has been absent from [`CONFIRM_PASSES`] answers in a row, and a
-    /// block not newer than the node's last release (stale, for a tombstone) is never
-    /// acted on if Probity's store numbered it, and is taken as the truth once it has
-    /// been in that many answers in a row if it is ordered by its time only.
-    ///
-    /// A block Probity's own store has lifted since (its revision not above the
-    /// node's tombstone in the same answer: Probity's memory lags its store) counts as
-    /// absent.
     fn confirmed(
         &self,
         answered: source::Blocklist,
         state: &mut ControlState,
     ) -> BTreeMap<String, plan::BlockMark> {
-        let source::Blocklist {
-            mut blocks,
-            tombstones,
-        } = answered;
-        for node in plan::drop_lifted(&mut blocks, &tombstones) {
-            tracing::info!(%node, "a block record Probity's store has since lifted is not acted on");
-        }
         let mut seen = self.confirmations.lock().unwrap_or_else(|p| p.into_inner());
-        let (absent, stale) = &mut *seen;
-        // Counters of nodes Probity's answer holds again, or that are no longer
-        // Probity's, start over.
-        absent.retain(|node, _| state.applied.contains_key(node) && !blocks.contains_key(node));
-        let mut held = Vec::new();
-        for (node, mark) in &state.applied {
-            if blocks.contains_key(node) {
-                continue;
-            }
-            let count = absent.entry(node.clone()).or_default();
-            *count += 1;
-            if *count < CONFIRM_PASSES {
-                held.push((node.clone(), mark.block.clone()));
-            }
-        }
-        blocks.extend(held);
-        for (node, block) in &blocks {
-            let Some(&released) = state.tombstones.get(node) else {
-                continue;
-            };
-            // A block Probity's store numbered is ordered exactly: one not above the
-            // last release is a replay (a restored backup, a lagging answer), however
-            // often it is answered. Only a block ordered by its time is believed after
-            // enough answers (clocks disagree).
-            if block.since > released || block.revision.is_some() {
-                continue;
-            }
-            let count = stale.entry(node.clone()).or_default();
-            *count += 1;
-            if *count >= CONFIRM_PASSES {
-                state.tombstones.remove(node);
-            }
-        }
-        stale.retain(|node, _| state.tombstones.contains_key(node) && blocks.contains_key(node));
-        blocks
+        seen.confirm(answered, state)
     }
 
     fn node_views(&self, state: &ControlState) -> Vec<NodeView> {
@@ -726,7 +695,8 @@ impl Controller {
     }
 }
 
-fn record(step: &Step, at: u64, outcome: &str, detail: String) -> ActionRecord {
+/// The report's record of one step.
+pub fn record(step: &Step, at: u64, outcome: &str, detail: String) -> ActionRecord {
     ActionRecord {
         at,
         node: step.node().to_owned(),
@@ -745,7 +715,8 @@ fn strip_time(record: &ActionRecord) -> (&str, &str, &str, &str) {
     )
 }
 
-fn describe(step: &Step) -> String {
+/// What a report says about one step.
+pub fn describe(step: &Step) -> String {
     match step {
         Step::Block { block, .. } | Step::Refresh { block, .. } => {
             format!("{} ({})", block.reason, record_name(block))
@@ -781,7 +752,8 @@ fn record_name(block: &plan::BlockMark) -> String {
     }
 }
 
-fn unix_now() -> u64 {
+/// Now, in Unix seconds (0 before 1970).
+pub fn unix_now() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
