@@ -549,14 +549,24 @@ pub(crate) async fn verify(
             "expected {{\"path\": .., \"id\": .., \"node\": .., \"manifest\"?: .., \"reader\"?: {{\"namespace\", \"name\", \"uid\"?}}}}: {e}"
         ))
     })?;
+    let slurm_namespace = state.config().slurm.reader_namespace.as_str();
     if let Some(reader) = &body.reader {
         reader
             .validate()
             .map_err(|e| ApiError::BadRequest(e.to_string()))?;
+        if reader.namespace == slurm_namespace {
+            slurm_reader_job(reader)?;
+        }
     }
     authorize(&state, &caller, "verify", "verify", Some(&body.node)).await?;
-    if let (Some(reader), Some(peer)) = (&mut body.reader, ext.get::<crate::PeerProcess>()) {
-        check_local_reader(reader, *peer)?;
+    if let Some(peer) = ext.get::<crate::PeerProcess>() {
+        match &mut body.reader {
+            Some(reader) if reader.namespace == slurm_namespace => {
+                check_local_job(reader, *peer)?;
+            }
+            Some(reader) => check_local_reader(reader, *peer)?,
+            None => body.reader = local_job_reader(slurm_namespace, *peer),
+        }
     }
     let engine = state.engine().clone();
     let Some(store) = engine.attached() else {
@@ -614,6 +624,43 @@ fn check_local_reader(
     .map_err(refused)?;
     reader.uid = Some(uid);
     Ok(())
+}
+
+/// The job a Slurm reader (`{"namespace": <[slurm] reader_namespace>, "name":
+/// "job-<id>"}`) claims; a name of another form, or a uid, is a 400.
+fn slurm_reader_job(reader: &probity::ReaderPod) -> Result<u64, ApiError> {
+    if reader.uid.is_some() {
+        return Err(ApiError::BadRequest(format!(
+            "reader.uid: a Slurm job reader ({}/{}) has no uid",
+            reader.namespace, reader.name
+        )));
+    }
+    crate::slurm_job::claimed_job(&reader.name).ok_or_else(|| {
+        ApiError::BadRequest(format!(
+            "reader.name: {:?} is not job-<id>, which names a Slurm job in namespace {}",
+            reader.name, reader.namespace
+        ))
+    })
+}
+
+/// A local caller naming a Slurm job must run in it (see [`crate::slurm_job`]).
+fn check_local_job(reader: &probity::ReaderPod, peer: crate::PeerProcess) -> Result<(), ApiError> {
+    let claimed = slurm_reader_job(reader)?;
+    crate::slurm_job::check_job_claim(&crate::slurm_job::HostProcesses, peer.pid, claimed).map_err(
+        |e| ApiError::Forbidden(format!("reader {}/{}: {e}", reader.namespace, reader.name)),
+    )
+}
+
+/// A local caller that names no reader reads as the Slurm job it runs in, if any, so
+/// that a block its failed read causes names the job (which the controller requeues).
+/// Nothing found, or nothing readable: no reader, as before.
+fn local_job_reader(namespace: &str, peer: crate::PeerProcess) -> Option<probity::ReaderPod> {
+    let job = crate::slurm_job::find_job(&crate::slurm_job::HostProcesses, peer.pid)
+        .inspect_err(|e| tracing::debug!(error = %e, pid = peer.pid, "no Slurm job found for a local reader"))
+        .ok()??;
+    probity::ReaderPod::new(namespace, format!("job-{job}"), None)
+        .inspect_err(|e| tracing::warn!(error = %e, "a Slurm job cannot be named as a reader"))
+        .ok()
 }
 
 /// Opens `path` if it lies under one of `roots` and is a regular file or block device:

@@ -77,6 +77,36 @@ pub fn extender_prioritize(body: &[u8]) {
     ));
 }
 
+/// `body` as a `POST /v1/slurm/submit` body, read as the route reads it into the
+/// workloads of each of its namespaces (nothing is decided): an error, never a panic.
+pub fn slurm_job(body: &[u8]) {
+    let Ok(value) = serde_json::from_slice::<serde_json::Value>(body) else {
+        return;
+    };
+    let Ok(job) = crate::slurm::job::JobDescription::from_body(&value) else {
+        return;
+    };
+    let cfg = &state().config().slurm;
+    let _ = job.workload(cfg, "");
+    for namespace in job.namespaces(cfg) {
+        let _ = job.workload(cfg, &namespace);
+    }
+}
+
+/// Any bytes as the texts the Slurm parsers read: a TRES list, a constraint, a
+/// comment, and a process's cgroup, status and command line.
+pub fn slurm_texts(data: &[u8]) {
+    use crate::slurm::job::{comment_value, gres_count, required_features};
+    use crate::slurm_job::{jobs_in_cgroup, parent_pid, real_uid, step_job};
+    let text = String::from_utf8_lossy(data);
+    let _ = gres_count(&text, "gpu", false);
+    let _ = gres_count(&text, "gpu", true);
+    let _ = required_features(&text);
+    let _ = comment_value(&text, "class");
+    let _ = jobs_in_cgroup(&text);
+    let _ = (parent_pid(&text), real_uid(&text), step_job(data));
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -96,6 +126,8 @@ mod tests {
                 admission_binding(b);
                 extender_filter(b);
                 extender_prioritize(b);
+                slurm_job(b);
+                slurm_texts(b);
             }
             seen += 1;
         }

@@ -33,6 +33,8 @@
 //! | `POST /v1/encrypt`, `POST /v1/decrypt` | `{"key", "object_id", "plaintext"}` / `{"object_id", "ciphertext"}`, base64, after the policies allow it |
 //! | `POST /v1/admission/validate`, `POST /v1/admission/mutate` | AdmissionReview v1 (Pods, pod templates, `pods/binding`) |
 //! | `POST /v1/scheduler/filter`, `POST /v1/scheduler/prioritize` | kube-scheduler extender: ExtenderArgs in, ExtenderFilterResult / HostPriorityList out |
+//! | `POST /v1/slurm/submit` | `{"job": {..}}` from `job_submit`: the job judged as a `Workload` (`admit`), answered `{"allowed", "submission", "message"?, "reasons", "warnings", "workload"}` |
+//! | `POST /v1/slurm/prolog` | `{"job", "node", "submission"?}` from the Prolog: the job's `schedule` onto its node, answered `{"verdict": "allow"}` or `{"verdict": "node" \| "job", "policy", "message"}` |
 //! | `GET /healthz`, `GET /readyz`, `GET /metrics` | liveness, readiness, Prometheus |
 //!
 //! Running it: `cargo run -p probity-cli -- serve` serves the embedded default policies
@@ -86,6 +88,8 @@ mod reader_claim;
 pub mod reports;
 mod server;
 mod shadow;
+mod slurm;
+mod slurm_job;
 mod stream;
 
 use std::sync::Arc;
@@ -107,9 +111,10 @@ const AUTHORIZATION_CACHE_ENTRIES: usize = 4_096;
 pub use caller::{Caller, IdentityError, certificate_common_name, certificate_identity};
 pub use config::{
     AdmissionConfig, AuthConfig, ClientAuth, Config, ConfigError, DEFAULT_SOCKET,
-    DecisionLogConfig, IntegrityConfig, KeysConfig, LimitsConfig, LogConfig, LogFormat,
-    NODE_NAME_ENV, PolicyConfig, ServerConfig, SiemConfig, SiemTransport, StateBackendKind,
-    StateConfig, StateRole, UnknownKinds, UnknownNodes,
+    DecisionLogConfig, IntegrityConfig, JobSource, KeysConfig, LimitsConfig, LogConfig, LogFormat,
+    NODE_NAME_ENV, PolicyConfig, ServerConfig, SiemConfig, SiemTransport, SlurmConfig,
+    SlurmNamespace, StateBackendKind, StateConfig, StateRole, UnknownJobs, UnknownKinds,
+    UnknownNodes,
 };
 pub use error::{ApiError, ServeError};
 pub use reader_claim::{PeerProcess, ReaderClaimError};
@@ -681,6 +686,8 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("POST", "/v1/admission/mutate"),
     ("POST", "/v1/scheduler/filter"),
     ("POST", "/v1/scheduler/prioritize"),
+    ("POST", "/v1/slurm/submit"),
+    ("POST", "/v1/slurm/prolog"),
     ("GET", "/healthz"),
     ("GET", "/readyz"),
     ("GET", "/metrics"),
@@ -738,6 +745,8 @@ pub fn app(state: AppState) -> Router {
             "/v1/scheduler/prioritize",
             post(placement::prioritize).layer(DefaultBodyLimit::max(extender_limit)),
         )
+        .route("/v1/slurm/submit", post(slurm::submit))
+        .route("/v1/slurm/prolog", post(slurm::prolog))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics_text))

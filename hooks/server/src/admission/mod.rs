@@ -18,7 +18,7 @@ mod update;
 mod validation;
 mod workload;
 
-pub(crate) use workload::{Workload, pod_workload};
+pub(crate) use workload::{Workload, namespace_matches, pod_workload};
 
 use axum::Json;
 use axum::body::Bytes;

@@ -30,9 +30,9 @@ pub(crate) struct Workload {
     /// placement), never a stored id.
     pub(crate) id: String,
     /// `namespace/name`, for messages.
-    pub(super) name: String,
-    pub(super) namespace: String,
-    pub(super) node_name: Option<String>,
+    pub(crate) name: String,
+    pub(crate) namespace: String,
+    pub(crate) node_name: Option<String>,
     /// The request-scoped `Workload` entity.
     pub(crate) entity: Value,
 }
@@ -168,7 +168,7 @@ fn content_id(attrs: &Value) -> String {
 /// A namespace's name and each of its prefixes followed by `*`: what the settings'
 /// `inferenceNamespaces` entries (a name, or a prefix ending in `*`) are matched
 /// against in Cedar, which has no string prefix test of its own.
-fn namespace_matches(namespace: &str) -> Vec<String> {
+pub(crate) fn namespace_matches(namespace: &str) -> Vec<String> {
     let mut out = vec![namespace.to_owned()];
     out.extend(
         namespace

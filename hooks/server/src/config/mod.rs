@@ -8,6 +8,7 @@ use serde::Deserialize;
 mod kubernetes;
 mod serving;
 mod sinks;
+mod slurm;
 mod state;
 
 pub use kubernetes::{
@@ -15,6 +16,7 @@ pub use kubernetes::{
 };
 pub use serving::{AuthConfig, ClientAuth, LimitsConfig, ServerConfig};
 pub use sinks::{AlertsConfig, SiemConfig, SiemTransport};
+pub use slurm::{JobSource, SlurmConfig, SlurmNamespace, UnknownJobs};
 pub use state::{
     AuditConfig, CheckpointSigner, DecisionLogConfig, IntegrityConfig, KeysConfig, NODE_NAME_ENV,
     StateBackendKind, StateConfig, StateRole,
@@ -60,6 +62,8 @@ pub struct Config {
     pub siem: SiemConfig,
     /// Where `alert` obligations of the server's decisions go.
     pub alerts: AlertsConfig,
+    /// Slurm jobs as workloads: `job_submit`, the Prolog, jobs as readers.
+    pub slurm: SlurmConfig,
 }
 
 /// The policy set.
@@ -268,6 +272,7 @@ impl Config {
             }
         }
         self.state.validate(self.integrity.state_dir.as_deref())?;
+        self.slurm.validate()?;
         validate_siem(&self.siem, self.integrity.state_dir.as_deref())?;
         self.alerts.validate(self.integrity.state_dir.as_deref())
     }
@@ -409,6 +414,64 @@ mod tests {
         assert_eq!(c.siem.transport, SiemTransport::Tls);
         let err = Config::from_toml("[siem]\ntransport = \"udp\"\n").unwrap_err();
         assert!(err.contains("udp"), "{err}");
+    }
+
+    #[test]
+    fn slurm_values_are_checked_naming_the_key() {
+        let c = Config::from_toml("[slurm]\nclass = [\"comment:class\", \"account\"]\nnamespace = \"account\"\ngpu_memory = \"comment:gpu_mem_mib\"\nunknown_job = \"allow\"\n").unwrap();
+        c.validate().unwrap();
+        assert_eq!(c.slurm.namespace, SlurmNamespace::Account);
+        assert_eq!(
+            c.slurm.gpu_memory,
+            Some(JobSource::Comment("gpu_mem_mib".into()))
+        );
+        assert_eq!(c.slurm.unknown_job, UnknownJobs::Allow);
+        for (text, expected) in [
+            (
+                "[slurm]\nclass = [\"features\"]\n",
+                "\"features\" is not a job source",
+            ),
+            (
+                "[slurm]\nclass = [\"comment:\"]\n",
+                "the comment key must be",
+            ),
+            ("[slurm]\nnamespace = \"qos\"\n", "qos"),
+            ("[slurm]\nunknown_job = \"warn\"\n", "warn"),
+            ("[slurm]\nclas = []\n", "clas"),
+        ] {
+            let err = Config::from_toml(text).unwrap_err();
+            assert!(err.contains(expected), "{text}: {err}");
+        }
+        for (text, expected) in [
+            (
+                "[slurm]\ngpu_gres = \"gpu:a100\"\n",
+                "[slurm] gpu_gres: \"gpu:a100\" is not a GRES name",
+            ),
+            (
+                "[slurm]\nreader_namespace = \"Slurm\"\n",
+                "[slurm] reader_namespace: \"Slurm\" is not a namespace name",
+            ),
+            (
+                "[slurm]\nremember_seconds = 0\n",
+                "[slurm] remember_seconds: must be positive",
+            ),
+            (
+                "[slurm]\nclass = []\n",
+                "[slurm] class: no source and no default_class",
+            ),
+        ] {
+            let err = Config::from_toml(text)
+                .unwrap()
+                .validate()
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(expected), "{text}: {err}");
+        }
+        // No source but a default: every job is of that class.
+        Config::from_toml("[slurm]\nclass = []\ndefault_class = \"batch\"\n")
+            .unwrap()
+            .validate()
+            .unwrap();
     }
 
     #[test]

@@ -20,6 +20,7 @@ mod modes;
 mod net;
 mod placement;
 mod routes;
+mod slurm;
 mod stream;
 #[path = "../../../testsupport/tls_client.rs"]
 mod tls_client;
