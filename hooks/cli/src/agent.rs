@@ -134,7 +134,9 @@ pub fn agent(args: AgentArgs) -> Result<u8> {
     }
 }
 
-fn start(path: &Path, forward: bool) -> Result<Agent> {
+/// The agent `path` configures, its engine on its state; forwarding to the SIEM when
+/// `forward`.
+pub fn start(path: &Path, forward: bool) -> Result<Agent> {
     let config = config(path)?;
     let (engine, store) = engine(&config, true)?;
     let fail = |e: AgentError| -> anyhow::Error {

@@ -62,18 +62,8 @@ pub struct Target {
 pub struct RunArgs {
     #[command(flatten)]
     target: Target,
-    /// Probity's API (`https://host:port`), whose blocklist the controller follows.
-    #[arg(long)]
-    probity_url: String,
-    /// The CA bundle that signed Probity's server certificate (PEM).
-    #[arg(long)]
-    probity_ca: PathBuf,
-    /// A client certificate to present to Probity (PEM), with --probity-key.
-    #[arg(long, requires = "probity_key")]
-    probity_cert: Option<PathBuf>,
-    /// The client certificate's key (PEM).
-    #[arg(long, requires = "probity_cert")]
-    probity_key: Option<PathBuf>,
+    #[command(flatten)]
+    probity: ProbityArgs,
     /// This replica's name in the Lease and in Events (default: POD_NAME, else
     /// hostname and process id).
     #[arg(long, env = "POD_NAME")]
@@ -84,16 +74,8 @@ pub struct RunArgs {
     /// Milliseconds between reconcile passes.
     #[arg(long, default_value_t = 500)]
     interval_ms: u64,
-    /// Circuit breaker: most nodes newly tainted per window.
-    #[arg(long, default_value_t = 10)]
-    max_nodes: usize,
-    /// Circuit breaker: most nodes newly tainted per window in one pool, in percent of
-    /// the pool (at least one node).
-    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u8).range(1..=100))]
-    max_percent: u8,
-    /// Circuit breaker: the window, in seconds.
-    #[arg(long, default_value_t = 600)]
-    window_seconds: u64,
+    #[command(flatten)]
+    breaker: BreakerArgs,
     /// A node label whose values make pools for the breaker (repeat; default: the
     /// Probity zone, the Kubernetes zone and the GPU model labels).
     #[arg(long = "pool-label")]
@@ -134,6 +116,92 @@ pub struct RunArgs {
     /// `text` or `json` log lines.
     #[arg(long, default_value = "text", value_parser = ["text", "json"])]
     log_format: String,
+}
+
+/// Probity's API, as a controller reads it.
+#[derive(Args)]
+pub struct ProbityArgs {
+    /// Probity's API (`https://host:port`), whose blocklist the controller follows.
+    #[arg(long)]
+    probity_url: String,
+    /// The CA bundle that signed Probity's server certificate (PEM).
+    #[arg(long)]
+    probity_ca: PathBuf,
+    /// A client certificate to present to Probity (PEM), with --probity-key.
+    #[arg(long, requires = "probity_key")]
+    pub probity_cert: Option<PathBuf>,
+    /// The client certificate's key (PEM).
+    #[arg(long, requires = "probity_cert")]
+    probity_key: Option<PathBuf>,
+}
+
+impl ProbityArgs {
+    /// The API client these name.
+    pub fn api(&self) -> Result<ProbityApi> {
+        let read = |path: &PathBuf| {
+            std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))
+        };
+        let ca = read(&self.probity_ca)?;
+        let identity_files = match (&self.probity_cert, &self.probity_key) {
+            (Some(cert), Some(key)) => Some((read(cert)?, read(key)?)),
+            _ => None,
+        };
+        Ok(ProbityApi::new(
+            &self.probity_url,
+            &ca,
+            identity_files
+                .as_ref()
+                .map(|(c, k)| (c.as_slice(), k.as_slice())),
+        )?)
+    }
+}
+
+/// The circuit breaker's limits.
+#[derive(Args)]
+pub struct BreakerArgs {
+    /// Circuit breaker: most nodes newly blocked per window.
+    #[arg(long, default_value_t = 10)]
+    max_nodes: usize,
+    /// Circuit breaker: most nodes newly blocked per window in one pool, in percent of
+    /// the pool (at least one node).
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u8).range(1..=100))]
+    max_percent: u8,
+    /// Circuit breaker: the window, in seconds.
+    #[arg(long, default_value_t = 600)]
+    window_seconds: u64,
+}
+
+impl BreakerArgs {
+    /// The limits.
+    pub fn limits(&self) -> BreakerLimits {
+        BreakerLimits {
+            max_nodes: self.max_nodes,
+            max_percent: self.max_percent,
+            window_secs: self.window_seconds,
+        }
+    }
+}
+
+/// A name for this process when none is given: the host, the pid and a time fraction
+/// (the pid alone repeats across hosts with one pid namespace per container).
+pub fn default_identity() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    format!("{}-{}-{nanos:08x}", host.trim(), std::process::id())
+}
+
+/// Starts the log output in `format` (`text` or `json`).
+pub fn init_logging(format: &str) {
+    probity_server::init_logging(&probity_server::LogConfig {
+        format: if format == "json" {
+            probity_server::LogFormat::Json
+        } else {
+            probity_server::LogFormat::Text
+        },
+        ..probity_server::LogConfig::default()
+    });
 }
 
 impl Target {
@@ -212,47 +280,15 @@ async fn change(target: &Target, change: impl Fn(&mut controller::ControlState))
 }
 
 async fn run(args: RunArgs) -> Result<u8> {
-    probity_server::init_logging(&probity_server::LogConfig {
-        format: if args.log_format == "json" {
-            probity_server::LogFormat::Json
-        } else {
-            probity_server::LogFormat::Text
-        },
-        ..probity_server::LogConfig::default()
-    });
-    let read = |path: &PathBuf| {
-        std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))
-    };
-    let ca = read(&args.probity_ca)?;
-    let identity_files = match (&args.probity_cert, &args.probity_key) {
-        (Some(cert), Some(key)) => Some((read(cert)?, read(key)?)),
-        _ => None,
-    };
-    let probity = ProbityApi::new(
-        &args.probity_url,
-        &ca,
-        identity_files
-            .as_ref()
-            .map(|(c, k)| (c.as_slice(), k.as_slice())),
-    )?;
+    init_logging(&args.log_format);
+    let probity = args.probity.api()?;
     let cluster = args.target.cluster().await?;
-    let identity = args.identity.clone().unwrap_or_else(|| {
-        let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
-        // The pid alone repeats across hosts with one pid namespace per container.
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.subsec_nanos());
-        format!("{}-{}-{nanos:08x}", host.trim(), std::process::id())
-    });
+    let identity = args.identity.clone().unwrap_or_else(default_identity);
     let mut options = args.target.options();
     options.identity = identity;
     options.lease_duration = Duration::from_secs(args.lease_seconds.max(1));
     options.interval = Duration::from_millis(args.interval_ms.max(10));
-    options.limits = BreakerLimits {
-        max_nodes: args.max_nodes,
-        max_percent: args.max_percent,
-        window_secs: args.window_seconds,
-    };
+    options.limits = args.breaker.limits();
     if !args.pool_labels.is_empty() {
         options.pool_labels = args.pool_labels.clone();
     }
@@ -269,9 +305,9 @@ async fn run(args: RunArgs) -> Result<u8> {
     };
     // With a client certificate the controller can be let record its actions in
     // Probity's event log (the api policies' `event-recorders` group).
-    options.record_events = args.probity_cert.is_some();
+    options.record_events = args.probity.probity_cert.is_some();
     // And send the Nodes' facts (the `cluster-reporters` group): anonymous, it could not.
-    options.cluster_facts = args.probity_cert.is_some();
+    options.cluster_facts = args.probity.probity_cert.is_some();
     let controller = Controller::new(cluster.client().clone(), probity, options);
     if let Some(addr) = args.metrics_listen {
         let listener = tokio::net::TcpListener::bind(addr)

@@ -394,6 +394,42 @@ pub fn verify(
     })
 }
 
+/// `probity verify FILE --id ID --node N --sidecar SOCKET`: the sidecar verifies and
+/// decides (`POST /v1/verify`); its answer is printed, exit 5 on a failed read.
+pub fn verify_through_sidecar(
+    socket: &Path,
+    file: &Path,
+    id: &str,
+    manifest: Option<&Path>,
+    node: &str,
+    reader: Option<&probity::ReaderPod>,
+) -> Result<u8> {
+    // The sidecar resolves the paths itself, from its own working directory.
+    let absolute = |p: &Path| std::path::absolute(p).unwrap_or_else(|_| p.to_owned());
+    let mut body = serde_json::json!({"path": absolute(file), "id": id, "node": node});
+    if let Some(m) = manifest {
+        body["manifest"] = serde_json::json!(absolute(m));
+    }
+    if let Some(r) = reader {
+        body["reader"] = serde_json::to_value(r)?;
+    }
+    // Hashing a large object takes a while: the deadline is generous.
+    let client = probity_slurm::SidecarClient::new(socket, std::time::Duration::from_secs(600));
+    let (status, answer) = client.post("/v1/verify", &body)?;
+    out::line(serde_json::to_string_pretty(&answer)?)?;
+    if status != 200 {
+        bail!(
+            "the sidecar refused the verification ({status}): {}",
+            answer["error"].as_str().unwrap_or("")
+        );
+    }
+    Ok(if answer["decision"]["decision"] == "allow" {
+        exit::ALLOW
+    } else {
+        exit::INTEGRITY_FAILURE
+    })
+}
+
 /// `probity nodes list|block|unblock`
 pub fn nodes(command: &NodesCommand, state_args: &StateArgs) -> Result<u8> {
     let state = open_state(state_args)?;

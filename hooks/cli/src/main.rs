@@ -23,6 +23,7 @@ mod controller;
 mod impact;
 mod integrity;
 mod keys;
+mod slurm;
 
 /// Standard output, where a closed pipe is an error (`println!` would panic) that
 /// `main` turns into a quiet exit 0.
@@ -90,6 +91,12 @@ enum Command {
     Agent(agent::AgentArgs),
     /// Run the Kubernetes controller (blocked nodes tainted, released when unblocked),
     /// or pause, resume, reset or dry-run it.
+    /// Slurm's hooks (job_submit.lua, the Prolog, the health check) and the
+    /// controller's Slurm side.
+    Slurm {
+        #[command(subcommand)]
+        command: slurm::SlurmCommand,
+    },
     Controller {
         #[command(subcommand)]
         command: controller::ControllerCommand,
@@ -181,6 +188,21 @@ enum Command {
         /// names it, so the cluster manager stops its workload first.
         #[arg(long, requires = "node", value_name = "NAMESPACE/NAME[/UID]", value_parser = parse_reader_pod)]
         reader_pod: Option<probity::ReaderPod>,
+        /// The Slurm job that reads it (default: SLURM_JOB_ID, set inside a job): named
+        /// as the reader `slurm/job-<ID>`, so a failed read requeues that job.
+        #[arg(
+            long,
+            requires = "node",
+            conflicts_with = "reader_pod",
+            env = "SLURM_JOB_ID"
+        )]
+        slurm_job: Option<String>,
+        /// Ask the sidecar at this Unix socket (`POST /v1/verify`) instead of verifying
+        /// here: the sidecar reads the file under its data roots, decides and blocks,
+        /// and checks a reader claim against the calling process (its pod, its Slurm
+        /// job).
+        #[arg(long, requires = "node", value_name = "SOCKET")]
+        sidecar: Option<PathBuf>,
         /// The file holding the pinned public key: the hex form of an uncompressed
         /// P-256 point (SEC1), as `seal` writes it [default: STATE_DIR/trusted.pub]. It
         /// is refused if others can write it or it belongs to another user than this one
@@ -370,6 +392,7 @@ fn run(cli: Cli) -> Result<u8> {
         Command::Agent(args) => agent::agent(args),
         Command::Baseline { command } => agent::baseline(command),
         Command::Controller { command } => controller::controller(command),
+        Command::Slurm { command } => slurm::slurm(command),
         Command::Check {
             dir,
             files,
@@ -424,25 +447,44 @@ fn run(cli: Cli) -> Result<u8> {
             manifest,
             node,
             reader_pod,
+            slurm_job,
+            sidecar,
             public_key,
             entities,
             state,
             hsm,
             policies,
-        } => integrity::verify(
-            &integrity::VerifyArgs {
-                file: &file,
-                id: &id,
-                manifest: manifest.as_deref(),
-                node: node.as_deref(),
-                reader_pod: reader_pod.as_ref(),
-                public_key: public_key.as_deref(),
-                entities: entities.as_deref(),
-            },
-            &state,
-            &hsm,
-            &policies,
-        ),
+        } => {
+            let reader_pod = match (reader_pod, slurm_job) {
+                (Some(pod), _) => Some(pod),
+                (None, Some(job)) => Some(slurm_reader(&job)?),
+                (None, None) => None,
+            };
+            if let (Some(socket), Some(node)) = (&sidecar, &node) {
+                return integrity::verify_through_sidecar(
+                    socket,
+                    &file,
+                    &id,
+                    manifest.as_deref(),
+                    node,
+                    reader_pod.as_ref(),
+                );
+            }
+            integrity::verify(
+                &integrity::VerifyArgs {
+                    file: &file,
+                    id: &id,
+                    manifest: manifest.as_deref(),
+                    node: node.as_deref(),
+                    reader_pod: reader_pod.as_ref(),
+                    public_key: public_key.as_deref(),
+                    entities: entities.as_deref(),
+                },
+                &state,
+                &hsm,
+                &policies,
+            )
+        }
         Command::Nodes { command, state } => integrity::nodes(&command, &state),
         Command::Audit {
             command,
@@ -456,6 +498,19 @@ fn run(cli: Cli) -> Result<u8> {
             policies,
         } => report_store(entities.as_deref(), state_dir.as_deref(), json, &policies),
     }
+}
+
+/// A Slurm job as a reader: `slurm/job-<id>`, the id checked as untrusted input.
+fn slurm_reader(job: &str) -> Result<probity::ReaderPod> {
+    if !probity_slurm::commands::is_job_id(job) {
+        bail!("--slurm-job (or SLURM_JOB_ID): {job:?} is not a Slurm job id (digits)");
+    }
+    probity::ReaderPod::new(
+        probity_slurm::actuator::JOB_NAMESPACE,
+        format!("job-{job}"),
+        None,
+    )
+    .map_err(|e| anyhow::anyhow!("--slurm-job: {e}"))
 }
 
 /// `--reader-pod`'s value, checked as untrusted input (the error names the field).
