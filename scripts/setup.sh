@@ -3,9 +3,9 @@
 # the Rust toolchain (run as root). Idempotent: it installs only what is missing.
 #
 # The real services the tests start themselves (rsyslog, Alertmanager, auditd, sshd,
-# etcd) are installed with a policy-rc.d that exits 101, so that installing a package
-# never starts its service: the tests start and stop each one by PID on loopback or
-# in a network namespace they create.
+# etcd, Slurm's slurmctld, slurmd and munged) are installed with a policy-rc.d that
+# exits 101, so that installing a package never starts its service: the tests start
+# and stop each one by PID on loopback or in a network namespace they create.
 set -euo pipefail
 
 packages=(
@@ -17,6 +17,7 @@ packages=(
   etcd-server etcd-client                           # cluster state, tested against the real server
   protobuf-compiler libprotobuf-dev                 # etcd-client's build runs protoc on etcd's .proto files
   python3-pytest python3-cryptography valgrind pkg-config  # C ABI callers
+  slurmctld slurmd slurm-client munge lua-posix     # Slurm: job_submit.lua, Prolog, health, drains
 )
 # Go for the cgo caller (and, later, the control plane's builds): the machine's own Go
 # (/usr/local/go) when it has one. Debian's golang-go is 1.19 and its /usr/bin/go would

@@ -407,11 +407,13 @@ pub fn verify_through_sidecar(
     // The sidecar resolves the paths itself, from its own working directory.
     let absolute = |p: &Path| std::path::absolute(p).unwrap_or_else(|_| p.to_owned());
     let mut body = serde_json::json!({"path": absolute(file), "id": id, "node": node});
-    if let Some(m) = manifest {
-        body["manifest"] = serde_json::json!(absolute(m));
-    }
-    if let Some(r) = reader {
-        body["reader"] = serde_json::to_value(r)?;
+    if let Some(fields) = body.as_object_mut() {
+        if let Some(m) = manifest {
+            fields.insert("manifest".into(), serde_json::json!(absolute(m)));
+        }
+        if let Some(r) = reader {
+            fields.insert("reader".into(), serde_json::to_value(r)?);
+        }
     }
     // Hashing a large object takes a while: the deadline is generous.
     let client = probity_slurm::SidecarClient::new(socket, std::time::Duration::from_secs(600));
@@ -420,10 +422,14 @@ pub fn verify_through_sidecar(
     if status != 200 {
         bail!(
             "the sidecar refused the verification ({status}): {}",
-            answer["error"].as_str().unwrap_or("")
+            answer.get("error").and_then(|e| e.as_str()).unwrap_or("")
         );
     }
-    Ok(if answer["decision"]["decision"] == "allow" {
+    let allowed = answer
+        .pointer("/decision/decision")
+        .and_then(|d| d.as_str())
+        == Some("allow");
+    Ok(if allowed {
         exit::ALLOW
     } else {
         exit::INTEGRITY_FAILURE

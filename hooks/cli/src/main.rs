@@ -89,14 +89,14 @@ enum Command {
     /// Run the node agent: collect this node's facts, decide comply, listen and elevate,
     /// carry out the obligations (see hooks/agent/probity-agent.toml).
     Agent(agent::AgentArgs),
-    /// Run the Kubernetes controller (blocked nodes tainted, released when unblocked),
-    /// or pause, resume, reset or dry-run it.
     /// Slurm's hooks (job_submit.lua, the Prolog, the health check) and the
     /// controller's Slurm side.
     Slurm {
         #[command(subcommand)]
         command: slurm::SlurmCommand,
     },
+    /// Run the Kubernetes controller (blocked nodes tainted, released when unblocked),
+    /// or pause, resume, reset or dry-run it.
     Controller {
         #[command(subcommand)]
         command: controller::ControllerCommand,

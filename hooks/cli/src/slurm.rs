@@ -23,7 +23,8 @@ use crate::exit;
 #[derive(Subcommand)]
 pub enum SlurmCommand {
     /// Ask whether a job may be submitted (job_submit.lua runs it, without a shell):
-    /// prints `allow<TAB><submission>` or `deny<TAB><message>` on one line.
+    /// prints `allow<TAB><submission><TAB><warnings>` or `deny<TAB><message><TAB>` on
+    /// one line.
     Submit(SubmitArgs),
     /// Decide a job's start on this node (the Prolog): a node-level refusal drains the
     /// node with Probity's reason and exits 1 (Slurm requeues the job elsewhere); a
@@ -228,6 +229,11 @@ pub fn slurm(command: SlurmCommand) -> Result<u8> {
     }
 }
 
+/// The string at `key` of a JSON object, if it is one.
+fn str_at<'a>(value: &'a Value, key: &str) -> Option<&'a str> {
+    value.get(key).and_then(Value::as_str)
+}
+
 /// One line for the Lua: no tab or newline inside a field.
 fn lua_field(text: &str) -> String {
     text.chars()
@@ -247,15 +253,35 @@ fn submit(args: &SubmitArgs) -> Result<u8> {
         .sidecar
         .client()
         .post("/v1/slurm/submit", &json!({ "job": job }));
+    let mut warnings = String::new();
     let (verdict, text) = match answer {
-        Ok((200, body)) if body["allowed"] == true => (
-            "allow",
-            body["submission"].as_str().unwrap_or("").to_owned(),
-        ),
+        Ok((200, body)) if body.get("allowed") == Some(&Value::Bool(true)) => {
+            // What warn-mode policies found: shown to the submitter, as kubectl shows
+            // an admission's warnings.
+            warnings = body
+                .get("warnings")
+                .and_then(Value::as_array)
+                .map(|w| {
+                    w.iter()
+                        .map(|n| {
+                            format!(
+                                "Probity: {}: {}",
+                                str_at(n, "policy").unwrap_or(""),
+                                str_at(n, "message").unwrap_or("")
+                            )
+                        })
+                        .collect::<Vec<_>>()
+                        .join(" | ")
+                })
+                .unwrap_or_default();
+            (
+                "allow",
+                str_at(&body, "submission").unwrap_or("").to_owned(),
+            )
+        }
         Ok((200, body)) => (
             "deny",
-            body["message"]
-                .as_str()
+            str_at(&body, "message")
                 .unwrap_or("Probity: refused")
                 .to_owned(),
         ),
@@ -263,12 +289,16 @@ fn submit(args: &SubmitArgs) -> Result<u8> {
             &args.on_error,
             format!(
                 "the sidecar refused the question ({status}): {}",
-                body["error"].as_str().unwrap_or("")
+                str_at(&body, "error").unwrap_or("")
             ),
         ),
         Err(error) => failed(&args.on_error, probity_base::error::chain(&error)),
     };
-    crate::out::line(format_args!("{verdict}\t{}", lua_field(&text)))?;
+    crate::out::line(format_args!(
+        "{verdict}\t{}\t{}",
+        lua_field(&text),
+        lua_field(&warnings)
+    ))?;
     Ok(if verdict == "allow" {
         exit::ALLOW
     } else {
@@ -308,20 +338,20 @@ fn prolog(args: &PrologArgs) -> Result<u8> {
         }
     };
     let mut question = json!({ "job": args.job, "node": args.node });
-    if let Some(token) = &submission {
-        question["submission"] = json!(token);
+    if let (Some(token), Some(fields)) = (&submission, question.as_object_mut()) {
+        fields.insert("submission".into(), json!(token));
     }
     let answer = args.sidecar.client().post("/v1/slurm/prolog", &question);
     let (verdict, message) = match answer {
         Ok((200, body)) => (
-            body["verdict"].as_str().unwrap_or("node").to_owned(),
-            body["message"].as_str().unwrap_or("").to_owned(),
+            str_at(&body, "verdict").unwrap_or("node").to_owned(),
+            str_at(&body, "message").unwrap_or("").to_owned(),
         ),
         Ok((status, body)) => (
             "error".to_owned(),
             format!(
                 "the sidecar refused the question ({status}): {}",
-                body["error"].as_str().unwrap_or("")
+                str_at(&body, "error").unwrap_or("")
             ),
         ),
         Err(error) => ("error".to_owned(), probity_base::error::chain(&error)),
@@ -410,32 +440,125 @@ fn health(args: &HealthArgs) -> Result<u8> {
     // refusal comes from) and any finding that blocks it.
     let refusing = agent
         .findings()
-        .find(|f| f.action == "comply" || f.obligations.iter().any(|o| o.kind == block_kind));
+        .find(|f| f.action == "comply" || f.obligations.iter().any(|o| o.kind == block_kind))
+        .map(|f| reason::drain_reason(&f.policy, &f.message));
     let commands = args.slurm.commands();
     let current = commands.node(&node)?;
-    match refusing {
-        Some(finding) => {
-            let why = reason::drain_reason(&finding.policy, &finding.message);
+    let current_reason = current.reason.clone().unwrap_or_default();
+    // The drains this check made (or took over), in the agent's state directory:
+    // Probity's other parts (the controller, the Prolog) drain in the same words, and
+    // a drain is resumed only by whoever made it.
+    let mut owned = HealthDrains::load(agent.config().state_dir.as_deref());
+    let ours = current.drained_by_probity() && owned.get(&node) == Some(current_reason.as_str());
+    let code = match refusing {
+        Some(why) => {
             if current.drained() && !current.drained_by_probity() {
                 eprintln!(
                     "probity slurm health: {node} is drained by someone else; left as is ({why})"
                 );
-            } else if current.reason.as_deref() != Some(why.as_str()) || !current.drained() {
-                commands.drain(&node, &why)?;
-                agent_event(&agent, &node, "slurm-node-drained", &why);
-                eprintln!("probity slurm health: drained {node}: {why}");
+            } else if current.drained() && !ours && current_reason != why {
+                eprintln!(
+                    "probity slurm health: {node} is drained by Probity for another reason ({current_reason}); left as is ({why})"
+                );
+            } else {
+                if !current.drained() || current_reason != why {
+                    commands.drain(&node, &why)?;
+                    agent_event(&agent, &node, "slurm-node-drained", &why);
+                    eprintln!("probity slurm health: drained {node}: {why}");
+                }
+                // A Prolog's drain in the very words of this finding is taken over.
+                owned.set(&node, Some(&why));
             }
-            Ok(exit::VIOLATION)
+            exit::VIOLATION
         }
         None => {
             let blocked = agent.engine().blocked_nodes().contains_key(&node);
-            if current.drained_by_probity() && !blocked {
-                let was = current.reason.clone().unwrap_or_default();
+            if ours && !blocked {
                 commands.resume(&node)?;
-                agent_event(&agent, &node, "slurm-node-resumed", &format!("was: {was}"));
-                eprintln!("probity slurm health: resumed {node} (was: {was})");
+                agent_event(
+                    &agent,
+                    &node,
+                    "slurm-node-resumed",
+                    &format!("was: {current_reason}"),
+                );
+                eprintln!("probity slurm health: resumed {node} (was: {current_reason})");
+            } else if current.drained_by_probity() && !ours {
+                eprintln!(
+                    "probity slurm health: {node} stays drained: Probity's {current_reason:?} was not this check's"
+                );
             }
-            Ok(exit::ALLOW)
+            if !blocked {
+                owned.set(&node, None);
+            }
+            exit::ALLOW
+        }
+    };
+    owned.save();
+    Ok(code)
+}
+
+/// The drain reasons the health check set, by node, kept in the agent's state
+/// directory (without one nothing is remembered, and nothing is ever resumed).
+struct HealthDrains {
+    path: Option<PathBuf>,
+    reasons: std::collections::BTreeMap<String, String>,
+    changed: bool,
+}
+
+impl HealthDrains {
+    const FILE: &'static str = "slurm-health-drains.json";
+
+    fn load(state_dir: Option<&std::path::Path>) -> Self {
+        let path = state_dir.map(|d| d.join(Self::FILE));
+        let reasons = path
+            .as_ref()
+            .and_then(|p| match std::fs::read(p) {
+                Ok(bytes) => serde_json::from_slice(&bytes)
+                    .map_err(|e| eprintln!("probity slurm health: {} is unreadable ({e}): nothing is taken as this check's drain", p.display()))
+                    .ok(),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+                Err(e) => {
+                    eprintln!("probity slurm health: cannot read {}: {e}", p.display());
+                    None
+                }
+            })
+            .unwrap_or_default();
+        Self {
+            path,
+            reasons,
+            changed: false,
+        }
+    }
+
+    fn get(&self, node: &str) -> Option<&str> {
+        self.reasons.get(node).map(String::as_str)
+    }
+
+    fn set(&mut self, node: &str, reason: Option<&str>) {
+        let before = self.reasons.get(node).cloned();
+        match reason {
+            Some(r) => {
+                self.reasons.insert(node.to_owned(), r.to_owned());
+            }
+            None => {
+                self.reasons.remove(node);
+            }
+        }
+        self.changed |= before.as_deref() != reason;
+    }
+
+    /// Written through a rename: a crash leaves the old file or the new one.
+    fn save(&self) {
+        let (Some(path), true) = (&self.path, self.changed) else {
+            return;
+        };
+        let tmp = path.with_extension("json.tmp");
+        let written = serde_json::to_vec(&self.reasons)
+            .map_err(std::io::Error::other)
+            .and_then(|bytes| std::fs::write(&tmp, bytes))
+            .and_then(|()| std::fs::rename(&tmp, path));
+        if let Err(e) = written {
+            eprintln!("probity slurm health: cannot write {}: {e}", path.display());
         }
     }
 }

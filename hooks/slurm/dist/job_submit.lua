@@ -7,8 +7,8 @@ Install: next to slurm.conf (JobSubmitPlugins=lua), with Debian's lua-posix.
 
 How it asks: it runs `probity slurm submit FIELD=VALUE...` by fork and exec, with no
 shell: each field is one argv entry, so nothing a user types is quoted, parsed or
-built into JSON here. Probity answers one line, `allow<TAB><submission>` or
-`deny<TAB><message>`. How the fields become the policies' Workload (which field names
+built into JSON here. Probity answers one line, `allow<TAB><submission><TAB><warnings>`
+or `deny<TAB><message><TAB>`. How the fields become the policies' Workload (which field names
 the namespace, where the class comes from, which GRES counts as GPUs) is the
 sidecar's `[slurm]` configuration, not this file.
 
@@ -109,6 +109,16 @@ local function undecided(why)
   return refuse("Probity could not decide (" .. why .. "): refused")
 end
 
+-- The partition a job without `-p` goes to: the one slurm.conf marks Default=YES.
+local function default_partition(part_list)
+  for _, part in pairs(part_list or {}) do
+    if part.flag_default == 1 then
+      return part.name
+    end
+  end
+  return nil
+end
+
 function slurm_job_submit(job_desc, part_list, submit_uid)
   local argv = {
     PROBITY, "slurm", "submit",
@@ -119,6 +129,7 @@ function slurm_job_submit(job_desc, part_list, submit_uid)
   for _, name in ipairs(FIELDS) do
     local value = job_desc[name]
     if value == nil and name == "tres_per_node" then value = job_desc.gres end
+    if value == nil and name == "partition" then value = default_partition(part_list) end
     if value ~= nil then
       argv[#argv + 1] = name .. "=" .. tostring(value)
     end
@@ -130,10 +141,15 @@ function slurm_job_submit(job_desc, part_list, submit_uid)
   if kind ~= "exited" then
     return undecided("probity " .. kind .. " " .. tostring(code) .. ": " .. out)
   end
-  local verdict, text = string.match(out, "^(%a+)\t([^\n]*)")
+  local verdict, text, warnings = string.match(out, "^(%a+)\t([^\t\n]*)\t?([^\n]*)")
   if verdict == "allow" then
     if text ~= "" then
       job_desc.admin_comment = "probity:" .. text
+    end
+    -- What warn-mode policies found reaches the submitter, as kubectl shows an
+    -- admission's warnings; the job is admitted.
+    if warnings ~= nil and warnings ~= "" then
+      slurm.log_user("%s", warnings)
     end
     return slurm.SUCCESS
   end

@@ -46,6 +46,27 @@ impl SlurmActuator {
         &self.commands
     }
 
+    /// Resumes `node` only if its drain reason is still `expected` (the one this
+    /// controller set): a drain another part of Probity made since (the health check,
+    /// a Prolog) is theirs to undo, an operator's is never touched.
+    pub async fn release_drain(
+        &self,
+        node: &str,
+        expected: &str,
+    ) -> Result<Outcome, ControllerError> {
+        let name = node.to_owned();
+        let expected = expected.to_owned();
+        self.blocking(format!("resuming node {node}"), move |c| {
+            let current = c.node(&name)?;
+            if !current.drained() || current.reason.as_deref() != Some(expected.as_str()) {
+                return Ok(Outcome::Unchanged);
+            }
+            c.resume(&name)?;
+            Ok(Outcome::Done)
+        })
+        .await
+    }
+
     async fn blocking<T: Send + 'static>(
         &self,
         what: String,

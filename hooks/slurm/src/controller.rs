@@ -423,9 +423,11 @@ impl SlurmController {
                 Step::Block { node, mark, .. } | Step::Refresh { node, mark, .. } => {
                     self.actuator.block_node(node, mark, None).await
                 }
-                Step::Release { node, applied } => {
-                    self.actuator.release_node(node, applied.taint_added).await
+                Step::Release { node, applied } if applied.taint_added => {
+                    let expected = crate::reason::one_line(&applied.block.reason);
+                    self.actuator.release_drain(node, &expected).await
                 }
+                Step::Release { .. } => Ok(Outcome::Unchanged),
                 Step::StopWork { node, block } => {
                     if drain_failed.contains(node) {
                         continue;
