@@ -34,7 +34,10 @@ impl EtcdState {
         );
         let keep = Duration::from_secs(limits.seconds.max(1));
         let quarter = keep / 4;
-        let current = *lock(&self.core.admitted_lease);
+        // One lease per lifetime: facts kept 14 days must not ride a 1-day lease
+        // granted for another caller's.
+        let seconds = keep.as_secs();
+        let current = lock(&self.core.admitted_lease).get(&seconds).copied();
         let lease = match current {
             Some((id, granted)) if granted.elapsed() < quarter => id,
             _ => {
@@ -42,7 +45,12 @@ impl EtcdState {
                 let lease = self.run("granting the admitted facts' lease", async move {
                     client.grant_lease(keep + quarter).await
                 })?;
-                *lock(&self.core.admitted_lease) = Some((lease.id, Instant::now()));
+                let mut leases = lock(&self.core.admitted_lease);
+                // Bounded: only a handful of lifetimes are ever configured.
+                if leases.len() >= 16 {
+                    leases.clear();
+                }
+                leases.insert(seconds, (lease.id, Instant::now()));
                 lease.id
             }
         };

@@ -119,7 +119,7 @@ impl EtcdState {
             registry: RwLock::new(None),
             facts: Mutex::new(HashMap::new()),
             digest: Mutex::new(DigestLease::default()),
-            admitted_lease: Mutex::new(None),
+            admitted_lease: Mutex::new(HashMap::new()),
             outbox: Mutex::new(outbox),
             outbox_wake: tokio::sync::Notify::new(),
         });

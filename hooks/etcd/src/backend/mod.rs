@@ -168,8 +168,9 @@ pub(crate) struct Core {
     registry: RwLock<Option<RegistryMirror>>,
     facts: Mutex<HashMap<String, FactsLease>>,
     digest: Mutex<DigestLease>,
-    /// The lease admitted facts are written under, and when it was granted.
-    admitted_lease: Mutex<Option<(crate::lease::LeaseId, Instant)>>,
+    /// Per lifetime asked (seconds: a pod's facts and a Slurm job's differ), the lease
+    /// admitted facts are written under and when it was granted.
+    admitted_lease: Mutex<HashMap<u64, (crate::lease::LeaseId, Instant)>>,
     outbox: Mutex<BTreeMap<String, Queued>>,
     outbox_wake: tokio::sync::Notify,
 }
