@@ -106,8 +106,11 @@ pub trait SharedState: Send + Sync + std::fmt::Debug {
     fn key_ids(&self) -> Result<Vec<String>, StateError>;
 
     /// Remembers the facts of an admitted object (a pod, at admission) until it is
-    /// forgotten or `limits.seconds` pass; at most `limits.max` are kept (the oldest
-    /// go first). Default: a backend that remembers nothing.
+    /// forgotten or `limits.seconds` pass; at most `limits.max` are kept (the expired
+    /// go first, then those nearest their end). Each entry keeps the lifetime it was
+    /// remembered with: callers keep facts for different times (a pod's for a day, a
+    /// Slurm job's for weeks), and one caller's write never purges another's facts
+    /// before their own time. Default: a backend that remembers nothing.
     fn remember_admitted(
         &self,
         facts: &AdmittedFacts,

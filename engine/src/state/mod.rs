@@ -353,8 +353,10 @@ impl AdmittedFacts {
 /// How many admitted objects' facts a backend keeps, and for how long.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct AdmittedLimits {
-    /// Most entries kept; past it, expired ones are purged, then the oldest.
+    /// Most entries kept; past it, expired ones are purged (each by the lifetime it
+    /// was remembered with), then those nearest their end.
     pub max: usize,
-    /// Seconds an entry is kept.
+    /// Seconds an entry is kept (the entry remembers it: another caller's limits do
+    /// not shorten it).
     pub seconds: u64,
 }

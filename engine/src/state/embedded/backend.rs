@@ -114,7 +114,14 @@ impl SharedState for StateStore {
         facts: &AdmittedFacts,
         limits: &AdmittedLimits,
     ) -> Result<(), StateError> {
-        let bytes = self.encode("encoding admitted facts", facts)?;
+        // Each entry carries its own lifetime: callers keep facts for different times
+        // (a pod's for a day, a Slurm job's for weeks), and one's purge must not cut
+        // the other's short.
+        let stored = StoredAdmitted {
+            facts: facts.clone(),
+            keep_seconds: Some(limits.seconds),
+        };
+        let bytes = self.encode("encoding admitted facts", &stored)?;
         let key = AdmittedFacts::key(&facts.namespace, &facts.name);
         let now = facts.admitted_at_ms;
         self.write("remembering admitted facts", |txn| {
@@ -123,21 +130,31 @@ impl SharedState for StateStore {
             if usize::try_from(table.len()?).unwrap_or(usize::MAX) <= limits.max {
                 return Ok(());
             }
-            // Over the bound: the expired go, then the oldest, down to 90% of it so
-            // that this scan is not made on every admission.
-            let mut entries: Vec<(u64, String)> = Vec::new();
+            // Over the bound: the expired go (each by its own lifetime), then those
+            // nearest their end, down to 90% of it so that this scan is not made on
+            // every admission. An unreadable entry counts as expired long ago.
+            let mut entries: Vec<(u64, bool, String)> = Vec::new();
             for row in table.iter()? {
                 let (k, v) = row?;
-                let at = serde_json::from_slice::<AdmittedFacts>(v.value())
-                    .map_or(0, |f| f.admitted_at_ms);
-                entries.push((at, k.value().to_owned()));
+                if k.value() == key {
+                    continue;
+                }
+                let (deadline, expired) = match serde_json::from_slice::<StoredAdmitted>(v.value())
+                {
+                    Ok(f) => (
+                        f.deadline_ms(limits.seconds),
+                        f.expired(now, limits.seconds),
+                    ),
+                    Err(_) => (0, true),
+                };
+                entries.push((deadline, expired, k.value().to_owned()));
             }
             entries.sort();
-            let keep = limits.max.saturating_mul(9) / 10;
+            // The entry just written stays: it is one of the kept.
+            let keep = (limits.max.saturating_mul(9) / 10).saturating_sub(1);
             let excess = entries.len().saturating_sub(keep);
-            for (i, (at, k)) in entries.iter().enumerate() {
-                let expired = now.saturating_sub(*at) > limits.seconds.saturating_mul(1000);
-                if (i < excess || expired) && k != &key {
+            for (i, (_, expired, k)) in entries.iter().enumerate() {
+                if i < excess || *expired {
                     table.remove(k.as_str())?;
                 }
             }
@@ -158,8 +175,9 @@ impl SharedState for StateStore {
         let Some(raw) = self.read("reading admitted facts", read)? else {
             return Ok(None);
         };
-        let facts: AdmittedFacts =
+        let stored: StoredAdmitted =
             serde_json::from_slice(&raw).map_err(|_| self.corrupt("admitted", &key))?;
+        let facts = stored.facts;
         Ok((!facts.expired(self.now_unix_ms(), max_age_seconds)).then_some(facts))
     }
     fn forget_admitted(&self, namespace: &str, name: &str) -> Result<(), StateError> {
@@ -235,5 +253,42 @@ impl LocalLog for StateStore {
     }
     fn checkpoint_interval(&self) -> Option<Duration> {
         Some(self.checkpoint_policy().every)
+    }
+}
+
+/// An [`AdmittedFacts`] as the embedded store keeps it (table `admitted`): the facts, and
+/// the lifetime the caller that remembered them gave them ([`AdmittedLimits::seconds`]),
+/// so that a purge made by another caller, which keeps its own facts for another time,
+/// judges each entry by its own. The lifetime sits beside the facts' fields in one JSON
+/// object: a record written before lifetimes were kept has none and still parses (it is
+/// judged by the purging caller's time, as it was), and a reader of plain
+/// [`AdmittedFacts`] ignores it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(super) struct StoredAdmitted {
+    #[serde(flatten)]
+    pub(super) facts: AdmittedFacts,
+    /// Seconds it is kept; absent from records written before it was kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(super) keep_seconds: Option<u64>,
+}
+
+impl StoredAdmitted {
+    /// Its lifetime: its own, or `default_seconds` when it has none recorded.
+    fn lifetime(&self, default_seconds: u64) -> u64 {
+        self.keep_seconds.unwrap_or(default_seconds)
+    }
+
+    /// When it expires, in Unix milliseconds, by its own lifetime (else
+    /// `default_seconds`).
+    pub(super) fn deadline_ms(&self, default_seconds: u64) -> u64 {
+        self.facts
+            .admitted_at_ms
+            .saturating_add(self.lifetime(default_seconds).saturating_mul(1000))
+    }
+
+    /// [`AdmittedFacts::expired`] by its own lifetime when it has one, else by
+    /// `default_seconds`.
+    pub(super) fn expired(&self, now_ms: u64, default_seconds: u64) -> bool {
+        self.facts.expired(now_ms, self.lifetime(default_seconds))
     }
 }

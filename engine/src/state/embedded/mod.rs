@@ -54,7 +54,8 @@ const CHAIN: TableDefinition<&str, &[u8]> = TableDefinition::new("chain");
 /// Checkpoints (signed tree heads): (log name, the last record covered) -> the rest of
 /// the [`Checkpoint`].
 const CHECKPOINTS: TableDefinition<(&str, u64), &[u8]> = TableDefinition::new("checkpoints");
-/// Facts of admitted objects (pods), by `namespace/name`: JSON [`AdmittedFacts`].
+/// Facts of admitted objects (pods, Slurm jobs), by `namespace/name`: JSON
+/// [`AdmittedFacts`] with the lifetime each was remembered with (`StoredAdmitted`).
 const ADMITTED: TableDefinition<&str, &[u8]> = TableDefinition::new("admitted");
 /// Action requests (`migrate`), by [`ActionRequest::key`]: JSON [`ActionRequest`].
 const ACTIONS: TableDefinition<&str, &[u8]> = TableDefinition::new("actions");

@@ -46,6 +46,133 @@ fn admitted_facts_are_bounded_in_count_and_expire() {
     assert!(store.admitted("ns", "pod-10", 60).unwrap().is_none());
 }
 
+/// Two callers keep facts for different times (Slurm jobs 14 days, pods a day): when a
+/// pod's admission goes over the bound, the purge judges each entry by the lifetime it
+/// was remembered with, so the Slurm facts, two days old, stay; the expired and the
+/// pods nearest their end go.
+#[test]
+fn admitted_facts_purge_by_each_entrys_own_lifetime() {
+    const DAY: u64 = 86_400;
+    const T0: u64 = 1_000_000_000;
+    let tmp = tempfile::tempdir().unwrap();
+    let clock = Arc::new(crate::clock::ManualClock::at(1_000_000_000));
+    let store = StateStore::open_with_clock(tmp.path(), clock.clone()).unwrap();
+    let long = AdmittedLimits {
+        max: 10,
+        seconds: 14 * DAY,
+    };
+    let short = AdmittedLimits {
+        max: 10,
+        seconds: DAY,
+    };
+    let facts = |ns: &str, i: u64, at: u64| AdmittedFacts {
+        namespace: ns.into(),
+        name: format!("n-{i}"),
+        uid: format!("uid-{ns}-{i}"),
+        attrs: serde_json::json!({"i": i}),
+        admitted_at_ms: at,
+    };
+    let has = |ns: &str, i: u64| {
+        store
+            .admitted(ns, &format!("n-{i}"), 14 * DAY)
+            .unwrap()
+            .is_some()
+    };
+    // At T0: four Slurm jobs kept 14 days, one pod kept a day.
+    for i in 0..4 {
+        store
+            .remember_admitted(&facts("slurm-job", i, T0 * 1000 + i), &long)
+            .unwrap();
+    }
+    store
+        .remember_admitted(&facts("stale", 0, T0 * 1000), &short)
+        .unwrap();
+    // And one record written before entries kept their lifetime: it still parses.
+    let legacy = facts("legacy", 0, T0 * 1000);
+    let raw = serde_json::to_vec(&legacy).unwrap();
+    assert!(!String::from_utf8_lossy(&raw).contains("keep_seconds"));
+    store
+        .write("test", |txn| {
+            txn.open_table(ADMITTED)?
+                .insert("legacy/n-0", raw.as_slice())?;
+            Ok(())
+        })
+        .unwrap();
+    assert_eq!(
+        store.admitted("legacy", "n-0", 14 * DAY).unwrap(),
+        Some(legacy)
+    );
+
+    // Two days later, pods kept a day, past the bound (max 10, purged down to 9).
+    clock.advance(2 * 86_400);
+    let now_ms = (T0 + 2 * DAY) * 1000;
+    for i in 0..5 {
+        store
+            .remember_admitted(&facts("pod", i, now_ms + i), &short)
+            .unwrap();
+    }
+    // The fifth pod made 11: the expired pod and the legacy record (judged by the
+    // purging caller's day) went; the Slurm jobs, two days into their 14, stayed.
+    assert!(!has("stale", 0) && !has("legacy", 0));
+    assert!((0..4).all(|i| has("slurm-job", i)));
+    assert!((0..5).all(|i| has("pod", i)));
+    // Two more pods: over again, and nothing expired: the pods nearest their end go
+    // (the oldest), not the Slurm jobs, which are older but have 12 days left.
+    for i in 5..7 {
+        store
+            .remember_admitted(&facts("pod", i, now_ms + i), &short)
+            .unwrap();
+    }
+    let pods: Vec<bool> = (0..7).map(|i| has("pod", i)).collect();
+    assert_eq!(pods, [false, false, true, true, true, true, true]);
+    assert!((0..4).all(|i| has("slurm-job", i)));
+    // What is read back is what was remembered.
+    assert_eq!(
+        store.admitted("slurm-job", "n-3", 14 * DAY).unwrap(),
+        Some(facts("slurm-job", 3, T0 * 1000 + 3))
+    );
+}
+
+/// The stored record is the facts' JSON object with the lifetime beside its fields: a
+/// record without it parses (no lifetime: the caller's), and a reader of plain
+/// [`AdmittedFacts`] (another version, a tool) ignores it.
+#[test]
+fn stored_admitted_facts_keep_their_lifetime_and_old_records_parse() {
+    use super::backend::StoredAdmitted;
+    let facts = AdmittedFacts {
+        namespace: "slurm-job".into(),
+        name: "42".into(),
+        uid: "u".into(),
+        attrs: serde_json::json!({"gpus": 2, "tags": ["a"]}),
+        admitted_at_ms: 5_000,
+    };
+    let stored = StoredAdmitted {
+        facts: facts.clone(),
+        keep_seconds: Some(10),
+    };
+    let bytes = serde_json::to_vec(&stored).unwrap();
+    let value: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+    assert_eq!(value["keep_seconds"], 10);
+    assert_eq!(value["admitted_at_ms"], 5_000);
+    assert_eq!(
+        serde_json::from_slice::<StoredAdmitted>(&bytes).unwrap(),
+        stored
+    );
+    assert_eq!(
+        serde_json::from_slice::<AdmittedFacts>(&bytes).unwrap(),
+        facts
+    );
+    // Its own lifetime, whatever the caller's.
+    assert_eq!(stored.deadline_ms(1_000), 15_000);
+    assert!(!stored.expired(15_000, 1) && stored.expired(15_001, 1_000));
+    // An old record: no lifetime, the caller's.
+    let old = br#"{"namespace":"ns","name":"p","uid":"u","attrs":{},"admitted_at_ms":5000}"#;
+    let old: StoredAdmitted = serde_json::from_slice(old).unwrap();
+    assert_eq!(old.keep_seconds, None);
+    assert_eq!(old.deadline_ms(3), 8_000);
+    assert!(!old.expired(8_000, 3) && old.expired(8_001, 3));
+}
+
 #[test]
 fn sequence_numbers_never_wrap() {
     assert_eq!(next_seq(None, 3).unwrap(), 0);
