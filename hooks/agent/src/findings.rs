@@ -8,12 +8,19 @@
 //! elevation); [`Findings::reconcile`] compares a cycle's findings with the active ones
 //! and says which were raised, which changed (a new message: the alert is updated, not
 //! raised again) and which cleared.
+//!
+//! The active findings outlive the process through [`saved`]: with a state directory they
+//! are saved after every cycle and taken up by the next agent, so a one-shot run
+//! (`probity agent --once`, `probity slurm health`) reconciles against the last run's
+//! findings exactly as the running agent does against its last cycle's.
 
 use std::collections::BTreeMap;
 
 use probity::{Decision, Obligation, Severity};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
+
+pub mod saved;
 
 /// The policy id a deny without any reason is filed under (an invalid request, an
 /// evaluation error outside every policy): it is still a finding.
@@ -21,7 +28,7 @@ pub const DECISION_ERROR: &str = "decision-error";
 
 /// Which questions a finding comes from: telemetry findings clear when a cycle no longer
 /// shows them; elevation findings are events and expire.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Scope {
     /// `comply` and `listen`.
@@ -31,7 +38,7 @@ pub enum Scope {
 }
 
 /// One reason of a deny, for one subject.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Finding {
     /// `action|subject|policy`: what identifies it across cycles.
     pub key: String,
@@ -50,12 +57,17 @@ pub struct Finding {
     /// The obligations the policy imposed.
     pub obligations: Vec<Obligation>,
     /// Errors met while deciding.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub errors: Vec<String>,
     /// When it was first seen, in Unix seconds.
     pub since: u64,
     /// The facts that caused it.
     pub facts: Value,
+}
+
+/// What identifies a finding across cycles: `action|subject|policy`.
+pub fn key_of(action: &str, subject: &str, policy: &str) -> String {
+    format!("{action}|{subject}|{policy}")
 }
 
 /// The findings of one decision: one per reason of a deny; nothing for an allow.
@@ -79,7 +91,7 @@ pub fn findings_of(
         })
         .collect();
     let make = |policy: &str, severity: Severity, message: String| Finding {
-        key: format!("{action}|{subject}|{policy}"),
+        key: key_of(action, subject, policy),
         scope,
         action: action.to_owned(),
         subject: subject.to_owned(),
@@ -132,6 +144,14 @@ impl Findings {
     /// No finding active.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// These findings active, as a previous agent left them (see [`saved`]): each
+    /// keeps its first time, and the next reconciliation treats them as its own.
+    pub fn restore(active: impl IntoIterator<Item = Finding>) -> Self {
+        Self {
+            active: active.into_iter().map(|f| (f.key.clone(), f)).collect(),
+        }
     }
 
     /// Takes a cycle's findings of `scope`: those not active yet are raised, those
@@ -286,6 +306,21 @@ mod tests {
         let c = cycle(&mut book, &allow, 40);
         assert_eq!(c.cleared.len(), 1);
         assert!(book.is_empty());
+    }
+
+    #[test]
+    fn restored_findings_reconcile_as_if_they_had_never_left() {
+        let mut book = Findings::new();
+        cycle(&mut book, &deny(&[("a", "m1"), ("b", "x")]), 10);
+        let mut book = Findings::restore(book.active().cloned().collect::<Vec<_>>());
+        let c = cycle(&mut book, &deny(&[("a", "m1"), ("b", "x")]), 20);
+        assert!(c.raised.is_empty() && c.updated.is_empty() && c.cleared.is_empty());
+        assert!(book.active().all(|f| f.since == 10));
+        let mut book = Findings::restore(book.active().cloned().collect::<Vec<_>>());
+        let c = cycle(&mut book, &deny(&[("a", "m2")]), 30);
+        assert_eq!(c.updated.len(), 1);
+        assert_eq!(c.cleared.len(), 1);
+        assert_eq!(c.cleared[0].policy, "b");
     }
 
     #[test]

@@ -15,7 +15,8 @@
 //!   remembered per source (last good reading, staleness, `unreadable`);
 //! * [`facts`] — readings to the `Node` and `Gpu` entities, attribute by attribute;
 //! * [`listen`] — which `listen` questions a cycle asks;
-//! * [`findings`] — a deny's reasons as findings, raised, updated, cleared;
+//! * [`findings`] — a deny's reasons as findings, raised, updated, cleared; the active
+//!   ones saved in the state directory for the next process ([`findings::saved`]);
 //! * [`alerts`] — the Alertmanager and webhook sinks;
 //! * [`elevation`] — the audit log reader and its saved position;
 //! * [`baseline`] — a role's firewall baseline from the engine's `NodeRole` entities;

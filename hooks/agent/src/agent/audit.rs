@@ -76,6 +76,9 @@ impl Agent {
                 decision,
             });
         }
+        if !report.raised.is_empty() {
+            report.errors.extend(self.save_findings(at));
+        }
         report
     }
 }

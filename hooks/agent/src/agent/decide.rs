@@ -81,7 +81,8 @@ impl Agent {
 
     /// Step 4 of a cycle: the decisions' findings reconciled with the active ones; a
     /// raised finding's obligations carried out and recorded, an updated one's alerts
-    /// updated, a cleared or expired one's resolved and recorded.
+    /// updated, a cleared or expired one's resolved and recorded, and the alerts of the
+    /// findings taken up from the last process refreshed.
     pub(super) fn reconcile(
         &mut self,
         asked: Vec<(String, String, Value)>,
@@ -131,6 +132,20 @@ impl Agent {
             let mut done = self.resolve(f, &mut obligations);
             done.extend(self.withdraw_actions(f, &mut obligations));
             events.extend(self.record("finding-cleared", f, at, done));
+        }
+        // Findings taken up from the last process that still hold and were not updated
+        // (an update posts its alerts): their alerts are refreshed, once; from now on
+        // this process's alerter keeps them alive.
+        let inherited = std::mem::take(&mut self.inherited);
+        let refresh: Vec<Finding> = self
+            .findings
+            .active()
+            .filter(|f| inherited.contains(&f.key))
+            .filter(|f| !change.updated.iter().any(|(_, u)| u.key == f.key))
+            .cloned()
+            .collect();
+        for f in &refresh {
+            self.refresh_alerts(f, &mut obligations);
         }
         Reconciled {
             reports,

@@ -17,6 +17,13 @@
 //!    in shared state, see `actions.rs`); an updated one updates its alert; a cleared
 //!    one is recorded, its alert resolved and its requests withdrawn.
 //!
+//! With a state directory the active findings are saved after each cycle and taken up
+//! by the next agent (see [`crate::findings::saved`]): a one-shot run reconciles against
+//! the last run's findings as a running agent does against its last cycle's. A finding
+//! taken up this way that still holds is not raised again; its alerts, which the last
+//! process's alerter kept alive, are posted again by the first cycle (the same alert,
+//! refreshed: same labels, same `since`), so they do not lapse while it holds.
+//!
 //! Between cycles the audit log is read; each successful elevation is decided (`elevate`,
 //! as a reporter of its own time and login time) and a deny is a finding like any other,
 //! whose alert is resolved after `alerts.elevation_hold_seconds`.
@@ -52,6 +59,7 @@ mod engine;
 mod obligations;
 mod reports;
 mod run;
+mod saved;
 
 pub use engine::{MAX_ENTITIES_BYTES, build_engine, build_engine_with_state, load_entities};
 pub use obligations::node_of_target;
@@ -143,6 +151,11 @@ pub struct Agent {
     reduced: Option<(Ruleset, Dump, Dump, Arc<Reachability>)>,
     power: PowerHistory,
     findings: Findings,
+    /// The keys of the findings taken up from the state directory whose alerts this
+    /// process has not posted yet: the first cycle refreshes them.
+    inherited: BTreeSet<String>,
+    /// Why the saved findings could not be taken up, for the first cycle's report.
+    findings_problem: Option<String>,
     alerts: AlertSinks,
     audit: Option<AuditReader>,
     port_sets: Option<(String, PortSets)>,
@@ -215,6 +228,7 @@ impl Agent {
         if config.rapl.enabled {
             rapl.record(sources.rapl(), now);
         }
+        let (findings, findings_problem) = saved::take_up(&config);
         Ok(Self {
             smi: SourceState::new("nvidia-smi", config.nvidia_smi.enabled),
             dcgm: SourceState::new("dcgm", config.dcgm.url.is_some()),
@@ -228,7 +242,9 @@ impl Agent {
             audit_state: SourceState::new("auditd", config.audit.enabled),
             reduced: None,
             power: PowerHistory::new(&config),
-            findings: Findings::new(),
+            inherited: findings.active().map(|f| f.key.clone()).collect(),
+            findings,
+            findings_problem,
             alerts,
             audit,
             port_sets: None,
@@ -321,7 +337,7 @@ impl Agent {
         let now = clock.now();
         let at = unix(now);
         let stale = self.config.collect.stale_after;
-        let mut errors = Vec::new();
+        let mut errors: Vec<String> = self.findings_problem.take().into_iter().collect();
 
         // 1. Collect.
         self.collect(now);
@@ -343,6 +359,7 @@ impl Agent {
 
         // 4. Findings and obligations.
         let outcome = self.reconcile(asked, decisions, at);
+        errors.extend(self.save_findings(at));
         mark("findings", &mut phases);
 
         let cpu_ms = ms(thread_cpu_time().saturating_sub(cpu_start));

@@ -92,6 +92,37 @@ impl Agent {
         done
     }
 
+    /// Posts again the alerts of a finding this process did not raise (taken up from the
+    /// state directory, still holding): the same alert, refreshed (same labels, same
+    /// `since`), which this process's alerter keeps alive from now on. Without it the
+    /// alert would lapse at the `endsAt` of the last process's post while the finding
+    /// holds.
+    pub(super) fn refresh_alerts(&mut self, f: &Finding, out: &mut Vec<ObligationReport>) {
+        if self.alerts.is_empty() {
+            return;
+        }
+        let conventions = self.engine.conventions();
+        for o in f
+            .obligations
+            .iter()
+            .filter(|o| conventions.is_alert(&o.kind))
+        {
+            let failed = self.alerts.fire(&alert_spec(&self.config.node, f, o));
+            let outcome = if failed.is_empty() {
+                "alert refreshed".to_owned()
+            } else {
+                self.obligation_failures += 1;
+                format!("alert refresh not taken: {}", failed.join("; "))
+            };
+            out.push(ObligationReport {
+                finding: f.key.clone(),
+                kind: o.kind.clone(),
+                target: o.target.clone(),
+                outcome,
+            });
+        }
+    }
+
     /// Updates the alerts of a finding whose message or severity changed: an alert whose
     /// labels changed (a new severity) is resolved and raised under its new labels.
     pub(super) fn update_alerts(

@@ -30,7 +30,8 @@ pub struct ObligationReport {
     /// Its target.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub target: Option<String>,
-    /// What the agent did: `alerted`, `resolved`, `blocked`, or why it did not.
+    /// What the agent did: `alerted`, `alert refreshed`, `resolved`, `blocked`, or why it
+    /// did not.
     pub outcome: String,
 }
 

@@ -11,6 +11,7 @@
 mod cycle;
 mod elevation;
 mod mutation;
+mod once;
 #[path = "../../../testsupport/services.rs"]
 mod services;
 mod support;
