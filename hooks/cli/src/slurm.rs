@@ -79,6 +79,11 @@ pub struct PrologArgs {
     /// This node (default: SLURMD_NODENAME).
     #[arg(long, env = "SLURMD_NODENAME")]
     node: String,
+    /// The job's comment (default: SLURM_JOB_COMMENT), where job_submit.lua appended
+    /// the submission token; without one there, the token is read from the job's
+    /// admin comment through scontrol.
+    #[arg(long, env = "SLURM_JOB_COMMENT", default_value = "")]
+    comment: String,
     /// What a job-level refusal does: `requeue-hold` or `cancel`.
     #[arg(long, default_value = "requeue-hold", value_parser = JobStop::parse)]
     job_refusal: JobStop,
@@ -88,8 +93,9 @@ pub struct PrologArgs {
     on_error: String,
     #[command(flatten)]
     slurm: SlurmBin,
-    /// Append this run's own time in microseconds, and its verdict, to FILE (one line
-    /// each: job start times have one-second resolution).
+    /// Append this run's own time to FILE, one line each (job start times have
+    /// one-second resolution): total, the admin comment's read and the sidecar's
+    /// answer in microseconds, then the job, the node and the verdict.
     #[arg(long)]
     timing_log: Option<PathBuf>,
 }
@@ -323,25 +329,32 @@ fn failed(on_error: &str, why: String) -> (&'static str, String) {
 fn prolog(args: &PrologArgs) -> Result<u8> {
     let started = Instant::now();
     let commands = args.slurm.commands();
-    // The facts judged at submission are found by the token job_submit.lua kept in
-    // the job's admin comment (only an operator can set it; the job's comment, which
-    // the Prolog's environment carries, its owner can change).
-    let submission = match commands.submission_of(&args.job) {
-        Ok(token) => token,
-        Err(e) => {
-            eprintln!(
-                "probity slurm prolog: cannot read job {}'s admin comment: {}",
-                args.job,
-                probity_base::error::chain(&e)
-            );
-            None
-        }
+    // The facts judged at submission are found by the token job_submit.lua appended
+    // to the job's comment (in the Prolog's environment: no call to slurmctld at every
+    // job start), else by the one it kept in the admin comment.
+    let asked_slurm = Instant::now();
+    let submission = match probity_slurm::commands::submission_in_comment(&args.comment) {
+        Some(token) => Some(token),
+        None => match commands.submission_of(&args.job) {
+            Ok(token) => token,
+            Err(e) => {
+                eprintln!(
+                    "probity slurm prolog: cannot read job {}'s admin comment: {}",
+                    args.job,
+                    probity_base::error::chain(&e)
+                );
+                None
+            }
+        },
     };
     let mut question = json!({ "job": args.job, "node": args.node });
     if let (Some(token), Some(fields)) = (&submission, question.as_object_mut()) {
         fields.insert("submission".into(), json!(token));
     }
+    let slurm_time = asked_slurm.elapsed();
+    let asked_sidecar = Instant::now();
     let answer = args.sidecar.client().post("/v1/slurm/prolog", &question);
+    let sidecar_time = asked_sidecar.elapsed();
     let (verdict, message) = match answer {
         Ok((200, body)) => (
             str_at(&body, "verdict").unwrap_or("node").to_owned(),
@@ -412,7 +425,12 @@ fn prolog(args: &PrologArgs) -> Result<u8> {
     };
     if let Some(path) = &args.timing_log {
         use std::io::Write as _;
-        let line = format!("{} {job} {node} {verdict}\n", started.elapsed().as_micros());
+        let line = format!(
+            "{} {} {} {job} {node} {verdict}\n",
+            started.elapsed().as_micros(),
+            slurm_time.as_micros(),
+            sidecar_time.as_micros()
+        );
         let written = std::fs::OpenOptions::new()
             .create(true)
             .append(true)

@@ -16,8 +16,9 @@ It runs inside slurmctld, under its locks: the whole question is bounded (Probit
 own deadline, then a hard kill of its process group), and when Probity cannot answer
 in time the job is refused (ON_ERROR = "refuse", fail closed) unless the operator chose
 "allow". The answer's submission token is kept in the job's admin comment
-(`probity:<token>`, which only an operator can set), so the Prolog can find the facts
-judged at submission.
+(`probity:<token>`, which only an operator can set) and appended to its comment (which
+the Prolog's environment carries; a user's own `probity:` words are dropped and their
+later changes refused), so the Prolog can find the facts judged at submission.
 
 Each setting below can be overridden from slurmctld's environment.
 ]]
@@ -145,6 +146,12 @@ function slurm_job_submit(job_desc, part_list, submit_uid)
   if verdict == "allow" then
     if text ~= "" then
       job_desc.admin_comment = "probity:" .. text
+      -- Also at the end of the job's comment, which the Prolog's environment carries
+      -- (SLURM_JOB_COMMENT): no call to slurmctld at each job start. Any `probity:`
+      -- word the user wrote is dropped, and slurm_job_modify refuses their changes.
+      local comment = string.gsub(job_desc.comment or "", "%s*probity:%S*", "")
+      if comment ~= "" then comment = comment .. " " end
+      job_desc.comment = comment .. "probity:" .. text
     end
     -- What warn-mode policies found reaches the submitter, as kubectl shows an
     -- admission's warnings; the job is admitted.

@@ -88,8 +88,9 @@ impl SidecarClient {
     }
 }
 
-/// An HTTP/1.1 answer's status and JSON body (identity or chunked).
-fn parse_answer(bytes: &[u8]) -> Result<(u16, serde_json::Value), String> {
+/// An HTTP/1.1 answer's status and JSON body (identity or chunked); an error saying
+/// what is wrong with it.
+pub fn parse_answer(bytes: &[u8]) -> Result<(u16, serde_json::Value), String> {
     let split = bytes
         .windows(4)
         .position(|w| w == b"\r\n\r\n")

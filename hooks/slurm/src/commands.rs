@@ -241,6 +241,23 @@ pub fn submission_in(show_job: &str) -> Option<String> {
     (!token.is_empty()).then_some(token)
 }
 
+/// The submission token job_submit.lua appended to a job's comment (the Prolog's
+/// `SLURM_JOB_COMMENT`): the last `probity:<token>` word. The comment is the job
+/// owner's, but job_submit.lua strips any `probity:` word they wrote and refuses their
+/// later changes to it, so the last word is the Lua's.
+pub fn submission_in_comment(comment: &str) -> Option<String> {
+    let word = comment
+        .split_whitespace()
+        .filter_map(|w| w.strip_prefix(SUBMISSION_PREFIX))
+        .next_back()?;
+    let token: String = word
+        .chars()
+        .take_while(char::is_ascii_alphanumeric)
+        .take(128)
+        .collect();
+    (!token.is_empty() && token.len() == word.len()).then_some(token)
+}
+
 /// What precedes the submission token in a job's admin comment.
 pub const SUBMISSION_PREFIX: &str = "probity:";
 
@@ -264,6 +281,17 @@ mod tests {
         assert_eq!(submission_in(show).as_deref(), Some("0a1b2c3d"));
         assert_eq!(submission_in("JobId=12\n   Comment=probity:ff\n"), None);
         assert_eq!(submission_in("AdminComment=probity:"), None);
+        assert_eq!(
+            submission_in_comment("class=training probity:0a1b").as_deref(),
+            Some("0a1b")
+        );
+        assert_eq!(
+            submission_in_comment("probity:aa class=x probity:bb").as_deref(),
+            Some("bb")
+        );
+        for bad in ["class=training", "probity:", "probity:ab;rm", "xprobity:ab"] {
+            assert_eq!(submission_in_comment(bad), None, "{bad}");
+        }
         assert!(
             JobStop::parse("hold")
                 .unwrap_err()

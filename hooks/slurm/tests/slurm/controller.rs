@@ -147,6 +147,25 @@ fn a_block_drains_and_an_unblock_resumes_only_probitys_own_drain() {
 }
 
 impl Harness {
+    /// Waits until the controller's state (`probity slurm controller status`) satisfies
+    /// `f`; the state.
+    fn wait_state(&self, f: impl Fn(&serde_json::Value) -> bool) -> String {
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        let mut last = String::new();
+        while std::time::Instant::now() < deadline {
+            let out = Command::new(probity_bin())
+                .args(["slurm", "controller", "status", "--etcd", &self.etcd.endpoint])
+                .output()
+                .unwrap();
+            last = String::from_utf8_lossy(&out.stdout).into_owned();
+            if serde_json::from_str::<serde_json::Value>(&last).is_ok_and(|s| f(&s)) {
+                return last;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        panic!("the controller's state never got there:\n{last}\n{}", self.controller_log());
+    }
+
     /// Waits until the controller's report (in etcd, `probity slurm controller status`)
     /// holds an `action` record for `node`; the report.
     fn wait_report(&self, node: &str, action: &str) -> String {
@@ -206,6 +225,40 @@ fn the_circuit_breaker_holds_for_slurm_as_for_kubernetes() {
     assert!(String::from_utf8_lossy(&out.stdout).contains("breaker: closed"));
     let reason = h.wait_drained("node2", "the second block, after the reset");
     assert!(reason.contains("operator: second"), "{reason}");
+}
+
+#[test]
+fn a_dry_run_or_a_pause_drains_nothing_until_lifted() {
+    let h = Harness::start();
+    let command = |args: &[&str]| {
+        let out = Command::new(probity_bin())
+            .args(["slurm", "controller"])
+            .args(args)
+            .args(["--etcd", &h.etcd.endpoint])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    assert!(command(&["dry-run", "on"]).contains("dry run: true"));
+    h.sidecar.block("node1", "operator: dry");
+    // The pass reports what it would do and does nothing.
+    let report = h.wait_state(|s| {
+        s["would"]
+            .as_array()
+            .is_some_and(|w| w.iter().any(|r| r["node"] == "node1" && r["action"] == "block"))
+    });
+    assert!(!h.slurm.node_state("node1").contains("DRAIN"), "{report}");
+    // Paused, with the dry run lifted: still nothing.
+    command(&["pause"]);
+    command(&["dry-run", "off"]);
+    h.wait_state(|s| s["paused"] == true && s["dryRun"] == false);
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(!h.slurm.node_state("node1").contains("DRAIN"));
+    // Resumed: the block is carried out.
+    assert!(command(&["resume"]).contains("paused: false"));
+    let reason = h.wait_drained("node1", "drained once resumed");
+    assert!(reason.contains("operator: dry"), "{reason}");
 }
 
 /// A checkpoint under the sidecar's data root with one byte flipped, beside its signed

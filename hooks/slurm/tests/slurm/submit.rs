@@ -75,6 +75,23 @@ fn a_job_is_admitted_or_refused_at_sbatch_with_probitys_message() {
     let admin = job.get("AdminComment").cloned().unwrap_or_default();
     assert!(admin.starts_with("probity:"), "{job:?}");
     assert!(admin.len() > "probity:".len() + 16, "{admin}");
+    // The same token ends the job's comment, where the Prolog's environment has it.
+    assert_eq!(
+        job["Comment"],
+        format!("class=inference {admin}"),
+        "{job:?}"
+    );
+
+    // A token the user wrote into their comment is dropped: only Probity's is kept.
+    let id = slurm.submit(
+        &["-p", "train", "--comment=class=training probity:0123456789abcdef0123456789abcdef"],
+        "sleep 30",
+    );
+    let job = slurm.show_job(id).unwrap();
+    let comment = &job["Comment"];
+    assert!(!comment.contains("0123456789abcdef0123456789abcdef"), "{job:?}");
+    assert_eq!(comment.matches("probity:").count(), 1, "{job:?}");
+    assert!(comment.ends_with(job["AdminComment"].as_str()), "{job:?}");
 
     // An unknown class is refused, naming it; the class may also come from the QOS
     // (not configured here: no class at all is refused too).
