@@ -42,12 +42,20 @@ const MAPPING: &str = "namespace = \"partition\"\nclass = [\"comment:class\", \"
 
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    if v.is_empty() { f64::NAN } else { v[v.len() / 2] }
+    if v.is_empty() {
+        f64::NAN
+    } else {
+        v[v.len() / 2]
+    }
 }
 
 fn p90(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    if v.is_empty() { f64::NAN } else { v[(v.len() * 9 / 10).min(v.len() - 1)] }
+    if v.is_empty() {
+        f64::NAN
+    } else {
+        v[(v.len() * 9 / 10).min(v.len() - 1)]
+    }
 }
 
 fn partitions() -> Vec<Partition> {
@@ -122,7 +130,9 @@ fn prolog(jobs: usize) {
     let text = std::fs::read_to_string(&times).unwrap();
     let (mut empty, mut probity) = (Vec::new(), Vec::new());
     for line in text.lines() {
-        let mut parts = line.split_whitespace().map(|n| n.parse::<f64>().unwrap() / 1e6);
+        let mut parts = line
+            .split_whitespace()
+            .map(|n| n.parse::<f64>().unwrap() / 1e6);
         empty.push(parts.next().unwrap());
         probity.push(parts.next().unwrap());
     }
@@ -240,14 +250,24 @@ fn block_to_drain(blocks: usize) {
         Command::new(probity_bin())
             .env("SLURM_CONF", &slurm.conf)
             .args(["slurm", "controller", "run", "--etcd", &etcd.endpoint])
-            .args(["--probity-url", &format!("https://127.0.0.1:{}", sidecar.port)])
+            .args([
+                "--probity-url",
+                &format!("https://127.0.0.1:{}", sidecar.port),
+            ])
             .arg("--probity-ca")
             .arg(sidecar.pki.ca_file())
             .arg("--probity-cert")
             .arg(crt)
             .arg("--probity-key")
             .arg(key)
-            .args(["--slurm-bin", "/usr/bin", "--max-nodes", "100000", "--max-percent", "100"]),
+            .args([
+                "--slurm-bin",
+                "/usr/bin",
+                "--max-nodes",
+                "100000",
+                "--max-percent",
+                "100",
+            ]),
         &dir.path().join("controller.log"),
     );
     let drained = |node: &str| {

@@ -154,7 +154,13 @@ impl Harness {
         let mut last = String::new();
         while std::time::Instant::now() < deadline {
             let out = Command::new(probity_bin())
-                .args(["slurm", "controller", "status", "--etcd", &self.etcd.endpoint])
+                .args([
+                    "slurm",
+                    "controller",
+                    "status",
+                    "--etcd",
+                    &self.etcd.endpoint,
+                ])
                 .output()
                 .unwrap();
             last = String::from_utf8_lossy(&out.stdout).into_owned();
@@ -163,7 +169,10 @@ impl Harness {
             }
             std::thread::sleep(Duration::from_millis(100));
         }
-        panic!("the controller's state never got there:\n{last}\n{}", self.controller_log());
+        panic!(
+            "the controller's state never got there:\n{last}\n{}",
+            self.controller_log()
+        );
     }
 
     /// Waits until the controller's report (in etcd, `probity slurm controller status`)
@@ -244,9 +253,10 @@ fn a_dry_run_or_a_pause_drains_nothing_until_lifted() {
     h.sidecar.block("node1", "operator: dry");
     // The pass reports what it would do and does nothing.
     let report = h.wait_state(|s| {
-        s["would"]
-            .as_array()
-            .is_some_and(|w| w.iter().any(|r| r["node"] == "node1" && r["action"] == "block"))
+        s["would"].as_array().is_some_and(|w| {
+            w.iter()
+                .any(|r| r["node"] == "node1" && r["action"] == "block")
+        })
     });
     assert!(!h.slurm.node_state("node1").contains("DRAIN"), "{report}");
     // Paused, with the dry run lifted: still nothing.

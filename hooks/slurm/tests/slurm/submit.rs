@@ -84,12 +84,19 @@ fn a_job_is_admitted_or_refused_at_sbatch_with_probitys_message() {
 
     // A token the user wrote into their comment is dropped: only Probity's is kept.
     let id = slurm.submit(
-        &["-p", "train", "--comment=class=training probity:0123456789abcdef0123456789abcdef"],
+        &[
+            "-p",
+            "train",
+            "--comment=class=training probity:0123456789abcdef0123456789abcdef",
+        ],
         "sleep 30",
     );
     let job = slurm.show_job(id).unwrap();
     let comment = &job["Comment"];
-    assert!(!comment.contains("0123456789abcdef0123456789abcdef"), "{job:?}");
+    assert!(
+        !comment.contains("0123456789abcdef0123456789abcdef"),
+        "{job:?}"
+    );
     assert_eq!(comment.matches("probity:").count(), 1, "{job:?}");
     assert!(comment.ends_with(job["AdminComment"].as_str()), "{job:?}");
 
