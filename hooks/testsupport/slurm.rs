@@ -616,13 +616,6 @@ impl Slurm {
         self.scontrol(&["update", &format!("nodename={name}"), "state=resume"])
     }
 
-    /// Rewrites `job_submit.lua` and has slurmctld (and every slurmd) reread the
-    /// configuration.
-    pub fn set_job_submit_lua(&self, text: &str) {
-        std::fs::write(self.dir.join("job_submit.lua"), text).unwrap();
-        self.scontrol_ok(&["reconfigure"]);
-    }
-
     /// A log file under `log/` (`slurmctld.log`, `slurmd-node1.log`, `slurmctld.out`...).
     pub fn log(&self, name: &str) -> String {
         std::fs::read_to_string(self.dir.join("log").join(name)).unwrap_or_default()
@@ -933,68 +926,3 @@ pub fn parse_show(text: &str) -> BTreeMap<String, String> {
     }
     map
 }
-
-/// A Lua function for job_submit.lua (slurmctld's Lua 5.1 and lua-posix 33):
-/// `run(argv, timeout_ms)` forks and execs `argv` (no shell; `argv[1]` looked up in
-/// PATH) in a process group of its own with its stdout on a pipe, reads it until EOF or
-/// the deadline, waits with WNOHANG polling and, at the deadline, SIGKILLs the group.
-/// Returns `kind, code, stdout` with kind `"exited"` (code = exit status), `"killed"`
-/// (code = signal), `"timeout"` or `"error"` (stdout = the error). Keep the deadline
-/// short: job_submit runs with slurmctld's job write lock held.
-pub const LUA_RUN: &str = r#"
-local unistd = require "posix.unistd"
-local pwait = require "posix.sys.wait"
-local psignal = require "posix.signal"
-local ptime = require "posix.time"
-local ppoll = require "posix.poll"
-
-local function now_ms()
-  local t = ptime.clock_gettime(ptime.CLOCK_MONOTONIC)
-  return t.tv_sec * 1000 + math.floor(t.tv_nsec / 1000000)
-end
-
-local function run(argv, timeout_ms)
-  local limit = now_ms() + timeout_ms
-  local r, w = unistd.pipe()
-  if not r then return "error", 0, "pipe: " .. tostring(w) end
-  local pid, err = unistd.fork()
-  if pid == nil then
-    unistd.close(r); unistd.close(w)
-    return "error", 0, "fork: " .. tostring(err)
-  end
-  if pid == 0 then
-    unistd.setpid("p", 0, 0)
-    unistd.close(r)
-    unistd.dup2(w, 1)
-    unistd.close(w)
-    local args = {}
-    for i = 2, #argv do args[i - 1] = argv[i] end
-    unistd.execp(argv[1], args)
-    unistd._exit(127)
-  end
-  unistd.close(w)
-  local chunks = {}
-  while true do
-    local left = limit - now_ms()
-    if left <= 0 then break end
-    if ppoll.rpoll(r, left) == 1 then
-      local data = unistd.read(r, 4096)
-      if data == nil or data == "" then break end
-      chunks[#chunks + 1] = data
-    end
-  end
-  unistd.close(r)
-  while true do
-    -- WNOHANG with the child still running gives 0 (not nil): compare with pid.
-    local wpid, kind, code = pwait.wait(pid, pwait.WNOHANG)
-    if wpid == pid then return kind, code, table.concat(chunks) end
-    if wpid == nil then return "error", 0, "wait: " .. tostring(kind) end
-    if now_ms() >= limit then
-      psignal.kill(-pid, psignal.SIGKILL)
-      pwait.wait(pid)
-      return "timeout", 0, table.concat(chunks)
-    end
-    ptime.nanosleep({ tv_sec = 0, tv_nsec = 5000000 })
-  end
-end
-"#;

@@ -21,6 +21,7 @@ use probity_etcd::{EtcdClient, KeepAlive, Swap};
 use probity_kube::controller::breaker::BreakerLimits;
 use probity_kube::controller::confirm::Confirmations;
 use probity_kube::controller::metrics::Metrics;
+use probity_kube::controller::pass;
 use probity_kube::controller::plan::{self, ActionRecord, ControlState, NodeView, Step, TaintSpec};
 use probity_kube::controller::stop::stop_work;
 use probity_kube::controller::{
@@ -376,48 +377,22 @@ impl SlurmController {
             }
         }
         state.would.clear();
-        let notes: Vec<ActionRecord> = steps
-            .iter()
-            .filter_map(|step| {
-                let outcome = match step {
-                    Step::Refused { .. } => "refused",
-                    Step::Stale { .. } => "stale",
-                    _ => return None,
-                };
-                let note = record(step, now, outcome, describe(step));
-                let known = state.report.iter().any(|r| {
-                    r.node == note.node && r.outcome == note.outcome && r.detail == note.detail
-                });
-                (!known).then_some(note)
-            })
-            .collect();
-        for note in &notes {
-            tracing::warn!(
-                node = note.node,
-                outcome = note.outcome,
-                detail = note.detail,
-                "block not acted on"
-            );
-            self.metrics.action(&note.action, &note.outcome);
-        }
-        state.record(notes.iter().cloned());
-        if let (false, Some(trip)) = (was_tripped, &state.breaker.tripped) {
-            tracing::error!(
-                node = trip.node,
-                reason = trip.reason,
-                "circuit breaker tripped: no new block is acted on until `probity slurm controller reset`"
-            );
-        }
+        let notes = pass::note_refusals(
+            &steps,
+            &mut state,
+            was_tripped,
+            now,
+            &self.metrics,
+            "probity slurm controller reset",
+        );
         self.metrics
             .set_modes(state.breaker.tripped.is_some(), state.paused, false);
         if state != read.state && !self.control.store(&read, &state).await? {
             return Ok(());
         }
-        let mut done = Vec::new();
+        let mut acted = pass::Acted::default();
         let mut stops = state.clone();
-        let mut stopped = Vec::new();
         let mut drain_failed: Vec<String> = Vec::new();
-        let mut released: Vec<String> = Vec::new();
         for step in &steps {
             let result = match step {
                 Step::Block { node, mark, .. } | Step::Refresh { node, mark, .. } => {
@@ -429,6 +404,7 @@ impl SlurmController {
                 }
                 Step::Release { .. } => Ok(Outcome::Unchanged),
                 Step::StopWork { node, block } => {
+                    // Jobs requeued off a node whose drain failed could start there again.
                     if drain_failed.contains(node) {
                         continue;
                     }
@@ -445,79 +421,44 @@ impl SlurmController {
                     for record in &records {
                         self.metrics.action(&record.action, &record.outcome);
                     }
-                    done.extend(records);
+                    acted.done.extend(records);
                     if complete {
                         let readers = block.readers().map(plan::ReaderPod::key).collect();
-                        stopped.push((node.clone(), plan::StoppedBlock::of(block, readers)));
+                        acted
+                            .stopped
+                            .push((node.clone(), plan::StoppedBlock::of(block, readers)));
                     }
                     continue;
                 }
                 Step::Refused { .. } | Step::Stale { .. } => continue,
             };
-            let note = match result {
-                Ok(outcome) => {
+            match pass::acted(step, now, result, &self.metrics) {
+                Ok(note) => {
                     if let Step::Release { node, .. } = step {
-                        released.push(node.clone());
+                        acted.released.push(node.clone());
                     }
-                    if let (Step::Block { block, .. }, Outcome::Done) = (step, outcome) {
-                        self.metrics.lag(now.saturating_sub(block.since) as f64);
-                    }
-                    tracing::info!(
-                        node = step.node(),
-                        action = step.kind(),
-                        outcome = outcome.as_str(),
-                        "acted"
-                    );
-                    record(step, now, outcome.as_str(), describe(step))
+                    acted.done.push(note);
                 }
-                Err(error) => {
-                    self.metrics.error();
+                Err(note) => {
                     if matches!(step, Step::Block { .. } | Step::Refresh { .. }) {
                         drain_failed.push(step.node().to_owned());
                     }
-                    let error = error_chain(&error);
-                    tracing::warn!(node = step.node(), action = step.kind(), %error, "action failed");
-                    record(step, now, "failed", error)
+                    acted.done.push(note);
                 }
-            };
-            self.metrics.action(&note.action, &note.outcome);
-            done.push(note);
-        }
-        let unlogged = if self.options.record_events {
-            let pending: Vec<ActionRecord> = read
-                .state
-                .unlogged
-                .iter()
-                .chain(&notes)
-                .chain(&done)
-                .cloned()
-                .collect();
-            let (sent, error) = self.probity.record_events(&pending).await;
-            let mut rest: Vec<ActionRecord> = pending.into_iter().skip(sent).collect();
-            if let Some(error) = error {
-                self.metrics.error();
-                tracing::warn!(error = %error_chain(&error), kept = rest.len(), "actions could not be appended to Probity's event log: kept for the next pass");
             }
-            let excess = rest.len().saturating_sub(plan::MAX_REPORT * 5);
-            rest.drain(..excess);
-            rest
-        } else {
-            Vec::new()
-        };
-        if !done.is_empty() || stops.stopping != state.stopping || unlogged != read.state.unlogged {
-            self.control
-                .update(|s| {
-                    for node in &released {
-                        s.applied.remove(node);
-                    }
-                    s.record(done.clone());
-                    for (node, block) in &stopped {
-                        s.stopped.insert(node.clone(), block.clone());
-                    }
-                    s.stopping = stops.stopping.clone();
-                    s.unlogged = unlogged.clone();
-                })
-                .await?;
+        }
+        if self.options.record_events {
+            acted.unlogged = pass::log_actions(
+                &self.probity,
+                &self.metrics,
+                &read.state.unlogged,
+                &[&notes, &acted.done],
+            )
+            .await;
+        }
+        acted.stopping = stops.stopping.clone();
+        if acted.changed(&state, &read.state) {
+            self.control.update(|s| acted.apply(s)).await?;
         }
         Ok(())
     }

@@ -8,6 +8,7 @@
 //!
 //! Code map:
 //! - [`plan`] — one pass decided without I/O: steps, breaker admissions, tombstones;
+//! - [`pass`] — a pass's bookkeeping every manager shares (refusals, records, the event log);
 //! - [`breaker`] — the circuit breaker (nodes and pool shares per window);
 //! - [`confirm`] — the blocklist as a pass may act on it (lagging answers confirmed);
 //! - [`actuate`] — the [`Actuator`] trait, one implementation per cluster manager;
@@ -37,6 +38,7 @@ pub mod lease;
 pub mod metrics;
 pub mod migrate;
 pub mod nodes;
+pub mod pass;
 pub mod plan;
 pub mod reports;
 pub mod shared;
@@ -453,39 +455,14 @@ impl Controller {
             now,
         );
         state.would.clear();
-        // Refusals and stale records are reported once, not on every pass.
-        let notes: Vec<ActionRecord> = steps
-            .iter()
-            .filter_map(|step| {
-                let outcome = match step {
-                    Step::Refused { .. } => "refused",
-                    Step::Stale { .. } => "stale",
-                    _ => return None,
-                };
-                let note = record(step, now, outcome, describe(step));
-                let known = state.report.iter().any(|r| {
-                    r.node == note.node && r.outcome == note.outcome && r.detail == note.detail
-                });
-                (!known).then_some(note)
-            })
-            .collect();
-        for note in &notes {
-            tracing::warn!(
-                node = note.node,
-                outcome = note.outcome,
-                detail = note.detail,
-                "block not acted on"
-            );
-            self.metrics.action(&note.action, &note.outcome);
-        }
-        state.record(notes.iter().cloned());
-        if let (false, Some(trip)) = (was_tripped, &state.breaker.tripped) {
-            tracing::error!(
-                node = trip.node,
-                reason = trip.reason,
-                "circuit breaker tripped: no new block is acted on until `probity controller reset`"
-            );
-        }
+        let notes = pass::note_refusals(
+            &steps,
+            &mut state,
+            was_tripped,
+            now,
+            &self.metrics,
+            "probity controller reset",
+        );
         self.metrics
             .set_modes(state.breaker.tripped.is_some(), state.paused, false);
         if state != read.state && !self.shared.store(&read, &state).await? {
@@ -493,12 +470,9 @@ impl Controller {
             // again on the next pass, from what they wrote.
             return Ok(modes);
         }
-        let mut done = Vec::new();
+        let mut acted = pass::Acted::default();
         let mut stops = state.clone();
-        let mut stopped = Vec::new();
         let mut taint_failed: Vec<&str> = Vec::new();
-        let mut unmoved: Vec<(String, plan::AppliedMark)> = Vec::new();
-        let mut released: Vec<String> = Vec::new();
         for step in &steps {
             // A pass may take longer than the lease: a replica that lost it stops here,
             // rather than acting from a plan another replica may be carrying out.
@@ -555,33 +529,25 @@ impl Controller {
                     for record in &records {
                         self.metrics.action(&record.action, &record.outcome);
                     }
-                    done.extend(records);
+                    acted.done.extend(records);
                     if complete {
                         let readers = block.readers().map(plan::ReaderPod::key).collect();
-                        stopped.push((node.clone(), plan::StoppedBlock::of(block, readers)));
+                        acted
+                            .stopped
+                            .push((node.clone(), plan::StoppedBlock::of(block, readers)));
                     }
                     continue;
                 }
                 Step::Refused { .. } | Step::Stale { .. } => continue,
             };
-            let note = match result {
-                Ok(outcome) => {
+            match pass::acted(step, now, result, &self.metrics) {
+                Ok(note) => {
                     if let Step::Release { node, .. } = step {
-                        released.push(node.clone());
+                        acted.released.push(node.clone());
                     }
-                    if let (Step::Block { block, .. }, Outcome::Done) = (step, outcome) {
-                        self.metrics.lag(now.saturating_sub(block.since) as f64);
-                    }
-                    tracing::info!(
-                        node = step.node(),
-                        action = step.kind(),
-                        outcome = outcome.as_str(),
-                        "acted"
-                    );
-                    record(step, now, outcome.as_str(), describe(step))
+                    acted.done.push(note);
                 }
-                Err(error) => {
-                    self.metrics.error();
+                Err(note) => {
                     if matches!(step, Step::Block { .. } | Step::Refresh { .. }) {
                         taint_failed.push(step.node());
                     }
@@ -593,55 +559,24 @@ impl Controller {
                         ..
                     } = step
                     {
-                        unmoved.push((node.clone(), old.as_ref().clone()));
+                        acted.unmoved.push((node.clone(), old.as_ref().clone()));
                     }
-                    let error = error_chain(&error);
-                    tracing::warn!(node = step.node(), action = step.kind(), %error, "action failed");
-                    record(step, now, "failed", error)
+                    acted.done.push(note);
                 }
-            };
-            self.metrics.action(&note.action, &note.outcome);
-            done.push(note);
-        }
-        let unlogged = if self.options.record_events {
-            let pending: Vec<ActionRecord> = read
-                .state
-                .unlogged
-                .iter()
-                .chain(&notes)
-                .chain(&done)
-                .cloned()
-                .collect();
-            let (sent, error) = self.probity.record_events(&pending).await;
-            let mut rest: Vec<ActionRecord> = pending.into_iter().skip(sent).collect();
-            if let Some(error) = error {
-                self.metrics.error();
-                tracing::warn!(error = %error_chain(&error), kept = rest.len(), "actions could not be appended to Probity's event log: kept for the next pass");
             }
-            let excess = rest.len().saturating_sub(plan::MAX_REPORT * 5);
-            rest.drain(..excess);
-            rest
-        } else {
-            Vec::new()
-        };
-        if !done.is_empty() || stops.stopping != state.stopping || unlogged != read.state.unlogged {
-            self.shared
-                .update(|s| {
-                    // What a release removed is no longer Probity's on that node.
-                    for node in &released {
-                        s.applied.remove(node);
-                    }
-                    s.record(done.clone());
-                    for (node, block) in &stopped {
-                        s.stopped.insert(node.clone(), block.clone());
-                    }
-                    for (node, old) in &unmoved {
-                        s.applied.insert(node.clone(), old.clone());
-                    }
-                    s.stopping = stops.stopping.clone();
-                    s.unlogged = unlogged.clone();
-                })
-                .await?;
+        }
+        if self.options.record_events {
+            acted.unlogged = pass::log_actions(
+                &self.probity,
+                &self.metrics,
+                &read.state.unlogged,
+                &[&notes, &acted.done],
+            )
+            .await;
+        }
+        acted.stopping = stops.stopping.clone();
+        if acted.changed(&state, &read.state) {
+            self.shared.update(|s| acted.apply(s)).await?;
         }
         Ok(modes)
     }

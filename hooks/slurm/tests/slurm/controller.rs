@@ -178,37 +178,11 @@ impl Harness {
     /// Waits until the controller's report (in etcd, `probity slurm controller status`)
     /// holds an `action` record for `node`; the report.
     fn wait_report(&self, node: &str, action: &str) -> String {
-        let deadline = std::time::Instant::now() + Duration::from_secs(30);
-        let mut last = String::new();
-        while std::time::Instant::now() < deadline {
-            let out = Command::new(probity_bin())
-                .args([
-                    "slurm",
-                    "controller",
-                    "status",
-                    "--etcd",
-                    &self.etcd.endpoint,
-                ])
-                .output()
-                .unwrap();
-            last = format!(
-                "{}{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            );
-            if let Ok(state) = serde_json::from_slice::<serde_json::Value>(&out.stdout)
-                && state["report"]
-                    .as_array()
-                    .is_some_and(|r| r.iter().any(|r| r["node"] == node && r["action"] == action))
-            {
-                return last;
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        panic!(
-            "no {action} of {node} in the controller's report:\n{last}\n{}",
-            self.controller_log()
-        );
+        self.wait_state(|s| {
+            s["report"]
+                .as_array()
+                .is_some_and(|r| r.iter().any(|r| r["node"] == node && r["action"] == action))
+        })
     }
 }
 
