@@ -52,11 +52,13 @@ impl Harness {
     }
 
     fn start_controller(&mut self, extra: &[&str]) {
-        let (crt, key) = self
-            .sidecar
-            .pki
-            .issue("controller", "probity-controller", &[]);
-        let proc = Proc::spawn(
+        self.controller = Some(self.spawn_controller("controller", extra));
+    }
+
+    /// A `probity slurm controller run` logging to `<name>.log`.
+    fn spawn_controller(&self, name: &str, extra: &[&str]) -> Proc {
+        let (crt, key) = self.sidecar.pki.issue(name, "probity-controller", &[]);
+        Proc::spawn(
             "probity slurm controller",
             Command::new(probity_bin())
                 .env("SLURM_CONF", &self.slurm.conf)
@@ -73,9 +75,8 @@ impl Harness {
                 .arg(key)
                 .args(["--slurm-bin", "/usr/bin", "--interval-ms", "200"])
                 .args(extra),
-            &self.dir.path().join("controller.log"),
-        );
-        self.controller = Some(proc);
+            &self.dir.path().join(format!("{name}.log")),
+        )
     }
 
     fn controller_log(&self) -> String {
@@ -243,6 +244,57 @@ fn a_dry_run_or_a_pause_drains_nothing_until_lifted() {
     assert!(command(&["resume"]).contains("paused: false"));
     let reason = h.wait_drained("node1", "drained once resumed");
     assert!(reason.contains("operator: dry"), "{reason}");
+}
+
+#[test]
+fn one_controller_acts_and_another_takes_over_when_it_dies() {
+    let mut h = Harness::start_with(&[
+        "--max-percent",
+        "100",
+        "--lease-seconds",
+        "2",
+        "--identity",
+        "first",
+    ]);
+    h.sidecar.block("node1", "operator: first");
+    h.wait_drained("node1", "drained by the first controller");
+    let second = h.spawn_controller(
+        "second",
+        &[
+            "--max-percent",
+            "100",
+            "--lease-seconds",
+            "2",
+            "--identity",
+            "second",
+        ],
+    );
+    let second_log =
+        || std::fs::read_to_string(h.dir.path().join("second.log")).unwrap_or_default();
+    // The second waits: the leader key is the first's.
+    std::thread::sleep(Duration::from_secs(1));
+    assert!(
+        !second_log().contains("holding the leader key"),
+        "{}",
+        second_log()
+    );
+    // The first dies without giving the key up (SIGKILL): once its lease lapses, the
+    // second holds the key and carries out the next block.
+    let first = h.controller.take().unwrap();
+    Command::new("kill")
+        .args(["-KILL", &first.child.id().to_string()])
+        .status()
+        .unwrap();
+    drop(first);
+    h.sidecar.block("node2", "operator: second");
+    let reason = h.wait_drained("node2", "drained by the second controller");
+    assert!(reason.contains("operator: second"), "{reason}");
+    assert!(
+        second_log().contains("holding the leader key: acting identity=\"second\""),
+        "{}",
+        second_log()
+    );
+    drop(second);
 }
 
 /// A checkpoint under the sidecar's data root with one byte flipped, beside its signed
