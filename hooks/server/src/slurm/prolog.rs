@@ -151,9 +151,13 @@ fn judge(state: &AppState, caller: &Caller, body: &PrologBody) -> Result<Value, 
     Ok(refuse(state, job, node, fault, &refusal))
 }
 
-/// The job's facts: moved from its submission's token to its id when the token still
-/// holds them, else those under its id. `None` when neither does (or without a state
-/// backend).
+/// The job's facts: its submission's (copied under its id the first time), else those
+/// under its id. `None` when neither holds any (or without a state backend).
+///
+/// The token is kept, not moved: every task of a job array, each with its own id,
+/// carries the same submission, and a requeued job starts again with it. The token is
+/// asked first when there is one: a job id Slurm has wrapped around to may still hold
+/// another job's facts.
 fn facts(state: &AppState, job: &str, token: Option<&str>) -> Result<Option<Value>, ApiError> {
     let Some(store) = state.engine().state() else {
         return Ok(None);
@@ -165,36 +169,37 @@ fn facts(state: &AppState, job: &str, token: Option<&str>) -> Result<Option<Valu
         tracing::warn!(error = %why, job, "{what}");
         ApiError::Unavailable(format!("{what} ({why}); retry later"))
     };
+    let under_id = |store: &dyn probity::state::SharedState| {
+        store
+            .admitted(JOB, job, seconds)
+            .map_err(|e| unavailable("cannot read the job's facts", e))
+    };
     if let Some(token) = token {
         let submitted = store
             .admitted(SUBMISSION, token, seconds)
             .map_err(|e| unavailable("cannot read the job's submitted facts", e))?;
         if let Some(f) = submitted {
-            let started = AdmittedFacts {
-                namespace: JOB.to_owned(),
-                name: job.to_owned(),
-                uid: job.to_owned(),
-                attrs: f.attrs,
-                admitted_at_ms: state.engine().clock().now_unix_ms(),
-            };
-            let limits = AdmittedLimits {
-                max: cfg.admission.admitted_facts_max,
-                seconds,
-            };
-            store
-                .remember_admitted(&started, &limits)
-                .map_err(|e| unavailable("cannot remember the job's facts under its id", e))?;
-            // Kept under the job's id now; a token left behind only expires.
-            if let Err(e) = store.forget_admitted(SUBMISSION, token) {
-                tracing::warn!(error = %crate::server::error_chain(&e), job, "cannot forget a slurm submission's token");
+            // Written once per job id: a restart of the same job reads it back alike.
+            if under_id(store.as_ref())?.is_none_or(|known| known.attrs != f.attrs) {
+                let started = AdmittedFacts {
+                    namespace: JOB.to_owned(),
+                    name: job.to_owned(),
+                    uid: job.to_owned(),
+                    attrs: f.attrs.clone(),
+                    admitted_at_ms: state.engine().clock().now_unix_ms(),
+                };
+                let limits = AdmittedLimits {
+                    max: cfg.admission.admitted_facts_max,
+                    seconds,
+                };
+                store
+                    .remember_admitted(&started, &limits)
+                    .map_err(|e| unavailable("cannot remember the job's facts under its id", e))?;
             }
-            return Ok(Some(started.attrs));
+            return Ok(Some(f.attrs));
         }
     }
-    Ok(store
-        .admitted(JOB, job, seconds)
-        .map_err(|e| unavailable("cannot read the job's facts", e))?
-        .map(|f| f.attrs))
+    Ok(under_id(store.as_ref())?.map(|f| f.attrs))
 }
 
 /// Whether the node or the job is at fault for a refused `schedule`, and the reason

@@ -290,7 +290,7 @@ async fn malformed_jobs_are_400s_naming_the_field_and_sentinels_are_unset() {
 }
 
 #[tokio::test]
-async fn the_prolog_moves_the_facts_to_the_job_and_finds_them_again_by_its_id() {
+async fn the_prolog_copies_the_facts_to_each_job_of_a_submission_and_finds_them_again_by_its_id() {
     let tmp = tempfile::tempdir().unwrap();
     let (s, store) = slurm_state(tmp.path(), Config::default());
     let token = admitted(
@@ -307,12 +307,20 @@ async fn the_prolog_moves_the_facts_to_the_job_and_finds_them_again_by_its_id() 
         (status, &out),
         (StatusCode::OK, &json!({"verdict": "allow"}))
     );
+    // The token keeps its facts: every task of a job array carries the same one.
     assert!(
         store
             .admitted("slurm-submission", &token, 3600)
             .unwrap()
-            .is_none()
+            .is_some()
     );
+    let (_, out) = prolog(
+        &s,
+        json!({"job": "4102", "node": "gpu-a1", "submission": token}),
+    )
+    .await;
+    assert_eq!(out, json!({"verdict": "allow"}), "a second array task");
+    assert!(store.admitted("slurm-job", "4102", 3600).unwrap().is_some());
     let moved = store.admitted("slurm-job", "4101", 3600).unwrap().unwrap();
     assert_eq!(
         (moved.uid.as_str(), moved.attrs["gpus"].as_i64()),

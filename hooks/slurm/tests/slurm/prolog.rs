@@ -158,3 +158,28 @@ fn a_job_probity_has_no_facts_for_is_refused_at_start_without_draining() {
     assert!(!slurm.node_state("node1").contains("DRAIN"));
     slurm.cancel_all(Duration::from_secs(30));
 }
+
+#[test]
+fn every_task_of_a_job_array_starts_with_its_submissions_facts() {
+    let dir = tempfile::tempdir().unwrap();
+    let sidecar = Sidecar::start(dir.path(), MAPPING);
+    let (slurm, timing) = cluster(dir.path(), &sidecar);
+    // One submission, three job ids: each task's Prolog finds the facts judged once.
+    let (code, out, err) = slurm.sbatch_wrap(
+        &["-p", "train", "--array=0-2", "--comment=class=training"],
+        "sleep 30",
+    );
+    assert_eq!(code, 0, "{out}{err}");
+    crate::slurm_cluster::eventually("three array tasks allowed", Duration::from_secs(60), || {
+        let times = std::fs::read_to_string(&timing).unwrap_or_default();
+        (times.lines().filter(|l| l.ends_with(" allow")).count() >= 3).then_some(())
+    });
+    let times = std::fs::read_to_string(&timing).unwrap();
+    assert!(
+        !times
+            .lines()
+            .any(|l| l.ends_with(" job") || l.ends_with(" node")),
+        "{times}"
+    );
+    slurm.cancel_all(Duration::from_secs(30));
+}
