@@ -67,13 +67,24 @@ mod exit {
     pub const SERVE_FAILED: u8 = 9;
 }
 
+/// What `probity --version` says: the version, the commit it was built from, and what
+/// is built in.
+const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (commit ",
+    env!("PROBITY_GIT_COMMIT"),
+    ")\nbuilt in: cedar policies, wasm plugins (wasmtime), PKCS#11 anchors, etcd state, ",
+    "kubernetes (webhook, extender, controller), slurm (job_submit, prolog, health, ",
+    "controller), mimalloc"
+);
+
 /// Largest entities file `probity eval` reads.
 const MAX_ENTITIES_BYTES: u64 = 64 * 1024 * 1024;
 
 #[derive(Parser)]
 #[command(
     name = "probity",
-    version,
+    version = VERSION,
     about = "Policy, compliance and data-integrity engine for GPU clusters"
 )]
 struct Cli {
@@ -89,6 +100,16 @@ enum Command {
     /// Run the node agent: collect this node's facts, decide comply, listen and elevate,
     /// carry out the obligations (see hooks/agent/probity-agent.toml).
     Agent(agent::AgentArgs),
+    /// Print shell completions (bash, zsh or fish) for this command line.
+    Completions {
+        /// The shell.
+        shell: clap_complete::Shell,
+    },
+    /// Write man pages for this command line and each subcommand into DIR.
+    Man {
+        /// Where to write probity.1, probity-serve.1, ... (created if absent).
+        dir: PathBuf,
+    },
     /// Slurm's hooks (job_submit.lua, the Prolog, the health check) and the
     /// controller's Slurm side.
     Slurm {
@@ -393,6 +414,19 @@ fn run(cli: Cli) -> Result<u8> {
         Command::Baseline { command } => agent::baseline(command),
         Command::Controller { command } => controller::controller(command),
         Command::Slurm { command } => slurm::slurm(command),
+        Command::Completions { shell } => {
+            use clap::CommandFactory;
+            let mut command = Cli::command();
+            let mut out = Vec::new();
+            clap_complete::generate(shell, &mut command, "probity", &mut out);
+            use std::io::Write as _;
+            std::io::stdout()
+                .lock()
+                .write_all(&out)
+                .context("cannot write the completions")?;
+            Ok(exit::ALLOW)
+        }
+        Command::Man { dir } => write_man_pages(&dir),
         Command::Check {
             dir,
             files,
@@ -498,6 +532,34 @@ fn run(cli: Cli) -> Result<u8> {
             policies,
         } => report_store(entities.as_deref(), state_dir.as_deref(), json, &policies),
     }
+}
+
+/// Writes `probity.1` and one page per subcommand (`probity-slurm-prolog.1`, ...), as
+/// clap describes them.
+fn write_man_pages(dir: &Path) -> Result<u8> {
+    use clap::CommandFactory;
+    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let mut written = 0;
+    let mut pending = vec![(String::from("probity"), Cli::command())];
+    while let Some((name, command)) = pending.pop() {
+        let command = command
+            .display_name(name.clone())
+            .bin_name(name.replace('-', " "));
+        for sub in command.get_subcommands() {
+            if sub.get_name() != "help" {
+                pending.push((format!("{name}-{}", sub.get_name()), sub.clone()));
+            }
+        }
+        let mut page = Vec::new();
+        clap_mangen::Man::new(command)
+            .render(&mut page)
+            .with_context(|| format!("cannot render the man page of {name}"))?;
+        let path = dir.join(format!("{name}.1"));
+        std::fs::write(&path, page).with_context(|| format!("cannot write {}", path.display()))?;
+        written += 1;
+    }
+    out::line(format_args!("{written} man pages in {}", dir.display()))?;
+    Ok(exit::ALLOW)
 }
 
 /// A Slurm job as a reader: `slurm/job-<id>`, the id checked as untrusted input.

@@ -12,6 +12,7 @@ mod audit;
 mod forward;
 mod impact;
 mod keys;
+mod operator;
 #[path = "../../../testsupport/services.rs"]
 mod services;
 mod tour;
