@@ -20,6 +20,7 @@ macro_rules! err_line {
 
 mod agent;
 mod controller;
+mod docs;
 mod impact;
 mod integrity;
 mod keys;
@@ -414,19 +415,8 @@ fn run(cli: Cli) -> Result<u8> {
         Command::Baseline { command } => agent::baseline(command),
         Command::Controller { command } => controller::controller(command),
         Command::Slurm { command } => slurm::slurm(command),
-        Command::Completions { shell } => {
-            use clap::CommandFactory;
-            let mut command = Cli::command();
-            let mut out = Vec::new();
-            clap_complete::generate(shell, &mut command, "probity", &mut out);
-            use std::io::Write as _;
-            std::io::stdout()
-                .lock()
-                .write_all(&out)
-                .context("cannot write the completions")?;
-            Ok(exit::ALLOW)
-        }
-        Command::Man { dir } => write_man_pages(&dir),
+        Command::Completions { shell } => docs::completions(shell),
+        Command::Man { dir } => docs::man_pages(&dir),
         Command::Check {
             dir,
             files,
@@ -532,34 +522,6 @@ fn run(cli: Cli) -> Result<u8> {
             policies,
         } => report_store(entities.as_deref(), state_dir.as_deref(), json, &policies),
     }
-}
-
-/// Writes `probity.1` and one page per subcommand (`probity-slurm-prolog.1`, ...), as
-/// clap describes them.
-fn write_man_pages(dir: &Path) -> Result<u8> {
-    use clap::CommandFactory;
-    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
-    let mut written = 0;
-    let mut pending = vec![(String::from("probity"), Cli::command())];
-    while let Some((name, command)) = pending.pop() {
-        let command = command
-            .display_name(name.clone())
-            .bin_name(name.replace('-', " "));
-        for sub in command.get_subcommands() {
-            if sub.get_name() != "help" {
-                pending.push((format!("{name}-{}", sub.get_name()), sub.clone()));
-            }
-        }
-        let mut page = Vec::new();
-        clap_mangen::Man::new(command)
-            .render(&mut page)
-            .with_context(|| format!("cannot render the man page of {name}"))?;
-        let path = dir.join(format!("{name}.1"));
-        std::fs::write(&path, page).with_context(|| format!("cannot write {}", path.display()))?;
-        written += 1;
-    }
-    out::line(format_args!("{written} man pages in {}", dir.display()))?;
-    Ok(exit::ALLOW)
 }
 
 /// A Slurm job as a reader: `slurm/job-<id>`, the id checked as untrusted input.
