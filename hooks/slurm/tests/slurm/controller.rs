@@ -213,7 +213,13 @@ fn the_circuit_breaker_holds_for_slurm_as_for_kubernetes() {
 
 #[test]
 fn a_dry_run_or_a_pause_drains_nothing_until_lifted() {
-    let h = Harness::start();
+    let metrics = crate::slurm_cluster::free_port();
+    let h = Harness::start_with(&[
+        "--max-percent",
+        "100",
+        "--metrics-listen",
+        &format!("127.0.0.1:{metrics}"),
+    ]);
     let command = |args: &[&str]| {
         let out = Command::new(probity_bin())
             .args(["slurm", "controller"])
@@ -238,7 +244,11 @@ fn a_dry_run_or_a_pause_drains_nothing_until_lifted() {
     command(&["pause"]);
     command(&["dry-run", "off"]);
     h.wait_state(|s| s["paused"] == true && s["dryRun"] == false);
-    std::thread::sleep(Duration::from_secs(2));
+    // Three passes made since, each of which found the pause.
+    let seen = passes(metrics);
+    crate::slurm_cluster::eventually("three passes while paused", Duration::from_secs(30), || {
+        (passes(metrics) >= seen + 3).then_some(())
+    });
     assert!(!h.slurm.node_state("node1").contains("DRAIN"));
     // Resumed: the block is carried out.
     assert!(command(&["resume"]).contains("paused: false"));
@@ -295,6 +305,22 @@ fn one_controller_acts_and_another_takes_over_when_it_dies() {
         second_log()
     );
     drop(second);
+}
+
+/// The controller's `probity_controller_passes_total`, from its metrics endpoint (0
+/// while it does not answer yet).
+fn passes(port: u16) -> u64 {
+    use std::io::{Read, Write};
+    let Ok(mut stream) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
+        return 0;
+    };
+    let _ = stream.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    let mut text = String::new();
+    let _ = stream.read_to_string(&mut text);
+    text.lines()
+        .find_map(|l| l.strip_prefix("probity_controller_passes_total "))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or(0)
 }
 
 /// A checkpoint under the sidecar's data root with one byte flipped, beside its signed
