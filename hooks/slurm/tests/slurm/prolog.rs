@@ -61,8 +61,18 @@ fn a_job_whose_node_is_blocked_is_requeued_elsewhere_and_the_node_drained() {
     assert_eq!(job["Restarts"], "1", "{job:?}");
     assert!(!slurm.node_state("node2").contains("DRAIN"));
 
-    // The Prolog timed itself: one refusal on node1, one allow on node2.
-    let times = std::fs::read_to_string(&timing).unwrap();
+    // The Prolog timed itself: one refusal on node1, one allow on node2. Slurm shows the
+    // job running once it is allocated, which can be before node2's Prolog has
+    // written its line (a flake seen in CI): wait for the line.
+    let allowed = format!("{id} node2 allow");
+    let times =
+        crate::slurm_cluster::eventually("node2's Prolog line", Duration::from_secs(30), || {
+            let times = std::fs::read_to_string(&timing).unwrap_or_default();
+            times
+                .lines()
+                .any(|l| l.ends_with(&allowed))
+                .then_some(times)
+        });
     assert!(
         times
             .lines()
