@@ -3,9 +3,9 @@
 //! --enable-multiple-slurmd), all on loopback, each stopped by PID when the cluster drops.
 //!
 //! Why a file and not a crate: like `services.rs`, it is test code only, included by
-//! test binaries through `#[path]`. It is self-contained (its own `Proc`, `eventually`
-//! and `free_port`, so it needs no sibling module) and uses the standard library and
-//! `tempfile` alone.
+//! test binaries through `#[path]`. It is self-contained but for `ports.rs` (its own
+//! `Proc` and `eventually`, so it needs no other sibling module) and uses the standard
+//! library and `tempfile` alone.
 //!
 //! Nothing outside the directory is read or written: munged gets its own key, socket,
 //! pid and seed files; every Slurm path (state, spool, pid, log, gres device files,
@@ -39,7 +39,7 @@
 #![allow(dead_code)]
 
 use std::collections::BTreeMap;
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -120,14 +120,9 @@ fn signal(sig: &str, target: &str) {
         .status();
 }
 
-/// A loopback TCP port nobody listens on now.
-pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+#[path = "ports.rs"]
+mod ports;
+pub use ports::free_port;
 
 /// Polls `f` every 50 ms until it gives a value; panics after `limit`.
 pub fn eventually<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Option<T>) -> T {

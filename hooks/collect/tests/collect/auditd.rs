@@ -939,7 +939,7 @@ fn mutated_captures_give_values_or_located_errors_and_never_the_password() {
 mod live {
     use std::fs::File;
     use std::io::{Read, Write};
-    use std::net::{TcpListener, TcpStream};
+    use std::net::TcpStream;
     use std::os::unix::fs::PermissionsExt;
     use std::path::{Path, PathBuf};
     use std::process::{Child, Command, Output, Stdio};
@@ -1027,13 +1027,7 @@ mod live {
         (value("enabled"), value("pid"))
     }
 
-    fn free_port() -> u16 {
-        TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port()
-    }
+    use crate::ports::free_port;
 
     fn stop(child: &mut Child) {
         if let Ok(Some(_)) = child.try_wait() {

@@ -14,6 +14,8 @@ mod dcgm;
 mod ipmi;
 mod mutation;
 mod nvidia_smi;
+#[path = "../../../testsupport/ports.rs"]
+mod ports;
 mod rapl;
 mod sockets;
 mod source;

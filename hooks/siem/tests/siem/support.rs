@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 use std::io::Read;
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -70,14 +70,9 @@ pub fn eventually<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Option<
     }
 }
 
-/// A port free on 127.0.0.1 at the time of asking.
-pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+#[path = "../../../testsupport/ports.rs"]
+mod ports;
+pub use ports::free_port;
 
 pub fn wait_listening(port: u16, proc: &mut Proc, log: &Path) {
     eventually(
