@@ -411,9 +411,35 @@ pub(crate) fn spawn_rotation(state: &AppState) -> Option<std::sync::mpsc::Sender
     }
 }
 
-/// The keyring's metrics: each key's primary age, rotations, and payloads.
-pub(crate) fn render_metrics(service: &KeyService, out: &mut String) {
+/// The key age past which the policies refuse a key to encrypt and ask for its rotation:
+/// `Settings::"active"`'s `keyMaxAgeSeconds` (probity.toml's `security.key_max_age_days`)
+/// in the live set; `None` when the set has no such setting.
+fn key_max_age_seconds(engine: &Engine) -> Option<u64> {
+    let settings = EntityUid::new("Settings", "active").ok()?;
+    engine
+        .entity(&settings)?
+        .pointer("/attrs/keyMaxAgeSeconds")?
+        .as_u64()
+}
+
+/// `probity_key_max_age_seconds`: beside each key's age, the age it is rotated at, so an
+/// alert compares the two instead of repeating probity.toml's number.
+fn render_max_age(engine: &Engine, w: &mut Writer<'_>) {
+    if let Some(max) = key_max_age_seconds(engine) {
+        w.single(
+            "probity_key_max_age_seconds",
+            Kind::Gauge,
+            "The key age past which the policies refuse a key to encrypt and ask for its rotation (probity.toml's security.key_max_age_days): a probity_key_age_seconds above it is overdue.",
+            max,
+        );
+    }
+}
+
+/// The keyring's metrics: each key's primary age and the age it is rotated at,
+/// rotations, and payloads.
+pub(crate) fn render_metrics(service: &KeyService, engine: &Engine, out: &mut String) {
     let mut w = Writer::new(out);
+    render_max_age(engine, &mut w);
     w.single(
         "probity_key_rotations_total",
         Kind::Counter,
@@ -448,6 +474,59 @@ pub(crate) fn render_metrics(service: &KeyService, out: &mut String) {
                 &[("key", k.id.as_str())],
                 k.age(status.now).as_secs(),
             );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn max_age_text(engine: &Engine) -> String {
+        let mut text = String::new();
+        render_max_age(engine, &mut Writer::new(&mut text));
+        probity_base::prometheus::check(&text).unwrap();
+        text
+    }
+
+    #[test]
+    fn the_key_max_age_metric_is_the_live_sets_setting() {
+        let engine = Engine::defaults().build().unwrap();
+        assert!(
+            max_age_text(&engine).ends_with("\nprobity_key_max_age_seconds 7776000\n"),
+            "90 days: {}",
+            max_age_text(&engine)
+        );
+
+        let dir = tempfile::tempdir().unwrap();
+        let policies = concat!(env!("CARGO_MANIFEST_DIR"), "/../../policies");
+        copy_dir(std::path::Path::new(policies), dir.path());
+        let toml = dir.path().join("probity.toml");
+        let text = std::fs::read_to_string(&toml).unwrap();
+        assert!(text.contains("key_max_age_days = 90\n"));
+        std::fs::write(
+            &toml,
+            text.replace("key_max_age_days = 90\n", "key_max_age_days = 30\n"),
+        )
+        .unwrap();
+        let engine = Engine::builder(dir.path()).build().unwrap();
+        assert!(
+            max_age_text(&engine).ends_with("\nprobity_key_max_age_seconds 2592000\n"),
+            "{}",
+            max_age_text(&engine)
+        );
+    }
+
+    fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
+        for entry in std::fs::read_dir(from).unwrap() {
+            let entry = entry.unwrap();
+            let target = to.join(entry.file_name());
+            if entry.file_type().unwrap().is_dir() {
+                std::fs::create_dir_all(&target).unwrap();
+                copy_dir(&entry.path(), &target);
+            } else {
+                std::fs::copy(entry.path(), target).unwrap();
+            }
         }
     }
 }

@@ -863,7 +863,7 @@ async fn metrics_text(State(state): State<AppState>) -> Response {
         if let Ok(keys_text) = tokio::task::spawn_blocking(move || {
             let mut t = String::new();
             if let Some(k) = s.keys() {
-                keys::render_metrics(k, &mut t);
+                keys::render_metrics(k, s.engine(), &mut t);
             }
             t
         })

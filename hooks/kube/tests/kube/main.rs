@@ -16,6 +16,7 @@ mod services;
 mod tls_client;
 
 mod admission;
+mod alerts;
 mod chart;
 mod cluster;
 mod controller;
