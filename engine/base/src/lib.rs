@@ -12,6 +12,7 @@
 //! * [`trust`] — trust material on disk: created tight, refused when others can change it;
 //! * [`error`] — an error and its causes on one line (`error::chain`).
 //! * [`prometheus`] — the Prometheus text exposition format, written.
+//! * [`systemd`] — readiness for `Type=notify` services (`$NOTIFY_SOCKET`).
 //!
 //! Invariant: nothing here knows about policies, keys or wire protocols.
 //!
@@ -24,6 +25,7 @@
 pub mod clock;
 pub mod error;
 pub mod prometheus;
+pub mod systemd;
 pub mod time;
 pub mod trust;
 

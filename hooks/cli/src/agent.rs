@@ -205,6 +205,44 @@ fn stop_signal() -> Result<mpsc::Receiver<()>> {
     Ok(rx)
 }
 
+/// SIGHUP (`systemctl reload`) reloads the policy directory, as the watcher does on a
+/// change; a set that fails to load is refused and the previous one keeps deciding.
+fn reload_on_hangup(
+    engine: probity::Engine,
+    notifier: probity_base::systemd::Notifier,
+) -> Result<()> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the SIGHUP handler")?;
+    let mut hangup = rt
+        .block_on(async { signal(SignalKind::hangup()) })
+        .context("cannot handle SIGHUP")?;
+    std::thread::Builder::new()
+        .name("probity-reload".into())
+        .spawn(move || {
+            while rt.block_on(hangup.recv()).is_some() {
+                let _ = notifier.reloading();
+                let outcome = if engine.policy_dir().is_none() {
+                    "embedded policies, nothing to reload".to_owned()
+                } else {
+                    match engine.reload() {
+                        Ok(()) => "policies reloaded".to_owned(),
+                        Err(e) => format!(
+                            "reload refused, the previous policies keep deciding: {}",
+                            e.detail()
+                        ),
+                    }
+                };
+                eprintln!("{}", json!({"event": "reload", "outcome": outcome}));
+                let _ = notifier.ready(&outcome);
+            }
+        })
+        .context("cannot start the reload thread")?;
+    Ok(())
+}
+
 fn run(path: &Path) -> Result<u8> {
     let stop = stop_signal()?;
     let mut agent = start(path, true)?;
@@ -251,7 +289,12 @@ fn run(path: &Path) -> Result<u8> {
             let _ = writeln!(err, "{}", json!({"event": "error", "message": e}));
         }
     };
+    // Under systemd (`Type=notify`): configured, policies loaded, the loop starts now.
+    let notifier = probity_base::systemd::Notifier::from_env();
+    reload_on_hangup(agent.engine().clone(), notifier.clone())?;
+    let _ = notifier.ready(&format!("node {}, collecting", agent.config().node));
     agent.run(&stop, &mut log);
+    let _ = notifier.stopping();
     for (log, s) in agent.stop_forwarding() {
         eprintln!(
             "probity agent: the {} forwarder stopped, {} records confirmed by the SIEM",

@@ -84,6 +84,51 @@ pub async fn serve(config: Config) -> Result<(), ServeError> {
     Server::bind(config).await?.run(stop).await
 }
 
+/// SIGHUP reloads the policy directory (`systemctl reload`, `kill -HUP`), as the watcher
+/// does on a change: a set that fails to load is refused and the previous one keeps
+/// serving. The service manager hears `RELOADING=1`, then `READY=1` with the outcome.
+/// None when the handler cannot be installed (it is logged).
+fn spawn_reload_on_hangup(
+    state: &AppState,
+    notifier: probity_base::systemd::Notifier,
+) -> Option<tokio::task::JoinHandle<()>> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut hangup = match signal(SignalKind::hangup()) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot handle SIGHUP: reload by editing the policy files");
+            return None;
+        }
+    };
+    let engine = state.engine().clone();
+    Some(tokio::spawn(async move {
+        while hangup.recv().await.is_some() {
+            let _ = notifier.reloading();
+            let outcome = if engine.policy_dir().is_none() {
+                tracing::info!("SIGHUP: the embedded policies have nothing to reload");
+                "embedded policies, nothing to reload".to_owned()
+            } else {
+                let engine = engine.clone();
+                match tokio::task::spawn_blocking(move || engine.reload()).await {
+                    Ok(Ok(())) => "policies reloaded".to_owned(),
+                    // The reload event is logged and counted as well.
+                    Ok(Err(e)) => format!(
+                        "reload refused; the previous policies keep serving: {}",
+                        e.detail()
+                    ),
+                    Err(e) => format!("reload did not finish: {e}"),
+                }
+            };
+            tracing::info!(outcome = %outcome, "SIGHUP reload");
+            let status = engine.status();
+            let _ = notifier.ready(&format!(
+                "{outcome}; serving {} policies, digest {}",
+                status.policies, status.digest
+            ));
+        }
+    }))
+}
+
 /// An error and its causes, on one line (for start-up failures, which print once).
 pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
     let mut text = e.to_string();
@@ -220,8 +265,22 @@ impl Server {
         }
         let status = self.state.engine().status();
         tracing::info!(digest = %status.digest, policies = status.policies, "serving");
+        // Under systemd (`Type=notify`): the sockets accept from here on.
+        let notifier = probity_base::systemd::Notifier::from_env();
+        let serving = format!(
+            "serving {} policies, digest {}",
+            status.policies, status.digest
+        );
+        if let Err(e) = notifier.ready(&serving) {
+            tracing::warn!(error = %e, "cannot tell the service manager we are ready");
+        }
+        let reloads = spawn_reload_on_hangup(&self.state, notifier.clone());
         shutdown.await;
         tracing::info!("shutting down: finishing in-flight requests");
+        let _ = notifier.stopping();
+        if let Some(task) = reloads {
+            task.abort();
+        }
         self.state.set_ready(false);
         let _ = stop_tx.send(true);
         while tasks.join_next().await.is_some() {}
