@@ -18,6 +18,9 @@ packages=(
   protobuf-compiler libprotobuf-dev                 # etcd-client's build runs protoc on etcd's .proto files
   python3-pytest python3-cryptography valgrind pkg-config  # C ABI callers
   slurmctld slurmd slurm-client munge lua-posix     # Slurm: job_submit.lua, Prolog, health, drains
+  lintian                                           # the Debian package, checked
+  mmdebstrap umoci                                  # a Debian root to install it into; the OCI image
+  prometheus                                        # promtool: the alert rules' tests
 )
 # Go for the cgo caller (and, later, the control plane's builds): the machine's own Go
 # (/usr/local/go) when it has one. Debian's golang-go is 1.19 and its /usr/bin/go would
@@ -49,3 +52,7 @@ if ! rustup target list --installed | grep -qx wasm32-wasip2; then
   echo "setup: adding the wasm32-wasip2 target" >&2
   rustup target add wasm32-wasip2
 fi
+
+# cargo-deb builds the Debian packages (scripts/build-deb.sh), cached outside the
+# repository.
+bash "$(dirname "$0")/cargo-deb.sh" >/dev/null

@@ -318,3 +318,54 @@ fn baseline_check_apply_in_a_network_namespace_keeps_sshd() {
     let again: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(again["report"]["outcome"], "unchanged");
 }
+
+/// The agent as systemd's `Type=notify` sees it: READY=1 once its configuration and
+/// policies have loaded, RELOADING=1 then READY=1 around a SIGHUP reload of its policy
+/// directory, STOPPING=1 at SIGTERM.
+#[test]
+fn the_agent_tells_systemd_it_is_ready_reloads_on_sighup_and_stops() {
+    use crate::install::{NotifyListener, signal, wait_exit};
+    let dir = tempfile::tempdir().unwrap();
+    let policies = copy_policies();
+    let node = Node::new(&format!(
+        "[collect]\ninterval_seconds = 60\n[engine]\npolicies = \"{}\"\n",
+        policies.path().display()
+    ));
+    let notify = NotifyListener::bind(&dir.path().join("notify"));
+    let mut child = Command::new(env!("CARGO_BIN_EXE_probity"))
+        .args(["agent", "--config", node.config()])
+        .env("NOTIFY_SOCKET", dir.path().join("notify"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let ready = notify.next("the agent's READY=1");
+    assert!(
+        ready.starts_with("READY=1\nSTATUS=node cpu-01, collecting\nMAINPID="),
+        "{ready}"
+    );
+    signal(&child, "HUP");
+    assert!(
+        notify
+            .next("RELOADING=1")
+            .starts_with("RELOADING=1\nMONOTONIC_USEC=")
+    );
+    let reloaded = notify.next("READY=1 after the reload");
+    assert!(
+        reloaded.starts_with("READY=1\nSTATUS=policies reloaded\n"),
+        "{reloaded}"
+    );
+    std::fs::write(policies.path().join("security/broken.cedar"), "forbid (").unwrap();
+    signal(&child, "HUP");
+    assert!(notify.next("RELOADING=1").starts_with("RELOADING=1\n"));
+    let refused = notify.next("READY=1 after the refused reload");
+    assert!(
+        refused
+            .starts_with("READY=1\nSTATUS=reload refused, the previous policies keep deciding: "),
+        "{refused}"
+    );
+    assert!(refused.contains("broken.cedar"), "{refused}");
+    signal(&child, "TERM");
+    assert_eq!(notify.next("STOPPING=1"), "STOPPING=1");
+    assert!(wait_exit(&mut child).success());
+}
