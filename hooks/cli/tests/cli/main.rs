@@ -10,7 +10,9 @@
 mod agent;
 mod audit;
 mod forward;
+mod image;
 mod impact;
+mod install;
 mod keys;
 mod operator;
 #[path = "../../../testsupport/services.rs"]
