@@ -45,9 +45,11 @@ impl Notifier {
         let address = value.and_then(|v| {
             let bytes = v.as_bytes();
             match bytes.split_first() {
-                None => None,
                 Some((b'@', name)) => Some(NotifyAddress::Abstract(name.to_vec())),
-                Some(_) => Some(NotifyAddress::Path(Path::new(v).to_path_buf())),
+                Some((b'/', _)) => Some(NotifyAddress::Path(Path::new(v).to_path_buf())),
+                // Empty, relative, or another transport (systemd 254's vsock:): not ours
+                // to guess at, as sd_notify(3) refuses it too.
+                _ => None,
             }
         });
         Self { address }
@@ -101,9 +103,23 @@ impl Notifier {
     }
 }
 
-/// A status for one `STATUS=` line: a newline would start a new assignment.
+/// systemd ignores a notification of 4096 bytes or more (PIPE_BUF): a status is cut
+/// well below, so that the READY=1 it travels with is never lost.
+const MAX_STATUS_BYTES: usize = 1024;
+
+/// A status for one `STATUS=` line: a newline would start a new assignment, and a long
+/// one (a refused reload's every problem) is cut at a character boundary.
 fn one_line(text: &str) -> String {
-    text.replace(['\n', '\r'], " ")
+    let mut line = text.replace(['\n', '\r'], " ");
+    if line.len() > MAX_STATUS_BYTES {
+        let mut end = MAX_STATUS_BYTES - 3;
+        while !line.is_char_boundary(end) {
+            end -= 1;
+        }
+        line.truncate(end);
+        line.push_str("...");
+    }
+    line
 }
 
 /// CLOCK_MONOTONIC in microseconds: the clock systemd compares `MONOTONIC_USEC` with.
@@ -179,8 +195,25 @@ mod tests {
     }
 
     #[test]
+    fn a_long_status_is_cut_so_the_ready_message_stays_under_systemds_limit() {
+        let (_dir, path, socket) = listener();
+        let notifier = Notifier::from_value(Some(path.as_os_str()));
+        let long = "é problem\n".repeat(2000);
+        notifier.ready(&long).unwrap();
+        let message = receive(&socket);
+        assert!(message.len() < 4096, "{} bytes", message.len());
+        assert!(message.starts_with("READY=1\nSTATUS=é problem é problem"));
+        assert!(message.contains("...\nMAINPID="), "{message}");
+    }
+
+    #[test]
     fn without_a_socket_nothing_is_sent_and_nothing_fails() {
-        for value in [None, Some(OsStr::new(""))] {
+        for value in [
+            None,
+            Some(OsStr::new("")),
+            Some(OsStr::new("relative/notify")),
+            Some(OsStr::new("vsock:2:1234")),
+        ] {
             let notifier = Notifier::from_value(value);
             assert!(!notifier.enabled());
             notifier.ready("x").unwrap();

@@ -53,8 +53,17 @@ fn packages() -> &'static (PathBuf, PathBuf) {
     static BUILT: OnceLock<(PathBuf, PathBuf)> = OnceLock::new();
     BUILT.get_or_init(|| {
         let target = target_dir();
+        // Earlier runs' packages (100 MB each time) go: only this run's stay.
+        for entry in std::fs::read_dir(&target).unwrap().flatten() {
+            if entry
+                .file_name()
+                .to_string_lossy()
+                .starts_with("debian-test-")
+            {
+                let _ = std::fs::remove_dir_all(entry.path());
+            }
+        }
         let out = target.join(format!("debian-test-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&out);
         let built = run(
             "scripts/build-deb.sh --profile dev",
             Command::new("bash")
@@ -445,6 +454,7 @@ fn the_debian_package_installs_into_a_fresh_debian_root_runs_there_and_purges() 
     signal(&serve, "TERM");
     assert!(wait_exit(&mut serve).success());
     // What it wrote in its state directory is its own, and nobody else's.
+    assert!(root.join("var/lib/probity/state.redb").is_file());
     for entry in std::fs::read_dir(root.join("var/lib/probity")).unwrap() {
         let meta = entry.as_ref().unwrap().metadata().unwrap();
         assert_eq!(meta.uid(), uid, "{:?}", entry.unwrap().path());
@@ -462,7 +472,7 @@ fn the_debian_package_installs_into_a_fresh_debian_root_runs_there_and_purges() 
 
 /// The unit's ExecStart, split on spaces (the units quote nothing).
 fn exec_start(root: &Path, unit: &str) -> Vec<String> {
-    let text = std::fs::read_to_string(root.join("lib/systemd/system").join(unit)).unwrap();
+    let text = std::fs::read_to_string(root.join("usr/lib/systemd/system").join(unit)).unwrap();
     text.lines()
         .find_map(|l| l.strip_prefix("ExecStart="))
         .unwrap_or_else(|| panic!("{unit} has no ExecStart"))

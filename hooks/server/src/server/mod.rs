@@ -271,10 +271,12 @@ impl Server {
             "serving {} policies, digest {}",
             status.policies, status.digest
         );
+        // The handler before READY: systemd may send SIGHUP as soon as it hears it, and
+        // SIGHUP's default action would end the server (a clean exit, never restarted).
+        let reloads = spawn_reload_on_hangup(&self.state, notifier.clone());
         if let Err(e) = notifier.ready(&serving) {
             tracing::warn!(error = %e, "cannot tell the service manager we are ready");
         }
-        let reloads = spawn_reload_on_hangup(&self.state, notifier.clone());
         shutdown.await;
         tracing::info!("shutting down: finishing in-flight requests");
         let _ = notifier.stopping();

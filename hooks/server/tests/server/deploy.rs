@@ -820,13 +820,13 @@ fn sidecars_and_webhooks_reach_etcd_with_client_certificates_from_a_secret() {
                     );
                     config.state.node = Some("lint-node".into());
                 }
-                StateRole::Webhook => {
-                    // A non-root user reads the 0400 files through fsGroup's group read.
-                    let user = &container["securityContext"]["runAsUser"];
-                    if user.as_u64().is_some_and(|u| u != 0) {
-                        assert_eq!(&spec["securityContext"]["fsGroup"], user, "{kind}");
-                    }
-                }
+                StateRole::Webhook => {}
+            }
+            // A non-root server reads the 0400 Secrets (etcd's client key) through
+            // fsGroup's group read: the sidecar's as well as the webhook's.
+            let user = &container["securityContext"]["runAsUser"];
+            if user.as_u64().is_some_and(|u| u != 0) {
+                assert_eq!(&spec["securityContext"]["fsGroup"], user, "{kind}");
             }
             // Whatever the flags add, the file alone must be a configuration that starts.
             config.server.socket = PathBuf::from("/run/probity/lint.sock");
