@@ -264,7 +264,10 @@ pub fn controller(command: ControllerCommand) -> Result<u8> {
     })
 }
 
-async fn change(target: &Target, change: impl Fn(&mut controller::ControlState)) -> Result<u8> {
+async fn change(
+    target: &Target,
+    change: impl Fn(&mut controller::ControlState) + Send,
+) -> Result<u8> {
     let cluster = target.cluster().await?;
     let state = controller::command(cluster.client().clone(), &target.options(), change).await?;
     crate::out::line(format_args!(

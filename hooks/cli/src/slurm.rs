@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use clap::{Args, Subcommand};
+use probity_kube::controller::StateStore;
 use probity_slurm::commands::{JobStop, SlurmCommands};
 use probity_slurm::{
     SidecarClient, SlurmActuator, SlurmController, SlurmControllerOptions, reason,

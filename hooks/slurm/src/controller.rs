@@ -23,6 +23,7 @@ use probity_kube::controller::confirm::Confirmations;
 use probity_kube::controller::metrics::Metrics;
 use probity_kube::controller::pass;
 use probity_kube::controller::plan::{self, ActionRecord, ControlState, NodeView, Step, TaintSpec};
+use probity_kube::controller::shared::StateStore;
 use probity_kube::controller::stop::stop_work;
 use probity_kube::controller::{
     Actuator, ControllerError, Outcome, ProbityApi, describe, record, unix_now,
@@ -78,7 +79,7 @@ impl Default for SlurmControllerOptions {
 }
 
 /// The state as read, with the revision a write must match (`None`: absent).
-struct Versioned {
+pub struct Versioned {
     state: ControlState,
     revision: Option<i64>,
 }
@@ -100,6 +101,23 @@ impl EtcdControl {
             what: what.into(),
             reason: error_chain(&error),
         }
+    }
+
+    /// The state now.
+    pub async fn state(&self) -> Result<ControlState, ControllerError> {
+        Ok(self.load().await?.state)
+    }
+}
+
+impl StateStore for EtcdControl {
+    type Read = Versioned;
+
+    fn location(&self) -> String {
+        format!("etcd key {STATE_KEY}")
+    }
+
+    fn state_of(read: &Versioned) -> &ControlState {
+        &read.state
     }
 
     async fn load(&self) -> Result<Versioned, ControllerError> {
@@ -137,28 +155,6 @@ impl EtcdControl {
         }
         .map_err(|e| Self::etcd_error("writing the controller state to etcd", e))?;
         Ok(swap.is_applied())
-    }
-
-    /// The state now.
-    pub async fn state(&self) -> Result<ControlState, ControllerError> {
-        Ok(self.load().await?.state)
-    }
-
-    /// Reads, changes and writes the state, again after a conflicting write (at most a
-    /// few times): the operator's commands (pause, resume, reset, dry run).
-    pub async fn update(
-        &self,
-        change: impl Fn(&mut ControlState),
-    ) -> Result<ControlState, ControllerError> {
-        for _ in 0..10 {
-            let read = self.load().await?;
-            let mut state = read.state.clone();
-            change(&mut state);
-            if self.store(&read, &state).await? {
-                return Ok(state);
-            }
-        }
-        Err(ControllerError::Conflict(format!("etcd key {STATE_KEY}")))
     }
 }
 
@@ -447,19 +443,14 @@ impl SlurmController {
                 }
             }
         }
-        if self.options.record_events {
-            acted.unlogged = pass::log_actions(
-                &self.probity,
-                &self.metrics,
-                &read.state.unlogged,
-                &[&notes, &acted.done],
-            )
-            .await;
-        }
         acted.stopping = stops.stopping.clone();
-        if acted.changed(&state, &read.state) {
-            self.control.update(|s| acted.apply(s)).await?;
-        }
+        let log = self
+            .options
+            .record_events
+            .then_some((&self.probity, self.metrics.as_ref()));
+        acted
+            .finish(&self.control, log, &notes, &state, &read.state)
+            .await?;
         Ok(())
     }
 }

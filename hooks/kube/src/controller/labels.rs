@@ -3,7 +3,7 @@
 
 use probity_base::error::chain as error_chain;
 
-use super::{ActionRecord, Controller, ControllerError, unix_now};
+use super::{ActionRecord, Controller, ControllerError, StateStore, unix_now};
 
 impl Controller {
     /// Keeps the zone label of every node equal to its group in Probity's store, so the

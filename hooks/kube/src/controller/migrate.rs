@@ -28,7 +28,7 @@ use serde::{Deserialize, Serialize};
 
 use super::plan::{self, ActionRecord};
 use super::source::ProbityApi;
-use super::{Actuator, Controller, ControllerError, Outcome, PodRef, unix_now};
+use super::{Actuator, Controller, ControllerError, Outcome, PodRef, StateStore, unix_now};
 
 /// The annotation that orders a zone's pods when the policy names none.
 pub const DEFAULT_ORDER_ANNOTATION: &str = "probity.io/migrate-priority";

@@ -61,7 +61,7 @@ pub use actuate::{Actuator, Outcome, PodRef};
 pub use breaker::BreakerLimits;
 pub use kubernetes::{BLOCK_ANNOTATION, BlockTaint, KubeActuator};
 pub use plan::{ActionRecord, BlockMark, ControlState, ReaderPod};
-pub use shared::SharedControl;
+pub use shared::{SharedControl, StateStore};
 pub use source::ProbityApi;
 
 use plan::{NodeView, Step};
@@ -565,19 +565,14 @@ impl Controller {
                 }
             }
         }
-        if self.options.record_events {
-            acted.unlogged = pass::log_actions(
-                &self.probity,
-                &self.metrics,
-                &read.state.unlogged,
-                &[&notes, &acted.done],
-            )
-            .await;
-        }
         acted.stopping = stops.stopping.clone();
-        if acted.changed(&state, &read.state) {
-            self.shared.update(|s| acted.apply(s)).await?;
-        }
+        let log = self
+            .options
+            .record_events
+            .then_some((&self.probity, self.metrics.as_ref()));
+        acted
+            .finish(&self.shared, log, &notes, &state, &read.state)
+            .await?;
         Ok(modes)
     }
 
@@ -711,7 +706,7 @@ pub async fn status(
 pub async fn command(
     client: Client,
     options: &ControllerOptions,
-    change: impl Fn(&mut ControlState),
+    change: impl Fn(&mut ControlState) + Send,
 ) -> Result<ControlState, ControllerError> {
     let shared = SharedControl::new(
         Api::namespaced(client, &options.namespace),

@@ -8,6 +8,7 @@ use probity_base::error::chain as error_chain;
 
 use super::metrics::Metrics;
 use super::plan::{self, ActionRecord, AppliedMark, Backoff, ControlState, Step, StoppedBlock};
+use super::shared::StateStore;
 use super::{ControllerError, Outcome, ProbityApi, describe, record};
 
 /// The breaker's refusals and the stale records of a plan that the report does not
@@ -136,6 +137,28 @@ impl Acted {
     /// Whether anything changed against the state read before acting.
     pub fn changed(&self, before: &ControlState, read: &ControlState) -> bool {
         !self.done.is_empty() || self.stopping != before.stopping || self.unlogged != read.unlogged
+    }
+
+    /// Ends a pass. With `log`, what was done (after `notes`, and what earlier passes
+    /// could not append) goes to Probity's event log, and what fails to stays for the
+    /// next pass; then, if anything changed against `read` (the state the pass read)
+    /// and `before` (the state it planned from), `store` takes it.
+    pub async fn finish<S: StateStore>(
+        mut self,
+        store: &S,
+        log: Option<(&ProbityApi, &Metrics)>,
+        notes: &[ActionRecord],
+        before: &ControlState,
+        read: &ControlState,
+    ) -> Result<(), ControllerError> {
+        if let Some((probity, metrics)) = log {
+            self.unlogged =
+                log_actions(probity, metrics, &read.unlogged, &[notes, &self.done]).await;
+        }
+        if self.changed(before, read) {
+            store.update(|s| self.apply(s)).await?;
+        }
+        Ok(())
     }
 
     /// Writes it into `s` (the shared state as read again).

@@ -3,6 +3,7 @@
 //! (`probity controller pause`, `reset`, `dry-run`) never overwrite each other.
 
 use std::collections::BTreeMap;
+use std::future::Future;
 
 use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -13,6 +14,51 @@ use super::plan::ControlState;
 
 /// The ConfigMap's key holding the state as JSON.
 const STATE_KEY: &str = "state";
+
+/// A store of the controller's state written only over the version it was read at: a
+/// ConfigMap ([`SharedControl`], Kubernetes) or an etcd key (Slurm's controller). The
+/// read-change-write loop of the operator's commands is written once, over both.
+pub trait StateStore: Sync {
+    /// A read: the state and what a conditional write must match.
+    type Read: Send + Sync;
+
+    /// Where the state lives, for errors.
+    fn location(&self) -> String;
+
+    /// Reads the state; an absent store is the default state, one that does not parse
+    /// an error (acting on a forgotten breaker or pause would be acting by mistake).
+    fn load(&self) -> impl Future<Output = Result<Self::Read, ControllerError>> + Send;
+
+    /// The state a read carries.
+    fn state_of(read: &Self::Read) -> &ControlState;
+
+    /// Writes `state` over the version read; `Ok(false)` when someone wrote in between
+    /// (the caller reads again and plans again).
+    fn store(
+        &self,
+        read: &Self::Read,
+        state: &ControlState,
+    ) -> impl Future<Output = Result<bool, ControllerError>> + Send;
+
+    /// Reads, changes and writes the state, again after a conflicting write (at most a
+    /// few times): the operator's commands (pause, resume, reset, dry run).
+    fn update(
+        &self,
+        change: impl Fn(&mut ControlState) + Send,
+    ) -> impl Future<Output = Result<ControlState, ControllerError>> + Send {
+        async move {
+            for _ in 0..10 {
+                let read = self.load().await?;
+                let mut state = Self::state_of(&read).clone();
+                change(&mut state);
+                if self.store(&read, &state).await? {
+                    return Ok(state);
+                }
+            }
+            Err(ControllerError::Conflict(self.location()))
+        }
+    }
+}
 
 /// Where the state lives.
 #[derive(Clone)]
@@ -39,11 +85,20 @@ impl SharedControl {
             name: name.to_owned(),
         }
     }
+}
 
-    /// Reads the state; a missing ConfigMap is the default state. A ConfigMap whose
-    /// state does not parse is an error, never a default: acting on a forgotten
-    /// breaker or pause would be acting by mistake.
-    pub async fn load(&self) -> Result<Versioned, ControllerError> {
+impl StateStore for SharedControl {
+    type Read = Versioned;
+
+    fn location(&self) -> String {
+        self.name.clone()
+    }
+
+    fn state_of(read: &Versioned) -> &ControlState {
+        &read.state
+    }
+
+    async fn load(&self) -> Result<Versioned, ControllerError> {
         let found =
             self.api.get_opt(&self.name).await.map_err(|e| {
                 ControllerError::kube(format!("reading ConfigMap {}", self.name), e)
@@ -71,13 +126,7 @@ impl SharedControl {
         })
     }
 
-    /// Writes `state` over the version read; `Ok(false)` when someone wrote in between
-    /// (the caller reads again and plans again).
-    pub async fn store(
-        &self,
-        read: &Versioned,
-        state: &ControlState,
-    ) -> Result<bool, ControllerError> {
+    async fn store(&self, read: &Versioned, state: &ControlState) -> Result<bool, ControllerError> {
         let text = serde_json::to_string(state).map_err(|e| ControllerError::State {
             name: self.name.clone(),
             reason: e.to_string(),
@@ -112,22 +161,5 @@ impl SharedControl {
                 e,
             )),
         }
-    }
-
-    /// Reads, changes and writes the state, again after a conflicting write (at most
-    /// a few times). For the operator's commands.
-    pub async fn update(
-        &self,
-        change: impl Fn(&mut ControlState),
-    ) -> Result<ControlState, ControllerError> {
-        for _ in 0..10 {
-            let read = self.load().await?;
-            let mut state = read.state.clone();
-            change(&mut state);
-            if self.store(&read, &state).await? {
-                return Ok(state);
-            }
-        }
-        Err(ControllerError::Conflict(self.name.clone()))
     }
 }
