@@ -161,6 +161,9 @@ impl StateStore for EtcdControl {
 /// Leadership: the leader key under a lease this process keeps alive.
 struct Leadership {
     keep: Option<(KeepAlive, Instant)>,
+    /// Whether "standing by" was logged since this process last led (once, not on
+    /// every pass).
+    standing_by: bool,
 }
 
 /// The Slurm controller: one per process, one active per cluster.
@@ -190,7 +193,10 @@ impl SlurmController {
             probity,
             actuator,
             options,
-            leadership: tokio::sync::Mutex::new(Leadership { keep: None }),
+            leadership: tokio::sync::Mutex::new(Leadership {
+                keep: None,
+                standing_by: false,
+            }),
             confirmations: std::sync::Mutex::default(),
             metrics: Arc::default(),
         }
@@ -253,10 +259,18 @@ impl SlurmController {
                     "holding the leader key: acting"
                 );
                 leadership.keep = Some((self.etcd.keep_alive(lease), Instant::now()));
+                leadership.standing_by = false;
                 true
             }
             Ok(Swap::Refused { .. }) => {
                 let _ = self.etcd.revoke_lease(lease.id).await;
+                if !leadership.standing_by {
+                    tracing::info!(
+                        identity = self.options.identity,
+                        "the leader key is another replica's: standing by"
+                    );
+                    leadership.standing_by = true;
+                }
                 false
             }
             Err(error) => {

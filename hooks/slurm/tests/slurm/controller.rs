@@ -281,8 +281,12 @@ fn one_controller_acts_and_another_takes_over_when_it_dies() {
     );
     let second_log =
         || std::fs::read_to_string(h.dir.path().join("second.log")).unwrap_or_default();
-    // The second waits: the leader key is the first's.
-    std::thread::sleep(Duration::from_secs(1));
+    // The second waits: it has tried the leader key and found it the first's.
+    crate::slurm_cluster::eventually(
+        "the second controller to find the key taken",
+        Duration::from_secs(30),
+        || second_log().contains("standing by").then_some(()),
+    );
     assert!(
         !second_log().contains("holding the leader key"),
         "{}",
