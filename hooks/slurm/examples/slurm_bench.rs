@@ -31,6 +31,8 @@ mod slurm_cluster;
 
 #[path = "../tests/slurm/harness.rs"]
 mod harness;
+#[path = "../../testsupport/unix_http.rs"]
+mod unix_http;
 
 use std::process::Command;
 use std::time::{Duration, Instant};

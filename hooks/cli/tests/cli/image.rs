@@ -16,7 +16,6 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
@@ -517,14 +516,19 @@ fn the_default_command_serves_on_the_socket_as_the_non_root_user() {
         .arg(&image.rootfs)
         .args(strings(&run["Entrypoint"]))
         .args(strings(&run["Cmd"]))
+        .env("NOTIFY_SOCKET", "/tmp/notify")
         .stderr(Stdio::piped());
+    // Readiness as systemd hears it: the server says READY=1 once its socket accepts.
+    let notify_path = image.rootfs.join("tmp/notify");
+    let _ = std::fs::remove_file(&notify_path);
+    let notify = crate::install::NotifyListener::bind(&notify_path);
     let child = cmd.spawn().unwrap();
+    let ready = notify.next("READY=1 from the image's default command");
+    assert!(ready.starts_with("READY=1\n"), "{ready}");
+    drop(notify);
+    std::fs::remove_file(&notify_path).unwrap();
     // The socket's default path, as the chart's sidecar mounts its directory.
     let socket = image.rootfs.join("run/probity/probity.sock");
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !socket.exists() && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(20));
-    }
     let health = std::os::unix::net::UnixStream::connect(&socket).and_then(|mut s| {
         use std::io::{Read, Write};
         s.write_all(b"GET /healthz HTTP/1.1\r\nHost: probity\r\nConnection: close\r\n\r\n")?;

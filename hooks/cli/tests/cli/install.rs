@@ -8,13 +8,12 @@
 //! Needs root (chroot, mmdebstrap), cargo-deb, lintian and mmdebstrap (scripts/setup.sh)
 //! and Debian's mirror (apt in the root, and the root itself the first time).
 
-use std::io::{Read, Write};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
-use std::os::unix::net::{UnixDatagram, UnixStream};
+use std::os::unix::net::UnixDatagram;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::OnceLock;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::{copy_policies, root, text};
 
@@ -154,29 +153,7 @@ fn chroot_ok(root: &Path, user: Option<&str>, args: &[&str]) -> String {
 
 /// One HTTP/1.1 request on a Unix socket: (status, body).
 fn unix_http(socket: &Path, method: &str, path: &str, body: &str) -> (u16, String) {
-    let mut stream = UnixStream::connect(socket).unwrap();
-    stream
-        .set_read_timeout(Some(Duration::from_secs(30)))
-        .unwrap();
-    write!(
-        stream,
-        "{method} {path} HTTP/1.1\r\nHost: probity\r\nContent-Type: application/json\r\n\
-         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
-    let mut answer = String::new();
-    stream.read_to_string(&mut answer).unwrap();
-    let status = answer
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0);
-    let body = answer
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_owned())
-        .unwrap_or_default();
-    (status, body)
+    crate::unix_http::unix_http(socket, method, path, body).unwrap()
 }
 
 /// The service manager's end of `$NOTIFY_SOCKET`.
@@ -214,19 +191,20 @@ pub(crate) fn signal(child: &Child, name: &str) {
     assert!(status.success());
 }
 
-/// Waits for the child to exit (two minutes at most) and returns its status.
+/// Waits for the child to exit and returns its status; a watchdog kills it after two
+/// minutes (so a hung process fails the test, whose status then says it was killed).
 pub(crate) fn wait_exit(child: &mut Child) -> std::process::ExitStatus {
-    let deadline = Instant::now() + Duration::from_secs(120);
-    loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            return status;
+    let (done, exited) = std::sync::mpsc::channel::<()>();
+    let pid = child.id().to_string();
+    let watchdog = std::thread::spawn(move || {
+        if exited.recv_timeout(Duration::from_secs(120)).is_err() {
+            let _ = Command::new("kill").args(["-KILL", &pid]).status();
         }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            panic!("the process did not exit within two minutes");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    });
+    let status = child.wait().unwrap();
+    let _ = done.send(());
+    watchdog.join().unwrap();
+    status
 }
 
 /// `probity serve` as systemd's `Type=notify` sees it: READY=1 only once the socket

@@ -18,6 +18,8 @@ mod operator;
 #[path = "../../../testsupport/services.rs"]
 mod services;
 mod tour;
+#[path = "../../../testsupport/unix_http.rs"]
+mod unix_http;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

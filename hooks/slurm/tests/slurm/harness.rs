@@ -4,7 +4,6 @@
 
 use std::io::{Read, Write};
 use std::os::unix::fs::PermissionsExt;
-use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
@@ -199,26 +198,7 @@ impl Sidecar {
 
     /// One request on the Unix socket (as uid 0, an admin): the status and the body.
     pub fn call(&self, method: &str, path: &str, body: &str) -> std::io::Result<(u16, String)> {
-        let mut stream = UnixStream::connect(&self.socket)?;
-        stream.set_read_timeout(Some(Duration::from_secs(30)))?;
-        write!(
-            stream,
-            "{method} {path} HTTP/1.1\r\nHost: probity\r\nContent-Type: application/json\r\n\
-             Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
-            body.len()
-        )?;
-        let mut answer = String::new();
-        stream.read_to_string(&mut answer)?;
-        let status = answer
-            .split_whitespace()
-            .nth(1)
-            .and_then(|s| s.parse().ok())
-            .unwrap_or(0);
-        let body = answer
-            .split_once("\r\n\r\n")
-            .map(|(_, b)| b.to_owned())
-            .unwrap_or_default();
-        Ok((status, body))
+        crate::unix_http::unix_http(&self.socket, method, path, body)
     }
 
     /// A JSON call that must answer 200. A GET sends no body: the server answers a GET

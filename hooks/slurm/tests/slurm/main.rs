@@ -20,3 +20,5 @@ mod controller;
 mod health;
 mod prolog;
 mod submit;
+#[path = "../../../testsupport/unix_http.rs"]
+mod unix_http;
