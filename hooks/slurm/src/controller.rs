@@ -499,6 +499,7 @@ fn node_views(slurm: &[SlurmNode], state: &ControlState) -> Vec<NodeView> {
 mod tests {
     use super::*;
     use crate::nodes::parse_nodes;
+    use std::collections::BTreeMap;
 
     #[test]
     fn drained_nodes_carry_the_drain_and_partitions_are_pools() {
@@ -514,5 +515,49 @@ mod tests {
             views[1].taints,
             [("slurm/drain".to_owned(), "DRAIN".to_owned())]
         );
+    }
+
+    #[test]
+    fn at_scale_the_breaker_drains_a_partitions_share_then_holds_every_other_block() {
+        // 1,000 nodes of partition train (and 100 of them also in rlhf); 300 blocked.
+        let text: String = (0..1000)
+            .map(|i| {
+                let partitions = if i < 100 { "train,rlhf" } else { "train" };
+                format!("NodeName=gpu-{i:04}\n   State=IDLE\n   Partitions={partitions}\n")
+            })
+            .collect();
+        let slurm = parse_nodes(&text).unwrap();
+        let mut state = ControlState::default();
+        let nodes = node_views(&slurm, &state);
+        let blocks: BTreeMap<String, plan::BlockMark> = (0..300)
+            .map(|i| {
+                (
+                    format!("gpu-{:04}", i * 3),
+                    plan::BlockMark::new("operator: bad batch", 100),
+                )
+            })
+            .collect();
+        let limits = BreakerLimits {
+            max_nodes: 10_000,
+            max_percent: 10,
+            window_secs: 600,
+        };
+        let steps = plan::plan(&blocks, &nodes, &mut state, &limits, &drain_spec(), 1_000);
+        let drained: Vec<&str> = steps
+            .iter()
+            .filter(|s| matches!(s, Step::Block { .. }))
+            .map(Step::node)
+            .collect();
+        let refused = steps
+            .iter()
+            .filter(|s| matches!(s, Step::Refused { .. }))
+            .count();
+        // Nodes are planned in name order, so rlhf's (gpu-0000..0099) come first: 10% of
+        // its 100 nodes is 10 drains, and the 11th trips the breaker, which then holds
+        // every other block, train's included, until an operator resets it.
+        let first_ten: Vec<String> = (0..10).map(|i| format!("gpu-{:04}", i * 3)).collect();
+        assert_eq!(drained, first_ten);
+        assert_eq!(refused, 290);
+        assert!(state.breaker.tripped.is_some());
     }
 }
