@@ -105,7 +105,6 @@ fn spawn_reload_on_hangup(
         while hangup.recv().await.is_some() {
             let _ = notifier.reloading();
             let outcome = if engine.policy_dir().is_none() {
-                tracing::info!("SIGHUP: the embedded policies have nothing to reload");
                 "embedded policies, nothing to reload".to_owned()
             } else {
                 let engine = engine.clone();
