@@ -97,7 +97,7 @@ fn main() {
     );
 
     // Warm: a writer changes 100 nodes' facts per second among the candidates.
-    let cache = DecisionCache::with_capacity(probity::DecisionCache::DEFAULT_ENTRIES);
+    let cache = DecisionCache::with_budget(probity::DecisionCache::DEFAULT_BUDGET_BYTES);
     engine.decide_each(&request, &nodes, Some(&cache));
     let stop = Arc::new(AtomicBool::new(false));
     let writer = {

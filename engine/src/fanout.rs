@@ -25,7 +25,7 @@
 
 use std::collections::HashMap;
 use std::hash::BuildHasher;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use cedar_policy_core::ast::{self, EntityUID};
@@ -39,8 +39,8 @@ use crate::request::{EntityUid, Request};
 use crate::slice::Dependency;
 use crate::store::{StoreVersion, Stored};
 
-/// How many decisions a [`DecisionCache`] holds by default.
-pub(crate) const DEFAULT_DECISION_CACHE_ENTRIES: usize = 65_536;
+/// How many bytes of decisions a [`DecisionCache`] holds by default.
+pub(crate) const DEFAULT_DECISION_CACHE_BYTES: usize = 64 << 20;
 
 /// Fewest resources a thread of [`Engine::decide_each`] takes: below this, spreading
 /// the work costs more than it saves.
@@ -57,7 +57,22 @@ const MAX_READERS_PER_RESOURCE: usize = 8;
 /// Most whole fan-outs a [`DecisionCache`] remembers (the last ones asked).
 const MAX_FANOUTS: usize = 16;
 
-/// Decisions of [`Engine::decide_each`] kept for reuse while their facts hold.
+/// Callers are counted in this many buckets (by a hash of their name) for the budget's
+/// fair shares.
+const OWNER_BUCKETS: usize = 64;
+
+/// How many of a shard's oldest entries an eviction looks through for one of a caller
+/// over its share.
+const VICTIM_SCAN: usize = 8;
+
+/// Decisions kept for reuse while their facts hold: the engine's own (every
+/// [`Engine::decide_with`] asks it, see [`Engine::decision_cache`]) and those
+/// [`Engine::decide_each`] is given.
+///
+/// Its memory is a byte budget (an estimate of each entry's size), shared fairly: when
+/// an entry must be evicted to make room, the oldest entries of callers holding more
+/// than their share (the budget over the callers holding entries) go first, so that
+/// one caller's flood of questions that never repeat cannot push out everyone else's.
 pub struct DecisionCache {
     /// What every entry was decided under; a different policy set, owned entities or
     /// blocklist empties the cache. Held (not just compared) so that an address is
@@ -67,17 +82,57 @@ pub struct DecisionCache {
     /// same one (a caller still deciding under the previous world may store a decision
     /// after the change; it is never served under the new one).
     generation: AtomicU64,
-    shards: Box<[Mutex<ShardMap>]>,
-    per_shard: usize,
+    shards: Box<[Mutex<Shard>]>,
+    /// The byte budget; 0 keeps nothing.
+    budget: AtomicUsize,
+    /// Bytes held per bucket of callers.
+    owners: Box<[AtomicUsize]>,
     hasher: std::collections::hash_map::RandomState,
     /// One `Arc` per request text, so that a hit compares requests by address rather
     /// than by their text (a few hundred bytes, once per node otherwise).
-    requests: Mutex<std::collections::HashSet<Arc<str>>>,
+    requests: Mutex<Interned>,
     /// The last fan-outs asked, newest first: a fan-out asked again is brought up to
     /// date from the store's change log rather than looked up node by node.
     fanouts: Mutex<std::collections::VecDeque<Arc<Fanout>>>,
     hits: AtomicU64,
     misses: AtomicU64,
+    evictions: AtomicU64,
+}
+
+/// What a [`DecisionCache`] has done and holds, for metrics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct DecisionCacheStats {
+    /// Decisions reused.
+    pub hits: u64,
+    /// Decisions made afresh with the cache asked (not found, or a fact they read
+    /// changed).
+    pub misses: u64,
+    /// Entries let go to stay within the budget.
+    pub evictions: u64,
+    /// Entries held now.
+    pub entries: usize,
+    /// Bytes held now (an estimate of each entry's size).
+    pub bytes: usize,
+    /// The byte budget.
+    pub budget: usize,
+}
+
+/// The interned request texts, bounded in number and in bytes.
+#[derive(Default)]
+struct Interned {
+    texts: std::collections::HashSet<Arc<str>>,
+    bytes: usize,
+}
+
+/// One part of the cache: its entries by hash, in the order they came.
+#[derive(Default)]
+struct Shard {
+    map: ShardMap,
+    /// `(hash, seq)` of the entries, oldest first; an item whose entry was since
+    /// replaced (another `seq`) is skipped.
+    order: std::collections::VecDeque<(u64, u64)>,
+    bytes: usize,
+    next_seq: u64,
 }
 
 /// A fan-out asked before: the request and a keyed hash of its resources, and, once it
@@ -137,9 +192,12 @@ impl World {
     }
 
     fn is(&self, snapshot: &Snapshot) -> bool {
-        Arc::ptr_eq(&self.bundle, &snapshot.bundle)
-            && Arc::ptr_eq(&self.owned, &snapshot.owned)
-            && Arc::ptr_eq(&self.blocked, &snapshot.blocked)
+        (Arc::ptr_eq(&self.bundle, &snapshot.bundle) || skipped(Invalidation::PolicySet))
+            && (Arc::ptr_eq(&self.owned, &snapshot.owned)
+                || skipped(Invalidation::OwnedEntities)
+                // A reload replaces the settings entities too.
+                || skipped(Invalidation::PolicySet))
+            && (Arc::ptr_eq(&self.blocked, &snapshot.blocked) || skipped(Invalidation::Blocklist))
     }
 }
 
@@ -152,6 +210,8 @@ struct Key<'a> {
     resource: &'a EntityUID,
     /// The generation the caller entered (see [`DecisionCache::generation`]).
     generation: u64,
+    /// The bucket of the caller asking: who an entry it stores is counted against.
+    owner: usize,
 }
 
 struct Entry {
@@ -165,6 +225,11 @@ struct Entry {
     /// entries share their versions, so a fan-out checks each version once.
     shared: Box<[Dependency]>,
     decision: Arc<Decision>,
+    /// The caller bucket it is counted against, and how much.
+    owner: usize,
+    bytes: usize,
+    /// Its place in the shard's order.
+    seq: u64,
 }
 
 impl<'a> Key<'a> {
@@ -173,12 +238,14 @@ impl<'a> Key<'a> {
         request_hash: u64,
         resource: &'a EntityUid,
         generation: u64,
+        owner: usize,
     ) -> Self {
         Self {
             request,
             request_hash,
             resource: resource.0.as_ref(),
             generation,
+            owner,
         }
     }
 }
@@ -226,39 +293,48 @@ impl std::hash::Hasher for Prehashed {
 
 impl Default for DecisionCache {
     fn default() -> Self {
-        Self::with_capacity(DEFAULT_DECISION_CACHE_ENTRIES)
+        Self::with_budget(DEFAULT_DECISION_CACHE_BYTES)
     }
 }
 
 impl std::fmt::Debug for DecisionCache {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("DecisionCache")
-            .field("entries", &self.len())
-            .field("hits", &self.hits())
-            .field("misses", &self.misses())
+            .field("stats", &self.stats())
             .finish()
     }
 }
 
 impl DecisionCache {
-    /// The default bound on remembered decisions.
-    pub const DEFAULT_ENTRIES: usize = DEFAULT_DECISION_CACHE_ENTRIES;
+    /// The default byte budget (64 MiB).
+    pub const DEFAULT_BUDGET_BYTES: usize = DEFAULT_DECISION_CACHE_BYTES;
 
-    /// A cache of at most about `entries` decisions (a full part of it is emptied).
-    pub fn with_capacity(entries: usize) -> Self {
+    /// A cache of at most about `bytes` of decisions (0: it keeps none).
+    pub fn with_budget(bytes: usize) -> Self {
         Self {
             world: Mutex::new(None),
             generation: AtomicU64::new(0),
-            shards: (0..SHARDS)
-                .map(|_| Mutex::new(ShardMap::default()))
-                .collect(),
-            per_shard: entries.div_ceil(SHARDS).max(1),
+            shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
+            budget: AtomicUsize::new(bytes),
+            owners: (0..OWNER_BUCKETS).map(|_| AtomicUsize::new(0)).collect(),
             hasher: std::collections::hash_map::RandomState::new(),
-            requests: Mutex::new(std::collections::HashSet::new()),
+            requests: Mutex::new(Interned::default()),
             fanouts: Mutex::new(std::collections::VecDeque::new()),
             hits: AtomicU64::new(0),
             misses: AtomicU64::new(0),
+            evictions: AtomicU64::new(0),
         }
+    }
+
+    /// Sets the byte budget: a lower one is reached as entries are next stored; 0
+    /// keeps nothing more (and [`Engine::decide_with`] no longer asks the cache).
+    pub fn set_budget(&self, bytes: usize) {
+        self.budget.store(bytes, Ordering::Relaxed);
+    }
+
+    /// The byte budget.
+    pub fn budget(&self) -> usize {
+        self.budget.load(Ordering::Relaxed)
     }
 
     /// Decisions reused so far.
@@ -271,17 +347,40 @@ impl DecisionCache {
         self.misses.load(Ordering::Relaxed)
     }
 
+    /// What it has done and holds.
+    pub fn stats(&self) -> DecisionCacheStats {
+        let (entries, bytes) = self.shards.iter().fold((0, 0), |(n, b), s| {
+            let s = s.lock().unwrap_or_else(PoisonError::into_inner);
+            (n + s.map.len(), b + s.bytes)
+        });
+        DecisionCacheStats {
+            hits: self.hits(),
+            misses: self.misses(),
+            evictions: self.evictions.load(Ordering::Relaxed),
+            entries,
+            bytes,
+            budget: self.budget(),
+        }
+    }
+
     /// Decisions held now.
     pub fn len(&self) -> usize {
         self.shards
             .iter()
-            .map(|s| s.lock().unwrap_or_else(PoisonError::into_inner).len())
+            .map(|s| s.lock().unwrap_or_else(PoisonError::into_inner).map.len())
             .sum()
     }
 
     /// Whether it holds no decision.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    /// The bucket `caller` is counted in (the library's own callers name none).
+    fn owner_of(&self, caller: Option<&str>) -> usize {
+        caller.map_or(0, |c| {
+            (std::hash::BuildHasher::hash_one(&self.hasher, c) as usize) % OWNER_BUCKETS
+        })
     }
 
     /// Empties the cache if `snapshot` was not what its entries were decided under.
@@ -293,7 +392,11 @@ impl DecisionCache {
         }
         let generation = self.generation.fetch_add(1, Ordering::Relaxed) + 1;
         for shard in self.shards.iter() {
-            shard.lock().unwrap_or_else(PoisonError::into_inner).clear();
+            let mut shard = shard.lock().unwrap_or_else(PoisonError::into_inner);
+            for entry in shard.map.values() {
+                self.release(entry);
+            }
+            *shard = Shard::default();
         }
         self.fanouts
             .lock()
@@ -301,6 +404,15 @@ impl DecisionCache {
             .clear();
         *world = Some(World::of(snapshot));
         generation
+    }
+
+    /// Uncounts `entry` from its caller's share.
+    fn release(&self, entry: &Entry) {
+        if let Some(held) = self.owners.get(entry.owner) {
+            let _ = held.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |b| {
+                Some(b.saturating_sub(entry.bytes))
+            });
+        }
     }
 
     /// The fan-out of `request` over `resources` if it was asked before; if not, it is
@@ -333,27 +445,36 @@ impl DecisionCache {
         None
     }
 
-    /// The cache's one `Arc` of `text`.
-    fn intern(&self, text: String) -> Arc<str> {
+    /// The cache's one `Arc` of `text`; `None` when the text is too large to keep
+    /// (a sixteenth of a shard's budget: such a request is decided without the cache).
+    fn intern(&self, text: String) -> Option<Arc<str>> {
+        let limit = self.budget() / SHARDS / 16;
+        if text.len() > limit {
+            return None;
+        }
         let mut requests = self.requests.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(known) = requests.get(text.as_str()) {
-            return Arc::clone(known);
+        if let Some(known) = requests.texts.get(text.as_str()) {
+            return Some(Arc::clone(known));
         }
-        // A bounded set: an entry whose text was let go still answers, by comparing
-        // the text.
-        if requests.len() >= MAX_INTERNED_REQUESTS {
-            requests.clear();
+        // A bounded set, in number and in bytes: an entry whose text was let go still
+        // answers, by comparing the text.
+        if requests.texts.len() >= MAX_INTERNED_REQUESTS
+            || requests.bytes + text.len() > self.budget() / 8
+        {
+            requests.texts.clear();
+            requests.bytes = 0;
         }
+        requests.bytes += text.len();
         let text: Arc<str> = Arc::from(text);
-        requests.insert(Arc::clone(&text));
-        text
+        requests.texts.insert(Arc::clone(&text));
+        Some(text)
     }
 
     fn hash(&self, key: &Key<'_>) -> u64 {
         self.hasher.hash_one((key.request_hash, key.resource))
     }
 
-    fn shard(&self, hash: u64) -> Option<&Mutex<ShardMap>> {
+    fn shard(&self, hash: u64) -> Option<&Mutex<Shard>> {
         self.shards.get((hash >> 56) as usize % SHARDS)
     }
 
@@ -369,27 +490,28 @@ impl DecisionCache {
             .shard(hash)?
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        let entry = shard.get(&hash).filter(|e| e.answers(key))?;
+        let entry = shard.map.get(&hash).filter(|e| e.answers(key))?;
         let own_holds = entry.own.as_ref().is_none_or(|d| d.holds(&snapshot.store));
-        (own_holds
-            && entry.shared.iter().all(|d| match &d.version {
-                // Many entries depend on the same version of a zone, the cluster or a
-                // namespace: its store lookup is made once per fan-out, not once per
-                // node. The address identifies the version: the memo holds it, so the
-                // address cannot be reused before the fan-out ends.
-                Some(version) => {
-                    let at = Arc::as_ptr(version) as *const () as usize;
-                    match memo.get(&at) {
-                        Some((_, uid, holds)) if *uid == d.uid => *holds,
-                        _ => {
-                            let holds = d.holds(&snapshot.store);
-                            memo.insert(at, (Arc::clone(version), d.uid.clone(), holds));
-                            holds
+        (skipped(Invalidation::Facts)
+            || own_holds
+                && entry.shared.iter().all(|d| match &d.version {
+                    // Many entries depend on the same version of a zone, the cluster or a
+                    // namespace: its store lookup is made once per fan-out, not once per
+                    // node. The address identifies the version: the memo holds it, so the
+                    // address cannot be reused before the fan-out ends.
+                    Some(version) => {
+                        let at = Arc::as_ptr(version) as *const () as usize;
+                        match memo.get(&at) {
+                            Some((_, uid, holds)) if *uid == d.uid => *holds,
+                            _ => {
+                                let holds = d.holds(&snapshot.store);
+                                memo.insert(at, (Arc::clone(version), d.uid.clone(), holds));
+                                holds
+                            }
                         }
                     }
-                }
-                None => d.holds(&snapshot.store),
-            }))
+                    None => d.holds(&snapshot.store),
+                }))
         .then(|| {
             if let Some(reads) = reads {
                 reads.extend(
@@ -419,14 +541,36 @@ impl DecisionCache {
                 shared.push(d);
             }
         }
+        let bytes = entry_bytes(key, shared.len() + usize::from(own.is_some()), &decision);
+        let budget = self.budget();
+        let per_shard = budget / SHARDS;
+        if bytes > per_shard / 4 {
+            return;
+        }
         let Some(shard) = self.shard(hash) else {
             return;
         };
         let mut shard = shard.lock().unwrap_or_else(PoisonError::into_inner);
-        if shard.len() >= self.per_shard && !shard.contains_key(&hash) {
-            shard.clear();
+        if let Some(old) = shard.map.remove(&hash) {
+            shard.bytes = shard.bytes.saturating_sub(old.bytes);
+            self.release(&old);
         }
-        shard.insert(
+        while shard.bytes + bytes > per_shard {
+            let Some(victim) = self.victim(&mut shard, budget) else {
+                break;
+            };
+            shard.bytes = shard.bytes.saturating_sub(victim.bytes);
+            self.release(&victim);
+            self.evictions.fetch_add(1, Ordering::Relaxed);
+        }
+        let seq = shard.next_seq;
+        shard.next_seq += 1;
+        shard.order.push_back((hash, seq));
+        shard.bytes += bytes;
+        if let Some(held) = self.owners.get(key.owner) {
+            held.fetch_add(bytes, Ordering::Relaxed);
+        }
+        shard.map.insert(
             hash,
             Entry {
                 generation: key.generation,
@@ -435,9 +579,104 @@ impl DecisionCache {
                 own,
                 shared: shared.into_boxed_slice(),
                 decision,
+                owner: key.owner,
+                bytes,
+                seq,
             },
         );
+        // Replaced entries leave their old place behind: compact before it outgrows
+        // the entries.
+        if shard.order.len() > 2 * shard.map.len() + 64 {
+            let Shard { map, order, .. } = &mut *shard;
+            order.retain(|(h, seq)| map.get(h).is_some_and(|e| e.seq == *seq));
+        }
     }
+
+    /// Takes out the entry to evict from `shard`: among its oldest few, the first of a
+    /// caller holding more than its fair share of `budget`, else the oldest.
+    fn victim(&self, shard: &mut Shard, budget: usize) -> Option<Entry> {
+        let Shard { map, order, .. } = shard;
+        // Places of replaced entries first.
+        while let Some((h, seq)) = order.front() {
+            if map.get(h).is_some_and(|e| e.seq == *seq) {
+                break;
+            }
+            order.pop_front();
+        }
+        let holders = self
+            .owners
+            .iter()
+            .filter(|b| b.load(Ordering::Relaxed) > 0)
+            .count()
+            .max(1);
+        let fair = budget / holders;
+        let over_share = order
+            .iter()
+            .take(VICTIM_SCAN)
+            .position(|(h, seq)| {
+                map.get(h).is_some_and(|e| {
+                    e.seq == *seq
+                        && self
+                            .owners
+                            .get(e.owner)
+                            .is_some_and(|b| b.load(Ordering::Relaxed) > fair)
+                })
+            })
+            .unwrap_or(0);
+        let (h, _) = order.remove(over_share)?;
+        map.remove(&h)
+    }
+}
+
+/// About how many bytes an entry holds: itself, its request's text (shared by the
+/// request's entries, counted for each: an upper bound), its dependencies, and the
+/// decision's text.
+fn entry_bytes(key: &Key<'_>, deps: usize, decision: &Decision) -> usize {
+    use std::mem::size_of;
+    let obligations = |o: &[crate::decision::Obligation]| -> usize {
+        o.iter()
+            .map(|o| {
+                size_of::<crate::decision::Obligation>()
+                    + o.kind.len()
+                    + o.policy.len()
+                    + o.target.as_ref().map_or(0, String::len)
+                    + o.parameters
+                        .iter()
+                        .map(|(k, v)| k.len() + v.len() + 64)
+                        .sum::<usize>()
+            })
+            .sum()
+    };
+    let notices = |n: &[crate::decision::Notice]| -> usize {
+        n.iter()
+            .map(|n| {
+                size_of::<crate::decision::Notice>()
+                    + n.policy.len()
+                    + n.message.len()
+                    + n.error.as_ref().map_or(0, String::len)
+                    + obligations(&n.obligations)
+            })
+            .sum()
+    };
+    size_of::<Entry>()
+        + 32 // its slot in the map and in the order
+        + key.request.len()
+        + 64 // the resource's name
+        + deps * (size_of::<Dependency>() + 64)
+        + size_of::<Decision>()
+        + decision
+            .reasons
+            .iter()
+            .map(|r| size_of::<crate::decision::Reason>() + r.policy.len() + r.message.len())
+            .sum::<usize>()
+        + obligations(&decision.obligations)
+        + decision
+            .errors
+            .iter()
+            .map(|e| 64 + e.message.len() + e.policy.as_ref().map_or(0, String::len))
+            .sum::<usize>()
+        + notices(&decision.warnings)
+        + notices(&decision.audit)
 }
 
 impl Engine {
@@ -459,22 +698,20 @@ impl Engine {
         cache: Option<&DecisionCache>,
     ) -> Vec<Arc<Decision>> {
         let snapshot = self.snapshot_now();
-        let cacheable = cache.filter(|_| self.cacheable(&snapshot, request));
+        let cacheable = cache.filter(|c| c.budget() > 0 && self.cacheable(&snapshot, request));
         let generation = cacheable.map_or(0, |c| c.enter(&snapshot));
-        let fingerprint: Option<Arc<str>> =
-            cacheable.and_then(|c| Some(c.intern(fingerprint(request)?)));
+        let owner = cacheable.map_or(0, |c| c.owner_of(request.caller.as_deref()));
+        let fingerprint: Option<Arc<str>> = cacheable.and_then(|c| c.intern(fingerprint(request)?));
         let request_hash = fingerprint.as_deref().map_or(0, |fp| {
             std::hash::BuildHasher::hash_one(&FINGERPRINT_HASHER, fp)
         });
         // One resource remembered: answered before the request is prepared (parsing its
-        // context against the schema costs more than the lookup). Only without request
-        // entities, whose checks read the store beyond what the entry remembers; the
-        // rest of preparing depends on the request (the fingerprint) and the policy set
-        // (the generation) alone.
-        if let ([resource], Some(cache), Some(fp)) = (resources, cacheable, &fingerprint)
-            && request.entities.is_empty()
-        {
-            let key = Key::new(fp, request_hash, resource, generation);
+        // context and entities against the schema costs more than the lookup). The rest
+        // of preparing depends on the request (the fingerprint), the policy set and the
+        // blocklist (the generation), and on the store's holding none of the request's
+        // own entities (dependencies of every entry: see `absent`).
+        if let ([resource], Some(cache), Some(fp)) = (resources, cacheable, &fingerprint) {
+            let key = Key::new(fp, request_hash, resource, generation, owner);
             let hash = cache.hash(&key);
             if let Some(hit) = cache.get(&key, hash, &snapshot, &mut Memo::default(), None) {
                 cache.hits.fetch_add(1, Ordering::Relaxed);
@@ -489,6 +726,7 @@ impl Engine {
                 return resources.iter().map(|_| Arc::clone(&denied)).collect();
             }
         };
+        let absent = absent(&prepared);
         // One resource's decision, and, when `reads` is asked for, the stored entities
         // it read (a fan-out asked before remembers them).
         let decide_one = |resource: &EntityUid, memo: &mut Memo, reads: bool| -> Decided {
@@ -496,7 +734,7 @@ impl Engine {
                 let decision = self.decide_prepared(&snapshot, request, &prepared, resource, None);
                 return (Arc::new(decision), Vec::new());
             };
-            let key = Key::new(fp, request_hash, resource, generation);
+            let key = Key::new(fp, request_hash, resource, generation, owner);
             let hash = cache.hash(&key);
             let mut read = Vec::new();
             if let Some(hit) = cache.get(&key, hash, &snapshot, memo, reads.then_some(&mut read)) {
@@ -504,7 +742,7 @@ impl Engine {
                 return (hit, read);
             }
             cache.misses.fetch_add(1, Ordering::Relaxed);
-            let mut deps = Vec::new();
+            let mut deps = absent.clone();
             let decision = Arc::new(self.decide_prepared(
                 &snapshot,
                 request,
@@ -610,6 +848,118 @@ impl Engine {
         }
         decisions
     }
+}
+
+impl Engine {
+    /// Decides `request` for its own resource through `cache` (the path of
+    /// [`Engine::decide_with`]): a remembered answer whose facts hold is reused, else it
+    /// is decided and remembered. The caller has checked [`Engine::cacheable`].
+    pub(crate) fn decide_through(
+        &self,
+        snapshot: &Snapshot,
+        request: &Request,
+        cache: &DecisionCache,
+    ) -> Arc<Decision> {
+        let decide = || match self.prepare(snapshot, request) {
+            Ok(prepared) => Arc::new(self.decide_prepared(
+                snapshot,
+                request,
+                &prepared,
+                &request.resource,
+                None,
+            )),
+            Err(denied) => Arc::new(*denied),
+        };
+        let Some(fp) = fingerprint(request).and_then(|text| cache.intern(text)) else {
+            return decide();
+        };
+        let generation = cache.enter(snapshot);
+        let owner = cache.owner_of(request.caller.as_deref());
+        let request_hash = std::hash::BuildHasher::hash_one(&FINGERPRINT_HASHER, &*fp);
+        let key = Key::new(&fp, request_hash, &request.resource, generation, owner);
+        let hash = cache.hash(&key);
+        if let Some(hit) = cache.get(&key, hash, snapshot, &mut Memo::default(), None) {
+            cache.hits.fetch_add(1, Ordering::Relaxed);
+            return hit;
+        }
+        cache.misses.fetch_add(1, Ordering::Relaxed);
+        let prepared = match self.prepare(snapshot, request) {
+            Ok(p) => p,
+            // A malformed request is not remembered: it is refused as fast as it
+            // would be found.
+            Err(denied) => return Arc::new(*denied),
+        };
+        let mut deps = absent(&prepared);
+        let decision = Arc::new(self.decide_prepared(
+            snapshot,
+            request,
+            &prepared,
+            &request.resource,
+            Some(&mut deps),
+        ));
+        cache.put(&key, hash, deps, Arc::clone(&decision));
+        decision
+    }
+}
+
+/// The request's own entities as dependencies on their absence from the store: a
+/// request may only add what the store does not hold, so an answer stands only while
+/// the store still holds none of them.
+fn absent(prepared: &crate::engine::Prepared) -> Vec<Dependency> {
+    prepared
+        .own_entities()
+        .map(|uid| Dependency {
+            uid: uid.clone(),
+            version: None,
+        })
+        .collect()
+}
+
+/// What makes a remembered answer stale, for the differential test that must fail
+/// when one is not checked ([`skip_invalidation`]).
+#[cfg(feature = "bench-hooks")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Invalidation {
+    /// A stored entity the decision read changed.
+    Facts,
+    /// The policy set (its policies, modes, scopes, settings) was reloaded.
+    PolicySet,
+    /// The engine's own entities (settings, API callers) were replaced.
+    OwnedEntities,
+    /// A node was blocked or unblocked.
+    Blocklist,
+}
+
+#[cfg(feature = "bench-hooks")]
+thread_local! {
+    static SKIPPED: std::cell::Cell<Option<Invalidation>> = const { std::cell::Cell::new(None) };
+}
+
+/// Makes this thread's cache lookups ignore one kind of change (`None`: none): a
+/// deliberate bug, for the test that shows the differential test catches it.
+#[cfg(feature = "bench-hooks")]
+pub fn skip_invalidation(which: Option<Invalidation>) {
+    SKIPPED.set(which);
+}
+
+#[cfg(feature = "bench-hooks")]
+fn skipped(which: Invalidation) -> bool {
+    SKIPPED.get() == Some(which)
+}
+
+#[cfg(not(feature = "bench-hooks"))]
+#[derive(Clone, Copy)]
+enum Invalidation {
+    Facts,
+    PolicySet,
+    OwnedEntities,
+    Blocklist,
+}
+
+#[cfg(not(feature = "bench-hooks"))]
+#[inline(always)]
+fn skipped(_: Invalidation) -> bool {
+    false
 }
 
 /// A decision, with the stored entities it read when they were asked for.
@@ -719,7 +1069,7 @@ mod tests {
         // A caller still deciding under the old world stores its answer late...
         let request: Arc<str> = Arc::from("train-1 onto a node");
         let node = EntityUid::new("Node", "gpu-a1").unwrap();
-        let stale = Key::new(&request, 7, &node, old);
+        let stale = Key::new(&request, 7, &node, old, 0);
         let hash = cache.hash(&stale);
         cache.put(
             &stale,
@@ -728,7 +1078,7 @@ mod tests {
             Arc::new(Decision::error("decided before the block")),
         );
         // ...and a caller of the new world does not get it; one of the old world does.
-        let current = Key::new(&request, 7, &node, new);
+        let current = Key::new(&request, 7, &node, new, 0);
         assert_eq!(cache.hash(&current), hash);
         let mut memo = Memo::default();
         assert!(cache.get(&current, hash, &after, &mut memo, None).is_none());

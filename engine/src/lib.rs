@@ -101,7 +101,10 @@ pub use engine::{
 };
 pub use error::{EntityError, LoadError, RequestError, WatchError};
 pub use facts::EntityOwner;
-pub use fanout::DecisionCache;
+pub use fanout::{DecisionCache, DecisionCacheStats};
+/// For the decision cache's differential test, which must be seen failing; not an API.
+#[cfg(feature = "bench-hooks")]
+pub use fanout::{Invalidation as __Invalidation, skip_invalidation as __skip_invalidation};
 pub use modes::{Mode, ModeChange, PolicyModes, ScopedMode};
 pub use plugin::PluginInfo;
 /// For the plugin benchmark; not an API.

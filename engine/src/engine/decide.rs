@@ -28,6 +28,7 @@ pub struct DecideOptions<'a> {
     dry_run: bool,
     budget: Option<&'a mut dyn FnMut(usize) -> bool>,
     deadline: Option<Instant>,
+    fresh: bool,
 }
 
 impl std::fmt::Debug for DecideOptions<'_> {
@@ -36,6 +37,7 @@ impl std::fmt::Debug for DecideOptions<'_> {
             .field("dry_run", &self.dry_run)
             .field("budget", &self.budget.is_some())
             .field("deadline", &self.deadline)
+            .field("fresh", &self.fresh)
             .finish()
     }
 }
@@ -72,6 +74,14 @@ impl<'a> DecideOptions<'a> {
         self.deadline = Some(deadline);
         self
     }
+
+    /// Decide afresh: neither reuse an answer from the engine's decision cache nor
+    /// remember this one (see [`Engine::decision_cache`]). The answer is the same
+    /// either way; this is for measuring and for checking that it is.
+    pub fn fresh(mut self) -> Self {
+        self.fresh = true;
+        self
+    }
 }
 
 impl Engine {
@@ -98,9 +108,16 @@ impl Engine {
     /// [`Request::on_behalf_of`].
     pub fn decide_with(&self, requests: &[Request], options: DecideOptions<'_>) -> Settled {
         let snapshot = self.shared.current.load();
+        let cache = Some(&self.shared.decisions).filter(|c| !options.fresh && c.budget() > 0);
         let decisions: Vec<Decision> = requests
             .iter()
-            .map(|r| self.decide_in(&snapshot, r, options.deadline))
+            .map(|r| match cache {
+                // Never a plugin's or a clocked action's (not cacheable), so no deadline.
+                Some(cache) if self.cacheable(&snapshot, r) => {
+                    Arc::unwrap_or_clone(self.decide_through(&snapshot, r, cache))
+                }
+                _ => self.decide_in(&snapshot, r, options.deadline),
+            })
             .collect();
         if options.dry_run {
             return Settled::done(decisions);
@@ -124,6 +141,17 @@ impl Engine {
             requests,
             decisions,
         )
+    }
+
+    /// The engine's decision cache, which every [`Engine::decide_with`] (and so
+    /// [`Engine::decide`]) asks first: an answer is reused only while every stored
+    /// fact it read, the policy set (with its modes, scopes and settings), the
+    /// engine's own entities and the blocklist are unchanged, and never for an action
+    /// that reads the clock or runs plugins. Its byte budget is 64 MiB by default
+    /// ([`DecisionCache::set_budget`]; 0 turns it off). A reused decision is recorded
+    /// as a fresh one would be. Pass it to [`Engine::decide_each`] to share it.
+    pub fn decision_cache(&self) -> &crate::DecisionCache {
+        &self.shared.decisions
     }
 
     /// Keeps one allow in `every` in the decision log (0, the default: none), with its
@@ -683,6 +711,13 @@ pub(crate) struct Prepared {
     pub(super) extra: HashMap<EntityUID, Arc<Stored>>,
     /// When plugin calls must have ended ([`DecideOptions::deadline`]).
     pub(super) deadline: Option<Instant>,
+}
+
+impl Prepared {
+    /// The request's own entities (checked absent from the store when prepared).
+    pub(crate) fn own_entities(&self) -> impl Iterator<Item = &EntityUID> {
+        self.extra.keys()
+    }
 }
 
 /// What a decision's reasons and obligations may name: the request, its slice and

@@ -36,6 +36,7 @@ mod world;
 
 pub(crate) use blocklist::BlockCause;
 pub use decide::DecideOptions;
+pub(crate) use decide::Prepared;
 use entities::ByReferenceAnswer;
 pub use entities::EntitiesByReference;
 pub use reload::PolicyStatus;
@@ -69,6 +70,8 @@ struct Shared {
     /// The last answer of [`Engine::entities_by_reference`], for the store version it
     /// was read from: the mutating webhook asks it for every pod.
     by_reference: Mutex<Option<ByReferenceAnswer>>,
+    /// Decisions reused while their facts hold ([`Engine::decision_cache`]).
+    decisions: crate::DecisionCache,
 }
 
 /// The policy engine. Cheap to clone: clones share one state.
@@ -244,6 +247,7 @@ impl Engine {
                 sealing,
                 reload_events: ReloadSubscribers::default(),
                 by_reference: Mutex::new(None),
+                decisions: crate::DecisionCache::default(),
             }),
         })
     }

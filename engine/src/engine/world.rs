@@ -100,6 +100,8 @@ impl Engine {
                     sealing: None,
                     reload_events: ReloadSubscribers::default(),
                     by_reference: Mutex::new(None),
+                    // A world of one decision: nothing to reuse.
+                    decisions: crate::DecisionCache::with_budget(0),
                 }),
             },
         };

@@ -10,6 +10,7 @@
 
 mod architecture;
 mod audit;
+mod cache;
 pub mod decision_log;
 mod disk_full;
 mod engine;

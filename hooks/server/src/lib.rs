@@ -104,9 +104,10 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
 use probity::{DecideOptions, Decision, Engine, Request};
 
-/// Answers the authorization cache keeps: a question is one caller, one operation and at
-/// most one node, so a few thousand cover every agent of a large cluster.
-const AUTHORIZATION_CACHE_ENTRIES: usize = 4_096;
+/// Bytes the authorization cache keeps: a question is one caller, one operation and at
+/// most one node, so a few thousand answers (under a KiB each) cover every agent of a
+/// large cluster.
+const AUTHORIZATION_CACHE_BYTES: usize = 4 << 20;
 
 pub use caller::{Caller, IdentityError, certificate_common_name, certificate_identity};
 pub use config::{
@@ -138,11 +139,10 @@ struct Inner {
     log_usage: std::sync::Mutex<Option<probity::state::LogUsage>>,
     /// The listeners' connection counts, once serving.
     connections: std::sync::OnceLock<Arc<limits::Connections>>,
-    /// Placement decisions reused while their facts hold (extender, mutating webhook).
-    decisions: probity::DecisionCache,
-    /// The `manage` authorizations' answers, reused the same way. Apart from placement's,
-    /// so that callers' questions (one per node agent, and `node` values a caller
-    /// chooses) never push the scheduler's fan-outs out.
+    /// The `manage` authorizations' answers, reused the same way as the engine's
+    /// decisions ([`probity::Engine::decision_cache`]). Apart from the engine's, so that
+    /// callers' questions (which a caller chooses, and may flood) never push out the
+    /// answers that let every caller in.
     authorizations: probity::DecisionCache,
     /// The mutating webhook's last node affinity, with the decisions it came from.
     affinity: std::sync::Mutex<Option<placement::AffinityMemo>>,
@@ -195,6 +195,9 @@ impl AppState {
             config.server.max_fact_streams,
             config.server.max_fact_streams_per_caller,
         );
+        engine
+            .decision_cache()
+            .set_budget(config.limits.decision_cache_bytes);
         let shadow = config.policies.shadow.as_ref().map(|dir| {
             shadow::Shadow::start(&engine, dir, config.policies.shadow_sample_every)
                 .inspect_err(|e| tracing::error!(error = %e, "the shadow set is not decided"))
@@ -212,10 +215,7 @@ impl AppState {
                 io,
                 log_usage: std::sync::Mutex::new(None),
                 connections: std::sync::OnceLock::new(),
-                decisions: probity::DecisionCache::with_capacity(
-                    probity::DecisionCache::DEFAULT_ENTRIES,
-                ),
-                authorizations: probity::DecisionCache::with_capacity(AUTHORIZATION_CACHE_ENTRIES),
+                authorizations: probity::DecisionCache::with_budget(AUTHORIZATION_CACHE_BYTES),
                 affinity: std::sync::Mutex::new(None),
                 fact_streams,
                 keys: std::sync::OnceLock::new(),
@@ -352,7 +352,7 @@ impl AppState {
     }
 
     pub(crate) fn decision_cache(&self) -> &probity::DecisionCache {
-        &self.inner.decisions
+        self.inner.engine.decision_cache()
     }
 
     pub(crate) fn authorization_cache(&self) -> &probity::DecisionCache {

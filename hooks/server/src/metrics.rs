@@ -528,18 +528,42 @@ fn limits(state: &AppState, w: &mut Writer<'_>) {
 /// The decision caches' counters: many placement misses while nothing changes mean the
 /// scheduler's questions are not being reused.
 fn decision_caches(state: &AppState, w: &mut Writer<'_>) {
-    let cache = state.decision_cache();
+    let cache = state.decision_cache().stats();
     w.single(
         "probity_decision_cache_hits_total",
         Kind::Counter,
-        "Placement decisions reused from the decision cache.",
-        cache.hits(),
+        "Decisions reused from the decision cache (single decides, batches, admission, the extender).",
+        cache.hits,
     );
     w.single(
         "probity_decision_cache_misses_total",
         Kind::Counter,
-        "Placement decisions made afresh (not cached, or a fact they read changed).",
-        cache.misses(),
+        "Cacheable decisions made afresh (not cached, or a fact they read changed).",
+        cache.misses,
+    );
+    w.single(
+        "probity_decision_cache_evictions_total",
+        Kind::Counter,
+        "Decisions let go to keep the decision cache within its byte budget.",
+        cache.evictions,
+    );
+    w.single(
+        "probity_decision_cache_entries",
+        Kind::Gauge,
+        "Decisions the decision cache holds.",
+        cache.entries as u64,
+    );
+    w.single(
+        "probity_decision_cache_bytes",
+        Kind::Gauge,
+        "Bytes the decision cache holds (its estimate of each entry's size).",
+        cache.bytes as u64,
+    );
+    w.single(
+        "probity_decision_cache_budget_bytes",
+        Kind::Gauge,
+        "The decision cache's byte budget ([limits] decision_cache_bytes).",
+        cache.budget as u64,
     );
     let auth = state.authorization_cache();
     w.single(

@@ -25,6 +25,9 @@ pub struct LimitsConfig {
     pub io_queue: usize,
     /// Verification jobs one caller may have in flight. Default 2.
     pub io_per_caller: usize,
+    /// Bytes the engine's decision cache may hold (answers reused while their facts
+    /// hold), shared fairly between callers; 0 turns it off. Default 64 MiB.
+    pub decision_cache_bytes: usize,
 }
 
 impl Default for LimitsConfig {
@@ -35,6 +38,7 @@ impl Default for LimitsConfig {
             io_threads: 4,
             io_queue: 64,
             io_per_caller: 2,
+            decision_cache_bytes: probity::DecisionCache::DEFAULT_BUDGET_BYTES,
         }
     }
 }
