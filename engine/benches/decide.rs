@@ -22,8 +22,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use cedar_policy as cedar;
-use criterion::{Criterion, criterion_group, criterion_main};
-use probity::{Engine, Request, SettingsSchema};
+use criterion::{Criterion, criterion_group};
+use probity::{DecideOptions, Engine, Request, SettingsSchema};
 use serde_json::{Value, json};
 
 const DRIVER: &str = "590.48.01";
@@ -167,7 +167,22 @@ fn decide(c: &mut Criterion) {
                 black_box(authorizer.is_authorized(&req, &pset, &cedar_entities))
             })
         });
-        group.bench_function(format!("{name}/probity"), |b| {
+        let fresh = || {
+            engine
+                .decide_with(std::slice::from_ref(&request), DecideOptions::new().fresh())
+                .settle()
+        };
+        group.bench_function(format!("{name}/probity_fresh"), |b| {
+            b.iter(|| black_box(fresh()))
+        });
+        // A miss: looked up, not found, decided, remembered.
+        group.bench_function(format!("{name}/probity_miss"), |b| {
+            b.iter(|| {
+                engine.decision_cache().clear();
+                black_box(engine.decide(black_box(&request)))
+            })
+        });
+        group.bench_function(format!("{name}/probity_hit"), |b| {
             b.iter(|| black_box(engine.decide(black_box(&request))))
         });
     }
@@ -181,8 +196,51 @@ fn decide(c: &mut Criterion) {
         "resource": {"type": "Node", "id": "gpu-0001"}, "entities": [workload]}))
     .unwrap();
     assert!(engine.decide(&with_entity).is_allowed());
-    group.bench_function("schedule_allow/probity_with_one_request_entity", |b| {
+    group.bench_function(
+        "schedule_allow/probity_with_one_request_entity_fresh",
+        |b| {
+            b.iter(|| {
+                black_box(
+                    engine
+                        .decide_with(
+                            std::slice::from_ref(&with_entity),
+                            DecideOptions::new().fresh(),
+                        )
+                        .settle(),
+                )
+            })
+        },
+    );
+    group.bench_function("schedule_allow/probity_with_one_request_entity_hit", |b| {
         b.iter(|| black_box(engine.decide(black_box(&with_entity))))
+    });
+    // Nine questions in ten asked before (admission's replicas, agents' repeats), one
+    // never seen (a workload of its own).
+    let repeated: Vec<Request> = (0..50)
+        .map(|i| {
+            Request::from_json_value(&json!({
+                "principal": {"type": "Workload", "id": format!("wl-{:03}", i % 200)},
+                "action": "schedule", "resource": {"type": "Node", "id": format!("gpu-{:04}", (i * 7) % 1000)}}))
+            .unwrap()
+        })
+        .collect();
+    let mut n = 0u64;
+    group.bench_function("mix_90_percent_repeats/probity", |b| {
+        b.iter(|| {
+            n += 1;
+            if n.is_multiple_of(10) {
+                let mut unique = workload.clone();
+                unique["uid"]["id"] = json!(format!("review/{n}"));
+                let request = Request::from_json_value(&json!({
+                    "principal": {"type": "Workload", "id": format!("review/{n}")},
+                    "action": "schedule", "resource": {"type": "Node", "id": "gpu-0001"},
+                    "entities": [unique]}))
+                .unwrap();
+                black_box(engine.decide(&request))
+            } else {
+                black_box(engine.decide(&repeated[(n % 50) as usize]))
+            }
+        })
     });
     group.finish();
 }
@@ -233,4 +291,65 @@ fn reload(c: &mut Criterion) {
 }
 
 criterion_group!(benches, decide, reload);
-criterion_main!(benches);
+
+/// `PROBITY_COUNT=<mode>:<n>` runs one way of deciding `n` times and exits, for
+/// instruction counts under callgrind (the count at `n` less the count at 0, over `n`):
+/// `raw` (`Authorizer::is_authorized`), `fresh`, `miss`, `hit`.
+fn count(spec: &str) {
+    let (mode, n) = spec.split_once(':').expect("PROBITY_COUNT=<mode>:<n>");
+    let n: u64 = n.parse().expect("a count");
+    let engine = Engine::builder(policies_dir()).build().unwrap();
+    engine.upsert_entities(&cluster(false)).unwrap();
+    let (pset, schema, cedar_entities) = raw_cedar(&cluster(true));
+    let request = Request::from_json_value(&json!({
+        "principal": {"type": "Workload", "id": "wl-001"}, "action": "schedule",
+        "resource": {"type": "Node", "id": "gpu-0001"}}))
+    .unwrap();
+    let raw_request = cedar::Request::new(
+        cedar::EntityUid::from_str("Workload::\"wl-001\"").unwrap(),
+        cedar::EntityUid::from_str("Action::\"schedule\"").unwrap(),
+        cedar::EntityUid::from_str("Node::\"gpu-0001\"").unwrap(),
+        cedar::Context::empty(),
+        Some(&schema),
+    )
+    .unwrap();
+    let authorizer = cedar::Authorizer::new();
+    // Warm: the first decision of each kind pays one-time costs in both.
+    black_box(authorizer.is_authorized(&raw_request, &pset, &cedar_entities));
+    black_box(engine.decide(&request));
+    for _ in 0..n {
+        match mode {
+            "raw" => {
+                black_box(authorizer.is_authorized(
+                    black_box(&raw_request),
+                    &pset,
+                    &cedar_entities,
+                ));
+            }
+            "fresh" => {
+                black_box(
+                    engine
+                        .decide_with(std::slice::from_ref(&request), DecideOptions::new().fresh())
+                        .settle(),
+                );
+            }
+            "miss" => {
+                engine.decision_cache().clear();
+                black_box(engine.decide(black_box(&request)));
+            }
+            "hit" => {
+                black_box(engine.decide(black_box(&request)));
+            }
+            other => panic!("unknown mode {other}"),
+        }
+    }
+}
+
+fn main() {
+    if let Ok(spec) = std::env::var("PROBITY_COUNT") {
+        count(&spec);
+        return;
+    }
+    benches();
+    Criterion::default().configure_from_args().final_summary();
+}

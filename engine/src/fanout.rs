@@ -376,6 +376,21 @@ impl DecisionCache {
         self.len() == 0
     }
 
+    /// Lets every decision go (the counters stay).
+    pub fn clear(&self) {
+        for shard in self.shards.iter() {
+            let mut shard = shard.lock().unwrap_or_else(PoisonError::into_inner);
+            for entry in shard.map.values() {
+                self.release(entry);
+            }
+            *shard = Shard::default();
+        }
+        self.fanouts
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clear();
+    }
+
     /// The bucket `caller` is counted in (the library's own callers name none).
     fn owner_of(&self, caller: Option<&str>) -> usize {
         caller.map_or(0, |c| {
@@ -391,17 +406,7 @@ impl DecisionCache {
             return self.generation.load(Ordering::Relaxed);
         }
         let generation = self.generation.fetch_add(1, Ordering::Relaxed) + 1;
-        for shard in self.shards.iter() {
-            let mut shard = shard.lock().unwrap_or_else(PoisonError::into_inner);
-            for entry in shard.map.values() {
-                self.release(entry);
-            }
-            *shard = Shard::default();
-        }
-        self.fanouts
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clear();
+        self.clear();
         *world = Some(World::of(snapshot));
         generation
     }

@@ -197,8 +197,7 @@ fn differential(dir: &Path, seed: u64, steps: usize) -> (Mismatch, probity::Deci
                 if cached != fresh {
                     return (
                         Some(format!(
-                            "seed {seed}, step {step} ({what}): {how} cached answer to {} differs:\ncached {cached:?}\nfresh  {fresh:?}",
-                            format!("{request:?}")
+                            "seed {seed}, step {step} ({what}): {how} cached answer to {request:?} differs:\ncached {cached:?}\nfresh  {fresh:?}"
                         )),
                         engine.decision_cache().stats(),
                     );

@@ -13,6 +13,7 @@
 mod actions;
 mod admission;
 mod api;
+mod cache;
 mod deploy;
 mod disk_full;
 mod keys;
