@@ -317,31 +317,38 @@ fn count(spec: &str) {
     // Warm: the first decision of each kind pays one-time costs in both.
     black_box(authorizer.is_authorized(&raw_request, &pset, &cedar_entities));
     black_box(engine.decide(&request));
-    for _ in 0..n {
-        match mode {
-            "raw" => {
-                black_box(authorizer.is_authorized(
-                    black_box(&raw_request),
-                    &pset,
-                    &cedar_entities,
-                ));
-            }
-            "fresh" => {
-                black_box(
-                    engine
-                        .decide_with(std::slice::from_ref(&request), DecideOptions::new().fresh())
-                        .settle(),
-                );
-            }
-            "miss" => {
-                engine.decision_cache().clear();
-                black_box(engine.decide(black_box(&request)));
-            }
-            "hit" => {
-                black_box(engine.decide(black_box(&request)));
-            }
-            other => panic!("unknown mode {other}"),
+    counted(mode, n, &|| match mode {
+        "raw" => {
+            black_box(authorizer.is_authorized(black_box(&raw_request), &pset, &cedar_entities));
         }
+        "fresh" => {
+            black_box(
+                engine
+                    .decide_with(std::slice::from_ref(&request), DecideOptions::new().fresh())
+                    .settle(),
+            );
+        }
+        "miss" => {
+            engine.decision_cache().clear();
+            black_box(engine.decide(black_box(&request)));
+        }
+        "hit" => {
+            black_box(engine.decide(black_box(&request)));
+        }
+        other => panic!("unknown mode {other}"),
+    });
+}
+
+/// The counted loop, apart so that callgrind can count it alone
+/// (`--toggle-collect='*counted*'`).
+#[inline(never)]
+fn counted(mode: &str, n: u64, once: &dyn Fn()) {
+    assert!(
+        ["raw", "fresh", "miss", "hit"].contains(&mode),
+        "unknown mode {mode}"
+    );
+    for _ in 0..n {
+        once();
     }
 }
 

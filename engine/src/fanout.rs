@@ -488,7 +488,7 @@ impl DecisionCache {
         key: &Key<'_>,
         hash: u64,
         snapshot: &Snapshot,
-        memo: &mut Memo,
+        mut memo: Option<&mut Memo>,
         reads: Option<&mut Vec<EntityUID>>,
     ) -> Option<Arc<Decision>> {
         let shard = self
@@ -505,6 +505,9 @@ impl DecisionCache {
                     // node. The address identifies the version: the memo holds it, so the
                     // address cannot be reused before the fan-out ends.
                     Some(version) => {
+                        let Some(memo) = memo.as_deref_mut() else {
+                            return d.holds(&snapshot.store);
+                        };
                         let at = Arc::as_ptr(version) as *const () as usize;
                         match memo.get(&at) {
                             Some((_, uid, holds)) if *uid == d.uid => *holds,
@@ -533,11 +536,18 @@ impl DecisionCache {
 
     fn put(&self, key: &Key<'_>, hash: u64, deps: Vec<Dependency>, decision: Arc<Decision>) {
         // An ancestor is often also reached through an attribute: check it once.
-        let mut seen = std::collections::HashSet::with_capacity(deps.len());
+        let first: Vec<bool> = {
+            let mut seen: std::collections::HashSet<&EntityUID, crate::slice::FastHash> =
+                std::collections::HashSet::with_capacity_and_hasher(
+                    deps.len(),
+                    crate::slice::FastHash::default(),
+                );
+            deps.iter().map(|d| seen.insert(&d.uid)).collect()
+        };
         let mut own = None;
         let mut shared = Vec::with_capacity(deps.len());
-        for d in deps {
-            if !seen.insert(d.uid.clone()) {
+        for (d, first) in deps.into_iter().zip(first) {
+            if !first {
                 continue;
             }
             if d.uid == *key.resource {
@@ -718,7 +728,7 @@ impl Engine {
         if let ([resource], Some(cache), Some(fp)) = (resources, cacheable, &fingerprint) {
             let key = Key::new(fp, request_hash, resource, generation, owner);
             let hash = cache.hash(&key);
-            if let Some(hit) = cache.get(&key, hash, &snapshot, &mut Memo::default(), None) {
+            if let Some(hit) = cache.get(&key, hash, &snapshot, None, None) {
                 cache.hits.fetch_add(1, Ordering::Relaxed);
                 return vec![hit];
             }
@@ -742,7 +752,13 @@ impl Engine {
             let key = Key::new(fp, request_hash, resource, generation, owner);
             let hash = cache.hash(&key);
             let mut read = Vec::new();
-            if let Some(hit) = cache.get(&key, hash, &snapshot, memo, reads.then_some(&mut read)) {
+            if let Some(hit) = cache.get(
+                &key,
+                hash,
+                &snapshot,
+                Some(memo),
+                reads.then_some(&mut read),
+            ) {
                 cache.hits.fetch_add(1, Ordering::Relaxed);
                 return (hit, read);
             }
@@ -883,7 +899,7 @@ impl Engine {
         let request_hash = std::hash::BuildHasher::hash_one(&FINGERPRINT_HASHER, &*fp);
         let key = Key::new(&fp, request_hash, &request.resource, generation, owner);
         let hash = cache.hash(&key);
-        if let Some(hit) = cache.get(&key, hash, snapshot, &mut Memo::default(), None) {
+        if let Some(hit) = cache.get(&key, hash, snapshot, None, None) {
             cache.hits.fetch_add(1, Ordering::Relaxed);
             return hit;
         }
@@ -1086,7 +1102,15 @@ mod tests {
         let current = Key::new(&request, 7, &node, new, 0);
         assert_eq!(cache.hash(&current), hash);
         let mut memo = Memo::default();
-        assert!(cache.get(&current, hash, &after, &mut memo, None).is_none());
-        assert!(cache.get(&stale, hash, &before, &mut memo, None).is_some());
+        assert!(
+            cache
+                .get(&current, hash, &after, Some(&mut memo), None)
+                .is_none()
+        );
+        assert!(
+            cache
+                .get(&stale, hash, &before, Some(&mut memo), None)
+                .is_some()
+        );
     }
 }

@@ -40,7 +40,7 @@ use cedar_policy_core::extensions::Extensions;
 use smol_str::SmolStr;
 
 use crate::block::BlockRecord;
-use crate::store::{Store, Stored, materialize};
+use crate::store::{Store, Stored};
 
 /// Most entities one decision's slice may hold.
 pub const MAX_SLICE_ENTITIES: usize = 4096;
@@ -95,7 +95,83 @@ pub(crate) enum SliceError {
     Inconsistent(String),
 }
 
-impl SliceSource<'_> {
+/// A fast hasher (the Fx hash of rustc) for small in-process sets of names that the
+/// schema's checks let through: a decision's slice, a cache entry's dependencies.
+/// Not for maps a caller can grow without bound (those keep SipHash).
+#[derive(Default, Clone, Copy)]
+pub(crate) struct FxHasher(u64);
+
+const FX_SEED: u64 = 0x51_7c_c1_b7_27_22_0a_95;
+
+impl FxHasher {
+    fn add(&mut self, word: u64) {
+        self.0 = (self.0.rotate_left(5) ^ word).wrapping_mul(FX_SEED);
+    }
+}
+
+impl std::hash::Hasher for FxHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        let mut chunks = bytes.chunks_exact(8);
+        for c in &mut chunks {
+            let mut word = [0u8; 8];
+            word.copy_from_slice(c);
+            self.add(u64::from_le_bytes(word));
+        }
+        for &b in chunks.remainder() {
+            self.add(u64::from(b));
+        }
+    }
+
+    fn write_u8(&mut self, n: u8) {
+        self.add(u64::from(n));
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.add(n);
+    }
+
+    fn write_usize(&mut self, n: usize) {
+        self.add(n as u64);
+    }
+}
+
+/// [`FxHasher`] for `HashMap` and `HashSet`.
+pub(crate) type FastHash = std::hash::BuildHasherDefault<FxHasher>;
+
+impl<'a> SliceSource<'a> {
+    /// Every ancestor of `stored` (through the request's entities first, then the
+    /// store), each once, in the order met, with the store's version of it (none when
+    /// absent, or a request's own); in `out`, emptied first.
+    fn ancestors_of(
+        &self,
+        stored: &'a Stored,
+        out: &mut Vec<(EntityUID, Option<&'a Arc<Stored>>)>,
+    ) {
+        out.clear();
+        let mut stack: Vec<&EntityUID> = stored.parents.iter().map(AsRef::as_ref).collect();
+        while let Some(next) = stack.pop() {
+            // A handful of ancestors: a scan beats a hash.
+            if out.iter().any(|(a, _)| a == next) {
+                continue;
+            }
+            let (found, version) = match self.extra.get(next) {
+                Some(e) => (Some(e), None),
+                None => {
+                    let v = self.store.get(next);
+                    (v, v)
+                }
+            };
+            out.push((next.clone(), version));
+            if let Some(s) = found {
+                stack.extend(s.parents.iter().map(AsRef::as_ref));
+            }
+        }
+    }
+
     fn blocked_view(&self, uid: &EntityUID) -> Option<(&SmolStr, bool)> {
         let (ty, attr) = self.blocklist?;
         if uid.entity_type() != ty {
@@ -115,8 +191,12 @@ impl SliceSource<'_> {
         mut deps: Option<&mut Vec<Dependency>>,
     ) -> Result<cedar_policy::Entities, SliceError> {
         let mut queue: Vec<EntityUID> = roots.into_iter().collect();
-        let mut seen: HashSet<EntityUID> = HashSet::with_capacity(16);
-        let mut out: Vec<Arc<ast::Entity>> = Vec::with_capacity(16);
+        // Slices are small (tens of entities) and their names came through the schema's
+        // checks: a fast hash, not SipHash, decides what was seen.
+        let mut seen: HashSet<EntityUID, FastHash> =
+            HashSet::with_capacity_and_hasher(32, FastHash::default());
+        let mut out: Vec<Arc<ast::Entity>> = Vec::with_capacity(32);
+        let mut ancestors: Vec<(EntityUID, Option<&Arc<Stored>>)> = Vec::new();
         while let Some(uid) = queue.pop() {
             if seen.contains(&uid) {
                 continue;
@@ -124,40 +204,42 @@ impl SliceSource<'_> {
             if out.len() >= MAX_SLICE_ENTITIES {
                 return Err(SliceError::TooLarge);
             }
-            let stored = self.extra.get(&uid).or_else(|| self.store.get(&uid));
+            let extra = self.extra.get(&uid);
+            let stored = extra.or_else(|| self.store.get(&uid));
+            let owned = self.owned.get(&uid);
             if let Some(deps) = deps.as_deref_mut()
-                && !self.extra.contains_key(&uid)
-                && !self.owned.contains_key(&uid)
+                && extra.is_none()
+                && owned.is_none()
             {
+                // Not a request's own entity: `stored` is the store's version, or none.
                 deps.push(Dependency {
                     uid: uid.clone(),
-                    version: self.store.get(&uid).cloned(),
+                    version: stored.cloned(),
                 });
             }
             if let Some(s) = stored {
                 queue.extend(s.refs().filter(|r| !seen.contains(*r)).cloned());
             }
-            if let Some(e) = self.owned.get(&uid) {
+            if let Some(e) = owned {
                 out.push(Arc::clone(e));
             } else if let Some(s) = stored {
-                let ancestors = self.store.ancestors(&s.parents, self.extra);
+                self.ancestors_of(s, &mut ancestors);
                 if let Some(deps) = deps.as_deref_mut() {
                     deps.extend(
                         ancestors
                             .iter()
-                            .filter(|a| !self.extra.contains_key(*a))
-                            .map(|a| Dependency {
+                            .filter(|(a, _)| !self.extra.contains_key(a))
+                            .map(|(a, version)| Dependency {
                                 uid: a.clone(),
-                                version: self.store.get(a).cloned(),
+                                version: version.cloned(),
                             }),
                     );
                 }
-                out.push(Arc::new(materialize(
+                out.push(s.materialized(
                     &uid,
-                    s,
-                    ancestors,
+                    ancestors.iter().map(|(a, _)| a),
                     self.blocked_view(&uid),
-                )));
+                ));
             } else if let Some((attr, blocked)) = self.blocked_view(&uid) {
                 // The blocklist decides for an entity no fact describes yet: it exists
                 // with its block, and any other attribute a policy reads is an error,
@@ -192,6 +274,7 @@ impl SliceSource<'_> {
 #[cfg(test)]
 pub(crate) mod reference {
     use super::*;
+    use crate::store::materialize;
     use std::cell::Cell;
 
     thread_local! {

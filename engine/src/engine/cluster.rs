@@ -202,14 +202,14 @@ fn apply_cluster_facts(w: &mut Working, supplied: ClusterFacts) {
             continue;
         }
         attrs.sort_by_key(|a| a.0);
-        let stored = Stored {
-            attrs: attrs.into_boxed_slice(),
-            tags: current.as_ref().map(|s| s.tags.clone()).unwrap_or_default(),
-            parents: current
+        let stored = Stored::new(
+            attrs.into_boxed_slice(),
+            current.as_ref().map(|s| s.tags.clone()).unwrap_or_default(),
+            current
                 .as_ref()
                 .map(|s| s.parents.clone())
                 .unwrap_or_default(),
-        };
+        );
         w.store.insert(uid.clone(), Arc::new(stored));
     }
     if changed {

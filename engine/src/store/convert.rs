@@ -171,11 +171,11 @@ impl<'a> Converter<'a> {
         }
         attrs.sort_by_key(|a| a.0);
         tags.sort_by(|a, b| a.0.cmp(&b.0));
-        let stored = Stored {
-            attrs: attrs.into_boxed_slice(),
-            tags: tags.into_boxed_slice(),
-            parents: parents.into_boxed_slice(),
-        };
+        let stored = Stored::new(
+            attrs.into_boxed_slice(),
+            tags.into_boxed_slice(),
+            parents.into_boxed_slice(),
+        );
         // Cedar's own checker decides conformance (required and unknown attributes,
         // types, parent types, enumerated ids), so the store accepts exactly what
         // Cedar would (an entity of a shape it accepted before is not asked again). The

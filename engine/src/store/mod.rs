@@ -51,9 +51,72 @@ pub(crate) struct Stored {
     pub tags: Box<[(SmolStr, Value)]>,
     /// Direct parents.
     pub parents: Box<[Arc<EntityUID>]>,
+    /// This version as Cedar's entity, made the first time a decision reads it (see
+    /// [`Stored::materialized`]): a decision then shares it instead of building and
+    /// dropping its own copy of every attribute.
+    pub memo: std::sync::OnceLock<Box<Materialized>>,
+}
+
+/// A stored entity as Cedar's entity, with what it was made with besides the stored
+/// version itself (its ancestors, the blocklist's view): valid only while they are
+/// the same.
+#[derive(Debug, Clone)]
+pub(crate) struct Materialized {
+    /// In the order the slice met them.
+    ancestors: Box<[EntityUID]>,
+    blocked: Option<(SmolStr, bool)>,
+    entity: Arc<ast::Entity>,
 }
 
 impl Stored {
+    /// A stored entity with no memo yet.
+    pub fn new(
+        attrs: Box<[(AttrId, Value)]>,
+        tags: Box<[(SmolStr, Value)]>,
+        parents: Box<[Arc<EntityUID>]>,
+    ) -> Self {
+        Self {
+            attrs,
+            tags,
+            parents,
+            memo: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// This version as Cedar's entity with `ancestors` and the blocklist's view: the
+    /// one made before when they are the same (the first one made is kept), else a new
+    /// one.
+    pub fn materialized<'u>(
+        &self,
+        uid: &EntityUID,
+        ancestors: impl Iterator<Item = &'u EntityUID> + Clone,
+        blocklist: Option<(&SmolStr, bool)>,
+    ) -> Arc<ast::Entity> {
+        let same = |m: &Materialized| {
+            m.ancestors.iter().eq(ancestors.clone())
+                && m.blocked.as_ref().map(|(a, b)| (a, *b)) == blocklist
+                && m.entity.uid() == uid
+        };
+        if let Some(m) = self.memo.get()
+            && same(m)
+        {
+            return Arc::clone(&m.entity);
+        }
+        let blocked = blocklist.map(|(a, b)| (a.clone(), b));
+        let entity = Arc::new(materialize(
+            uid,
+            self,
+            ancestors.clone().cloned().collect(),
+            blocklist,
+        ));
+        let _ = self.memo.set(Box::new(Materialized {
+            ancestors: ancestors.cloned().collect(),
+            blocked,
+            entity: Arc::clone(&entity),
+        }));
+        entity
+    }
+
     /// The uids its attribute and tag values reference, in any nesting.
     pub fn refs(&self) -> impl Iterator<Item = &EntityUID> {
         let mut out = Vec::new();
@@ -101,7 +164,12 @@ mod intern {
     }
 
     static NAMES: RwLock<Option<Names>> = RwLock::new(None);
-    type TypeTable = (Vec<EntityType>, HashMap<EntityType, u32>);
+    /// At most `MAX_TYPES` names, all from the schema: a fast hash (every store lookup
+    /// asks it).
+    type TypeTable = (
+        Vec<EntityType>,
+        HashMap<EntityType, u32, crate::slice::FastHash>,
+    );
 
     static TYPES: RwLock<Option<TypeTable>> = RwLock::new(None);
     static UIDS: RwLock<Option<HashMap<EntityUID, Arc<EntityUID>>>> = RwLock::new(None);

@@ -7,11 +7,11 @@ fn uid(t: &str, id: &str) -> EntityUID {
 }
 
 fn stored(parents: &[EntityUID]) -> Arc<Stored> {
-    Arc::new(Stored {
-        attrs: Box::new([]),
-        tags: Box::new([]),
-        parents: parents.iter().cloned().map(Arc::new).collect(),
-    })
+    Arc::new(Stored::new(
+        Box::new([]),
+        Box::new([]),
+        parents.iter().cloned().map(Arc::new).collect(),
+    ))
 }
 
 fn arcs(uids: &[EntityUID]) -> Vec<Arc<EntityUID>> {

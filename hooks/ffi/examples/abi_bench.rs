@@ -3,6 +3,7 @@
 //! ```sh
 //! cargo build --release -p probity-ffi --examples   # builds libprobity.so beside it
 //! target/release/examples/abi_bench [ROUNDS]
+//! target/release/examples/abi_bench ROUNDS MIX.ndjson   # the mix of scripts/bench-mix.py
 //! ```
 //!
 //! * decide: `probity_decide` (JSON in, decision JSON out, freed with `probity_free`)
@@ -332,6 +333,74 @@ fn bench_reader(abi: &Abi, rounds: usize, chunk: u32) {
     );
 }
 
+/// The realistic mix of `scripts/bench-mix.py` (its `probity-mix.ndjson`), every line
+/// decided as a fact reporter (its readers' `read` carries reported context), through
+/// the ABI against the same in Rust (parse, decide, serialize), in interleaved rounds.
+fn bench_mix(abi: &Abi, rounds: usize, bodies: &Path) {
+    let text = std::fs::read_to_string(bodies).unwrap();
+    let lines: Vec<&[u8]> = text.lines().take(20_000).map(str::as_bytes).collect();
+    let cluster = std::fs::read(repo().join("testdata/entities/cluster.json")).unwrap();
+    let rust = Engine::from_embedded_defaults().unwrap();
+    rust.upsert_entities(&serde_json::from_slice(&cluster).unwrap())
+        .unwrap();
+    let mut h = Handle { id: 0 };
+    // SAFETY: NULL strings are allowed; `h` is a local out parameter.
+    abi.ok(
+        unsafe { (abi.open)(std::ptr::null(), std::ptr::null(), 0, &mut h) },
+        "open",
+    );
+    // SAFETY: a live slice; the count is not wanted.
+    abi.ok(
+        unsafe { (abi.upsert)(h, cluster.as_ptr(), cluster.len(), std::ptr::null_mut()) },
+        "upsert",
+    );
+    const FACT_REPORTER: u32 = 1;
+    let (mut t_rust, mut t_abi, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..rounds {
+        let start = Instant::now();
+        for line in &lines {
+            let request = Request::from_json_slice(black_box(line))
+                .unwrap()
+                .as_fact_reporter();
+            let d = rust.decide(&request);
+            black_box(serde_json::to_vec(&d).unwrap());
+        }
+        let r = start.elapsed().as_nanos() as f64 / lines.len() as f64;
+        let start = Instant::now();
+        for line in &lines {
+            let mut out = std::ptr::null_mut();
+            let mut len = 0;
+            // SAFETY: a live slice and local out parameters.
+            let s = unsafe {
+                (abi.decide)(
+                    h,
+                    line.as_ptr(),
+                    line.len(),
+                    FACT_REPORTER,
+                    &mut out,
+                    &mut len,
+                )
+            };
+            debug_assert_eq!(s, 0);
+            black_box((out, len));
+            // SAFETY: `out` came from probity_decide.
+            unsafe { (abi.free)(out) };
+        }
+        let a = start.elapsed().as_nanos() as f64 / lines.len() as f64;
+        t_rust.push(r);
+        t_abi.push(a);
+        ratios.push(a / r);
+    }
+    (abi.close)(h);
+    println!(
+        "mix of {} requests ({rounds} rounds, medians): rust {:.0} ns, C ABI {:.0} ns, ratio {:.3}",
+        lines.len(),
+        median(&mut t_rust),
+        median(&mut t_abi),
+        median(&mut ratios)
+    );
+}
+
 fn main() {
     let rounds: usize = std::env::args()
         .nth(1)
@@ -344,6 +413,10 @@ fn main() {
         .unwrap()
         .join("libprobity.so");
     let abi = Abi::load(&lib);
+    if let Some(mix) = std::env::args().nth(2) {
+        bench_mix(&abi, rounds, Path::new(&mix));
+        return;
+    }
     bench_decide(&abi, rounds);
     bench_reader(&abi, rounds.min(9), 4 * 1024 * 1024);
     bench_reader(&abi, rounds.min(9), 64 * 1024);

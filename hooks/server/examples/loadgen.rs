@@ -17,6 +17,7 @@
 //!
 //! Options: `--tcp ADDR` or `--unix PATH`; `--tls-ca PEM` (TLS to `localhost`);
 //! `--path`, `--body FILE` or `--bodies FILE` (one JSON body per line, taken in turn),
+//! `--get` (GETs without a body, for `/healthz`),
 //! `--connections N` (default 1), `--rate R` (default 0:
 //! closed loop), `--requests N` (default 100000), `--duration SECS` (default 10),
 //! `--warmup N` requests per connection not counted (default 100),
@@ -78,6 +79,8 @@ struct Opts {
     body: Bytes,
     /// With `--bodies`: the requests' bodies, taken in turn.
     bodies: Arc<Vec<Bytes>>,
+    /// `--get`: GET requests without a body (`/healthz`), instead of POSTs.
+    get: bool,
     connections: usize,
     rate: f64,
     requests: u64,
@@ -98,6 +101,7 @@ fn opts() -> Opts {
         path: "/v1/decide".into(),
         body: Bytes::new(),
         bodies: Arc::new(Vec::new()),
+        get: false,
         connections: 1,
         rate: 0.0,
         requests: 100_000,
@@ -111,6 +115,11 @@ fn opts() -> Opts {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut i = 0;
     while i < args.len() {
+        if args[i] == "--get" {
+            o.get = true;
+            i += 1;
+            continue;
+        }
         if args[i] == "--stream" {
             o.stream = true;
             i += 1;
@@ -210,11 +219,18 @@ async fn one(s: &mut Sender, o: &Opts, seq: u64) -> bool {
         0 => o.body.clone(),
         n => o.bodies[(seq % n as u64) as usize].clone(),
     };
-    let req = hyper::Request::post(o.path.as_str())
-        .header("host", "localhost")
-        .header("content-type", "application/json")
-        .body(Full::new(body))
-        .unwrap();
+    let req = if o.get {
+        hyper::Request::get(o.path.as_str())
+            .header("host", "localhost")
+            .body(Full::new(Bytes::new()))
+            .unwrap()
+    } else {
+        hyper::Request::post(o.path.as_str())
+            .header("host", "localhost")
+            .header("content-type", "application/json")
+            .body(Full::new(body))
+            .unwrap()
+    };
     if s.ready().await.is_err() {
         return false;
     }

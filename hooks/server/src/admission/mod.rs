@@ -326,9 +326,12 @@ fn admit(
     let Some(spec) = object.pointer(spec_path).filter(|s| s.is_object()) else {
         return Answer::deny(uid, 400, format!("{kind} has no pod spec at {spec_path}"));
     };
-    let naming = match mode {
-        Mode::Validate => WorkloadId::Review,
-        Mode::Mutate => WorkloadId::Content,
+    // A CREATE is named after its facts, so that the replicas of one template ask the
+    // same question and all but the first are answered from the decision cache; an
+    // UPDATE, judged for what it introduces, after its review.
+    let naming = match (mode, operation) {
+        (Mode::Validate, "UPDATE") => WorkloadId::Review,
+        _ => WorkloadId::Content,
     };
     let mut workload = match workload(state, request, object, spec, meta_path, naming) {
         Ok(w) => w,

@@ -40,10 +40,10 @@ pub(crate) struct Workload {
 /// How a translated workload is named.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub(super) enum WorkloadId {
-    /// `review/<uid>`: one per review, for decisions that are recorded.
+    /// `review/<uid>`: one per review (an UPDATE, a binding).
     Review,
-    /// `pod-<hash of its facts>`: the same for every pod that reads the same, so
-    /// placement decisions are reused across pods of one shape.
+    /// `pod-<hash of its facts>`: the same for every pod that reads the same (the
+    /// replicas of one template), so decisions are reused across pods of one shape.
     Content,
 }
 
