@@ -50,6 +50,19 @@ cleanup() {
 }
 trap cleanup EXIT
 
+# The default policies but one: readers' `read` decisions carry what only a fact
+# reporter may say (`verified`), and over plain TCP every caller is `anonymous`, whom
+# `api.anonymous-read-only` refuses to let report. That forbid (of the `manage` action,
+# which no question of the mix asks) is left out, and `anonymous` made a fact reporter,
+# so that both servers answer the same questions over the same transport.
+cp -r "$repo/policies" "$work/policies"
+python3 - "$work/policies/api/manage.cedar" <<'PY'
+import re, sys
+path = sys.argv[1]
+text = open(path).read()
+kept = [p for p in re.split(r"\n(?=@id\()", text) if '@id("api.anonymous-read-only")' not in p]
+open(path, "w").write("\n".join(kept))
+PY
 pport=$(free_port)
 cat > "$work/probity.toml" <<TOML
 [server]
@@ -57,10 +70,9 @@ socket = ""
 listen = "127.0.0.1:$pport"
 insecure = true
 [policies]
+dir = "$work/policies"
 entities = "$repo/testdata/entities/cluster.json"
 [auth.groups]
-# Readers' read decisions carry what only a reporter may say (verified); on this
-# loopback bench every caller is anonymous.
 fact-reporters = ["anonymous"]
 [log]
 level = "warn"
@@ -105,13 +117,14 @@ echo '[]' > "$work/empty.json"
 pids+=("$!")
 wait_port "$aport"
 # Our policies through cedar-agent's API, one by one: which does Cedar 2 refuse?
-python3 - "$repo" "$aport" <<'PY'
+python3 - "$work/policies" "$aport" <<'PY'
 import glob, json, re, sys, urllib.request, urllib.error
 repo, port = sys.argv[1], sys.argv[2]
 loaded, refused = 0, []
-for f in sorted(glob.glob(f"{repo}/policies/**/*.cedar", recursive=True)):
-    for p in re.split(r"\n\s*\n(?=@id)", open(f).read()):
-        m = re.search(r'@id\("([^"]+)"\)', p)
+for f in sorted(glob.glob(f"{repo}/**/*.cedar", recursive=True)):
+    # One policy per entry: split before each line that starts with its @id.
+    for p in re.split(r"\n(?=@id\()", open(f).read()):
+        m = re.search(r'^@id\("([^"]+)"\)', p, re.M)
         if not m:
             continue
         body = json.dumps({"id": m.group(1), "content": p.strip()}).encode()
@@ -121,7 +134,7 @@ for f in sorted(glob.glob(f"{repo}/policies/**/*.cedar", recursive=True)):
             urllib.request.urlopen(req).read()
             loaded += 1
         except urllib.error.HTTPError as e:
-            refused.append(f"{m.group(1)} ({f.split('/policies/')[1]}): HTTP {e.code} {e.read()[:160]!r}")
+            refused.append(f"{m.group(1)} ({f.split('/policies/')[-1]}): HTTP {e.code} {e.read()[:200]!r}")
 print(f"cedar-agent loaded {loaded} policies; refused {len(refused)}:")
 for r in refused:
     print("  " + r)

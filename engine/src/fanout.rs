@@ -40,7 +40,7 @@ use crate::slice::Dependency;
 use crate::store::{StoreVersion, Stored};
 
 /// How many bytes of decisions a [`DecisionCache`] holds by default.
-pub(crate) const DEFAULT_DECISION_CACHE_BYTES: usize = 64 << 20;
+pub(crate) const DEFAULT_DECISION_CACHE_BYTES: usize = 32 << 20;
 
 /// Fewest resources a thread of [`Engine::decide_each`] takes: below this, spreading
 /// the work costs more than it saves.
@@ -65,9 +65,16 @@ const OWNER_BUCKETS: usize = 64;
 /// over its share.
 const VICTIM_SCAN: usize = 8;
 
+/// Recent questions the doorkeeper remembers (8 bytes each).
+const DOORKEEPER_SLOTS: usize = 32_768;
+
 /// Decisions kept for reuse while their facts hold: the engine's own (every
 /// [`Engine::decide_with`] asks it, see [`Engine::decision_cache`]) and those
 /// [`Engine::decide_each`] is given.
+///
+/// A single question (the path of [`Engine::decide_with`]) is remembered the second
+/// time it is asked, not the first: questions that never repeat cost no store and push
+/// nothing out.
 ///
 /// Its memory is a byte budget (an estimate of each entry's size), shared fairly: when
 /// an entry must be evicted to make room, the oldest entries of callers holding more
@@ -94,6 +101,10 @@ pub struct DecisionCache {
     /// The last fan-outs asked, newest first: a fan-out asked again is brought up to
     /// date from the store's change log rather than looked up node by node.
     fanouts: Mutex<std::collections::VecDeque<Arc<Fanout>>>,
+    /// The hashes of recent single questions' principal, action and resource, by slot:
+    /// a single question is looked up and stored only when they were seen before
+    /// ([`Engine::decide_with`]'s path).
+    doorkeeper: Box<[AtomicU64]>,
     hits: AtomicU64,
     misses: AtomicU64,
     evictions: AtomicU64,
@@ -306,7 +317,7 @@ impl std::fmt::Debug for DecisionCache {
 }
 
 impl DecisionCache {
-    /// The default byte budget (64 MiB).
+    /// The default byte budget (32 MiB).
     pub const DEFAULT_BUDGET_BYTES: usize = DEFAULT_DECISION_CACHE_BYTES;
 
     /// A cache of at most about `bytes` of decisions (0: it keeps none).
@@ -320,6 +331,7 @@ impl DecisionCache {
             hasher: std::collections::hash_map::RandomState::new(),
             requests: Mutex::new(Interned::default()),
             fanouts: Mutex::new(std::collections::VecDeque::new()),
+            doorkeeper: (0..DOORKEEPER_SLOTS).map(|_| AtomicU64::new(0)).collect(),
             hits: AtomicU64::new(0),
             misses: AtomicU64::new(0),
             evictions: AtomicU64::new(0),
@@ -450,15 +462,43 @@ impl DecisionCache {
         None
     }
 
+    /// The cache's `Arc` of `text`, if it has one.
+    fn interned(&self, text: &str) -> Option<Arc<str>> {
+        self.requests
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .texts
+            .get(text)
+            .cloned()
+    }
+
+    /// Whether a question hashed to `h` was asked before (as far as a direct-mapped
+    /// table of recent questions tells: a lost one only costs a later store);
+    /// remembers it if not.
+    fn seen_before(&self, h: u64) -> bool {
+        let Some(slot) = self.doorkeeper.get((h as usize) % DOORKEEPER_SLOTS) else {
+            return false;
+        };
+        slot.swap(h, Ordering::Relaxed) == h
+    }
+
     /// The cache's one `Arc` of `text`; `None` when the text is too large to keep
     /// (a sixteenth of a shard's budget: such a request is decided without the cache).
     fn intern(&self, text: String) -> Option<Arc<str>> {
-        let limit = self.budget() / SHARDS / 16;
-        if text.len() > limit {
+        if text.len() > self.budget() / SHARDS / 16 {
+            return None;
+        }
+        self.intern_arc(Arc::from(text))
+    }
+
+    /// [`DecisionCache::intern`] of a text already in an `Arc` (kept if it is the
+    /// first).
+    fn intern_arc(&self, text: Arc<str>) -> Option<Arc<str>> {
+        if text.len() > self.budget() / SHARDS / 16 {
             return None;
         }
         let mut requests = self.requests.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(known) = requests.texts.get(text.as_str()) {
+        if let Some(known) = requests.texts.get(&*text) {
             return Some(Arc::clone(known));
         }
         // A bounded set, in number and in bytes: an entry whose text was let go still
@@ -470,7 +510,6 @@ impl DecisionCache {
             requests.bytes = 0;
         }
         requests.bytes += text.len();
-        let text: Arc<str> = Arc::from(text);
         requests.texts.insert(Arc::clone(&text));
         Some(text)
     }
@@ -891,12 +930,30 @@ impl Engine {
             )),
             Err(denied) => Arc::new(*denied),
         };
-        let Some(fp) = fingerprint(request).and_then(|text| cache.intern(text)) else {
+        // A doorkeeper: a principal, action and resource not seen recently is decided
+        // without the cache, and remembered as seen; the next time, the whole question
+        // is looked up and, if missing, stored. So questions that never repeat (each
+        // with a workload of its own) cost neither their fingerprint nor a store, and
+        // push nothing out.
+        if !cache.seen_before(cache.hasher.hash_one((
+            request.principal.0.as_ref(),
+            request.action.0.as_ref(),
+            request.resource.0.as_ref(),
+        ))) {
+            cache.misses.fetch_add(1, Ordering::Relaxed);
             return decide();
+        }
+        let Some(text) = fingerprint(request) else {
+            return decide();
+        };
+        let request_hash = std::hash::BuildHasher::hash_one(&FINGERPRINT_HASHER, text.as_str());
+        // (An entry may outlive its interned text: looked up by the text then.)
+        let (fp, interned) = match cache.interned(&text) {
+            Some(fp) => (fp, true),
+            None => (Arc::from(text), false),
         };
         let generation = cache.enter(snapshot);
         let owner = cache.owner_of(request.caller.as_deref());
-        let request_hash = std::hash::BuildHasher::hash_one(&FINGERPRINT_HASHER, &*fp);
         let key = Key::new(&fp, request_hash, &request.resource, generation, owner);
         let hash = cache.hash(&key);
         if let Some(hit) = cache.get(&key, hash, snapshot, None, None) {
@@ -918,7 +975,15 @@ impl Engine {
             &request.resource,
             Some(&mut deps),
         ));
-        cache.put(&key, hash, deps, Arc::clone(&decision));
+        let stored = if interned {
+            Some(fp)
+        } else {
+            cache.intern_arc(fp)
+        };
+        if let Some(fp) = stored {
+            let key = Key::new(&fp, request_hash, &request.resource, generation, owner);
+            cache.put(&key, hash, deps, Arc::clone(&decision));
+        }
         decision
     }
 }

@@ -147,8 +147,9 @@ impl Engine {
     /// [`Engine::decide`]) asks first: an answer is reused only while every stored
     /// fact it read, the policy set (with its modes, scopes and settings), the
     /// engine's own entities and the blocklist are unchanged, and never for an action
-    /// that reads the clock or runs plugins. Its byte budget is 64 MiB by default
-    /// ([`DecisionCache::set_budget`]; 0 turns it off). A reused decision is recorded
+    /// that reads the clock or runs plugins. Its byte budget is 32 MiB by default
+    /// ([`DecisionCache::set_budget`]; 0 turns it off). A question is stored the second
+    /// time it is asked, not the first. A reused decision is recorded
     /// as a fresh one would be. Pass it to [`Engine::decide_each`] to share it.
     pub fn decision_cache(&self) -> &crate::DecisionCache {
         &self.shared.decisions

@@ -26,7 +26,7 @@ pub struct LimitsConfig {
     /// Verification jobs one caller may have in flight. Default 2.
     pub io_per_caller: usize,
     /// Bytes the engine's decision cache may hold (answers reused while their facts
-    /// hold), shared fairly between callers; 0 turns it off. Default 64 MiB.
+    /// hold), shared fairly between callers; 0 turns it off. Default 32 MiB.
     pub decision_cache_bytes: usize,
 }
 

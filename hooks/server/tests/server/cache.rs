@@ -233,7 +233,7 @@ async fn every_deciding_route_answers_the_same_with_the_cache_and_without() {
         "probity_decision_cache_misses_total",
         "probity_decision_cache_evictions_total",
         "probity_decision_cache_bytes",
-        "probity_decision_cache_budget_bytes 67108864",
+        "probity_decision_cache_budget_bytes 33554432",
     ] {
         assert!(text.contains(family), "{family} missing");
     }
