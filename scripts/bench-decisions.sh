@@ -21,8 +21,9 @@
 # at a fixed 20,000/s over 8 connections (its p99). Every run is bounded by --duration
 # and --requests; every process is stopped by its PID; all on 127.0.0.1.
 #
-# `soak`: probity alone, unique questions at a fixed 5,000/s for SECONDS, its VmRSS and
-# the decision cache's bytes every 30 s (the cache's budget holding memory flat).
+# `soak`: probity alone, new questions each asked twice in a row (so each is stored, and
+# the cache fills and evicts) at a fixed 5,000/s for SECONDS, its VmRSS and the decision
+# cache's bytes every 30 s (the cache's budget holding memory flat).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$PWD
@@ -97,8 +98,8 @@ cache_bytes() {
 }
 
 if [ "$mode" = soak ]; then
-  echo "soak: unique questions at 5,000/s for ${seconds}s; RSS at start $(rss)"
-  "$loadgen" --tcp "127.0.0.1:$pport" --path /v1/decide --bodies "$work/probity-unique.ndjson" \
+  echo "soak: new questions, each asked twice, at 5,000/s for ${seconds}s; RSS at start $(rss)"
+  "$loadgen" --tcp "127.0.0.1:$pport" --path /v1/decide --bodies "$work/probity-twice.ndjson" \
     --connections 8 --rate 5000 --duration "$seconds" --requests 100000000 --expect '"decision"' &
   lpid=$!
   pids+=("$lpid")

@@ -18,6 +18,8 @@ Writes, for `probity` and `agent`:
 - `<side>-unique.ndjson`: `schedule` questions that never repeat, each with a
   request-scoped workload of its own (`u-<n>`, its GPU count varying), on the nodes of
   testdata/entities/cluster.json in turn.
+- `probity-twice.ndjson`: the same questions, each asked twice in a row (so the cache
+  stores it) and never again: the memory soak's load, which fills the cache.
 
 The cedar-agent side gets the same principal, action, resource and context, the
 request's entities as `additional_entities`; its store (`agent-data.json`) is the
@@ -115,8 +117,12 @@ def main():
         uniq_p.append(p)
         uniq_a.append(a)
 
+    # For the memory soak: each never-repeating question asked twice in a row (so the
+    # cache stores it) and never again.
+    twice = [line for line in uniq_p for _ in range(2)]
     for name, lines in [("probity-mix", mix_p), ("agent-mix", mix_a),
-                        ("probity-unique", uniq_p), ("agent-unique", uniq_a)]:
+                        ("probity-unique", uniq_p), ("agent-unique", uniq_a),
+                        ("probity-twice", twice)]:
         (out / f"{name}.ndjson").write_text("\n".join(lines) + "\n")
 
     # cedar-agent's store: the cluster, with `blocked` as an attribute, and the

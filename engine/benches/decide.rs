@@ -294,7 +294,8 @@ criterion_group!(benches, decide, reload);
 
 /// `PROBITY_COUNT=<mode>:<n>` runs one way of deciding `n` times and exits, for
 /// instruction counts under callgrind (the count at `n` less the count at 0, over `n`):
-/// `raw` (`Authorizer::is_authorized`), `fresh`, `miss`, `hit`.
+/// `raw` (`Authorizer::is_authorized`), `fresh`, `miss`, `hit`, `unique` (a workload of
+/// its own each time).
 fn count(spec: &str) {
     let (mode, n) = spec.split_once(':').expect("PROBITY_COUNT=<mode>:<n>");
     let n: u64 = n.parse().expect("a count");
@@ -314,6 +315,21 @@ fn count(spec: &str) {
     )
     .unwrap();
     let authorizer = cedar::Authorizer::new();
+    // Requests with a workload of their own, each different (the admission of a pod
+    // never seen), built before counting.
+    let unique: Vec<Request> = (0..if mode == "unique" { n } else { 0 })
+        .map(|i| {
+            Request::from_json_value(&json!({
+                "principal": {"type": "Workload", "id": format!("review/{i}")}, "action": "schedule",
+                "resource": {"type": "Node", "id": "gpu-0001"},
+                "entities": [{"uid": {"type": "Workload", "id": format!("review/{i}")},
+                    "attrs": {"namespace": e("Namespace", "training"), "class": "training", "gpus": 1 + i % 4,
+                      "cpuMillis": 32_000, "gpuMemoryMiB": 40_000, "image": IMAGE},
+                    "parents": [{"type": "Namespace", "id": "training"}]}]}))
+            .unwrap()
+        })
+        .collect();
+    let next = std::cell::Cell::new(0usize);
     // Warm: the first decision of each kind pays one-time costs in both.
     black_box(authorizer.is_authorized(&raw_request, &pset, &cedar_entities));
     black_box(engine.decide(&request));
@@ -335,6 +351,11 @@ fn count(spec: &str) {
         "hit" => {
             black_box(engine.decide(black_box(&request)));
         }
+        "unique" => {
+            let i = next.get();
+            next.set(i + 1);
+            black_box(engine.decide(&unique[i % unique.len().max(1)]));
+        }
         other => panic!("unknown mode {other}"),
     });
 }
@@ -344,7 +365,7 @@ fn count(spec: &str) {
 #[inline(never)]
 fn counted(mode: &str, n: u64, once: &dyn Fn()) {
     assert!(
-        ["raw", "fresh", "miss", "hit"].contains(&mode),
+        ["raw", "fresh", "miss", "hit", "unique"].contains(&mode),
         "unknown mode {mode}"
     );
     for _ in 0..n {
