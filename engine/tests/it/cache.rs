@@ -10,31 +10,8 @@ use std::sync::Arc;
 use probity::{DecideOptions, Decision, Engine, EntityUid, ManualClock, Request};
 use serde_json::{Value, json};
 
-use crate::{cluster, load_cluster, policy_copy, root};
-
-/// A small deterministic generator (xorshift64*): a failing seed replays exactly.
-pub struct Rng(u64);
-
-impl Rng {
-    pub fn new(seed: u64) -> Self {
-        Self(seed.max(1))
-    }
-
-    pub fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-
-    pub fn below(&mut self, n: usize) -> usize {
-        (self.next() % n.max(1) as u64) as usize
-    }
-
-    pub fn pick<'a, T>(&mut self, items: &'a [T]) -> &'a T {
-        &items[self.below(items.len())]
-    }
-}
+use crate::rng::Rng;
+use crate::{cluster, cluster_nodes, load_cluster, policy_copy, root, stored};
 
 /// Every request the policy scenarios ask (each action, with their contexts and
 /// request-scoped entities), and request-scoped workloads of their own.
@@ -80,16 +57,6 @@ pub fn scoped_workload(id: &str, gpus: i64) -> Value {
     w
 }
 
-fn stored(id: &str) -> Value {
-    cluster()
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|e| e["uid"]["id"] == id)
-        .cloned()
-        .unwrap()
-}
-
 /// What differs between a cached and a fresh answer: the step and request, if any.
 pub type Mismatch = Option<String>;
 
@@ -102,13 +69,7 @@ fn differential(dir: &Path, seed: u64, steps: usize) -> (Mismatch, probity::Deci
     load_cluster(&engine);
     let requests = requests();
     let original = cluster();
-    let nodes: Vec<Value> = original
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|e| e["uid"]["type"] == "Node")
-        .cloned()
-        .collect();
+    let nodes = cluster_nodes();
     let removable: Vec<Value> = original
         .as_array()
         .unwrap()

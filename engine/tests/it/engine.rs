@@ -346,13 +346,7 @@ fn blocking_a_node_outlives_telemetry_until_unblocked() {
 fn bug_a_blocklist_contradiction_was_reported_at_entities_0() {
     let engine = loaded();
     engine.block_node("gpu-a1", "operator").unwrap();
-    let nodes: Vec<serde_json::Value> = cluster()
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|e| e["uid"]["type"] == "Node")
-        .cloned()
-        .collect();
+    let nodes = crate::cluster_nodes();
     let mut blocked = nodes
         .iter()
         .find(|e| e["uid"]["id"] == "gpu-a1")

@@ -7,20 +7,10 @@ use std::sync::Arc;
 use probity::{Effect, Engine, EntityError, EntityOwner, ManualClock, Request};
 use serde_json::{Value, json};
 
-use crate::{cluster, load_cluster, load_keys};
+use crate::{cluster, load_cluster, load_keys, stored};
 
 fn request(v: Value) -> Request {
     Request::from_json_value(&v).unwrap()
-}
-
-fn stored(id: &str) -> Value {
-    cluster()
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|e| e["uid"]["id"] == id)
-        .cloned()
-        .unwrap()
 }
 
 fn error_text(d: &probity::Decision) -> String {

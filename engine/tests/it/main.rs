@@ -21,6 +21,8 @@ mod modes;
 mod plugins;
 mod read_guard;
 pub mod reload;
+#[path = "../../../hooks/testsupport/rng.rs"]
+mod rng;
 mod scenarios;
 mod sealed;
 mod trust;
@@ -73,6 +75,28 @@ pub fn load_keys(engine: &probity::Engine) {
     engine
         .replace_owned_entities(probity::EntityOwner::Keyring, &keys)
         .unwrap();
+}
+
+/// The cluster's entity of id `id`.
+pub fn stored(id: &str) -> serde_json::Value {
+    cluster()
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["uid"]["id"] == id)
+        .cloned()
+        .unwrap()
+}
+
+/// The cluster's nodes.
+pub fn cluster_nodes() -> Vec<serde_json::Value> {
+    cluster()
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["uid"]["type"] == "Node")
+        .cloned()
+        .collect()
 }
 
 /// The shared cluster fixture.

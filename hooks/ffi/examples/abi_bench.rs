@@ -122,8 +122,9 @@ fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
-fn bench_decide(abi: &Abi, rounds: usize) {
-    const N: usize = 4000;
+/// An engine in Rust and one through the ABI, both on the default policies with the
+/// test cluster loaded.
+fn open_both(abi: &Abi) -> (Engine, Handle) {
     let cluster = std::fs::read(repo().join("testdata/entities/cluster.json")).unwrap();
     let rust = Engine::from_embedded_defaults().unwrap();
     rust.upsert_entities(&serde_json::from_slice(&cluster).unwrap())
@@ -139,6 +140,12 @@ fn bench_decide(abi: &Abi, rounds: usize) {
         unsafe { (abi.upsert)(h, cluster.as_ptr(), cluster.len(), std::ptr::null_mut()) },
         "upsert",
     );
+    (rust, h)
+}
+
+fn bench_decide(abi: &Abi, rounds: usize) {
+    const N: usize = 4000;
+    let (rust, h) = open_both(abi);
 
     let parsed = Request::from_json_slice(REQUEST).unwrap();
     let decision = rust.decide(&parsed);
@@ -339,21 +346,7 @@ fn bench_reader(abi: &Abi, rounds: usize, chunk: u32) {
 fn bench_mix(abi: &Abi, rounds: usize, bodies: &Path) {
     let text = std::fs::read_to_string(bodies).unwrap();
     let lines: Vec<&[u8]> = text.lines().take(20_000).map(str::as_bytes).collect();
-    let cluster = std::fs::read(repo().join("testdata/entities/cluster.json")).unwrap();
-    let rust = Engine::from_embedded_defaults().unwrap();
-    rust.upsert_entities(&serde_json::from_slice(&cluster).unwrap())
-        .unwrap();
-    let mut h = Handle { id: 0 };
-    // SAFETY: NULL strings are allowed; `h` is a local out parameter.
-    abi.ok(
-        unsafe { (abi.open)(std::ptr::null(), std::ptr::null(), 0, &mut h) },
-        "open",
-    );
-    // SAFETY: a live slice; the count is not wanted.
-    abi.ok(
-        unsafe { (abi.upsert)(h, cluster.as_ptr(), cluster.len(), std::ptr::null_mut()) },
-        "upsert",
-    );
+    let (rust, h) = open_both(abi);
     const FACT_REPORTER: u32 = 1;
     let (mut t_rust, mut t_abi, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..rounds {

@@ -23,6 +23,9 @@ pub fn build_engine(
     build_engine_with_state(config, clock, attach_state).map(|(engine, _)| engine)
 }
 
+/// The agent's decision cache budget: its questions are few and repeat each cycle.
+const AGENT_DECISION_CACHE_BYTES: usize = 2 << 20;
+
 /// [`build_engine`], and the state store it attached (which the SIEM forwarders read:
 /// [`Agent::forward_to_siem`]).
 pub fn build_engine_with_state(
@@ -40,6 +43,11 @@ pub fn build_engine_with_state(
     let engine = builder
         .build()
         .map_err(|e| AgentError::Policies(Box::new(e)))?;
+    // A node's few questions a cycle: a small cache keeps its resident memory near idle
+    // (its `comply` carries readings that change every cycle and are never reused).
+    engine
+        .decision_cache()
+        .set_budget(AGENT_DECISION_CACHE_BYTES);
     let mut attached = None;
     if attach_state && let Some(dir) = &config.state_dir {
         let store = Arc::new(

@@ -11,19 +11,8 @@ use probity_server::{AppState, Config};
 use serde_json::{Value, json};
 
 use crate::admission::{gpu_pod, review};
+use crate::rng::Rng;
 use crate::{call, cluster, root};
-
-/// A small deterministic generator (xorshift64*): a failing seed replays exactly.
-struct Rng(u64);
-
-impl Rng {
-    fn below(&mut self, n: usize) -> usize {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        (self.0.wrapping_mul(0x2545_F491_4F6C_DD1D) % n.max(1) as u64) as usize
-    }
-}
 
 /// One question to the server: a route, a body, a caller.
 struct Probe {
@@ -90,7 +79,7 @@ fn probes() -> Vec<Probe> {
 #[tokio::test]
 async fn every_deciding_route_answers_the_same_with_the_cache_and_without() {
     let dir = tempfile::tempdir().unwrap();
-    copy_policies(&root().join("policies"), dir.path());
+    crate::placement::copy_dir(&root().join("policies"), dir.path());
     let config_text = std::fs::read_to_string(dir.path().join("probity.toml")).unwrap();
     let clock = Arc::new(ManualClock::at(1_780_000_000));
     let engine = Engine::builder(dir.path())
@@ -109,70 +98,40 @@ async fn every_deciding_route_answers_the_same_with_the_cache_and_without() {
         .cloned()
         .collect();
     let probes = probes();
-    let mut rng = Rng(0x5eed);
+    let mut rng = Rng::new(0x5eed);
     for step in 0..120 {
         let node = nodes[rng.below(nodes.len())].clone();
         let id = node["uid"]["id"].as_str().unwrap().to_string();
-        let admin = Some("uid:0");
+        let admin = |method: Method, uri: String, body: Option<Value>| {
+            let state = state.clone();
+            async move { call(&state, method, &uri, body.as_ref(), Some("uid:0")).await }
+        };
         let what = match rng.below(7) {
             0 | 1 => {
                 let mut node = node;
                 node["attrs"]["hottestGpuTempC"] = json!(40 + rng.below(60));
                 node["attrs"]["powerDrawW"] = json!(200 + rng.below(9000));
-                let (s, b) = call(
-                    &state,
-                    Method::POST,
-                    "/v1/entities",
-                    Some(&json!([node])),
-                    admin,
-                )
-                .await;
+                let (s, b) = admin(Method::POST, "/v1/entities".into(), Some(json!([node]))).await;
                 assert_eq!(s, StatusCode::OK, "{b}");
                 format!("update {id}")
             }
             2 => {
-                let uid = format!("Node::\"{id}\"");
-                let (s, b) = call(
-                    &state,
-                    Method::DELETE,
-                    "/v1/entities",
-                    Some(&json!({"uids": [uid]})),
-                    admin,
-                )
-                .await;
+                let uids = json!({"uids": [format!("Node::\"{id}\"")]});
+                let (s, b) = admin(Method::DELETE, "/v1/entities".into(), Some(uids)).await;
                 assert_eq!(s, StatusCode::OK, "{b}");
-                let (s, _) = call(
-                    &state,
-                    Method::POST,
-                    "/v1/entities",
-                    Some(&json!([node])),
-                    admin,
-                )
-                .await;
-                assert_eq!(s, StatusCode::OK);
+                let (s, b) = admin(Method::POST, "/v1/entities".into(), Some(json!([node]))).await;
+                assert_eq!(s, StatusCode::OK, "{b}");
                 format!("remove and restore {id}")
             }
             3 => {
-                let (s, b) = call(
-                    &state,
-                    Method::POST,
-                    &format!("/v1/nodes/{id}/block"),
-                    Some(&json!({"reason": "differential"})),
-                    admin,
-                )
-                .await;
+                let reason = json!({"reason": "differential"});
+                let (s, b) =
+                    admin(Method::POST, format!("/v1/nodes/{id}/block"), Some(reason)).await;
                 assert!(s.is_success(), "{s} {b}");
                 format!("block {id}")
             }
             4 => {
-                let (s, b) = call(
-                    &state,
-                    Method::POST,
-                    &format!("/v1/nodes/{id}/unblock"),
-                    None,
-                    admin,
-                )
-                .await;
+                let (s, b) = admin(Method::POST, format!("/v1/nodes/{id}/unblock"), None).await;
                 assert!(s.is_success() || s == StatusCode::NOT_FOUND, "{s} {b}");
                 format!("unblock {id}")
             }
@@ -236,18 +195,5 @@ async fn every_deciding_route_answers_the_same_with_the_cache_and_without() {
         "probity_decision_cache_budget_bytes 33554432",
     ] {
         assert!(text.contains(family), "{family} missing");
-    }
-}
-
-fn copy_policies(from: &std::path::Path, to: &std::path::Path) {
-    for entry in std::fs::read_dir(from).unwrap() {
-        let entry = entry.unwrap();
-        let target = to.join(entry.file_name());
-        if entry.file_type().unwrap().is_dir() {
-            std::fs::create_dir_all(&target).unwrap();
-            copy_policies(&entry.path(), &target);
-        } else {
-            std::fs::copy(entry.path(), target).unwrap();
-        }
     }
 }

@@ -20,6 +20,8 @@ mod keys;
 mod modes;
 mod net;
 mod placement;
+#[path = "../../../testsupport/rng.rs"]
+mod rng;
 mod routes;
 mod slurm;
 mod stream;
