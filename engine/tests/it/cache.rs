@@ -349,3 +349,28 @@ fn questions_asked_once_are_never_stored() {
     engine.decide(&ask("twice"));
     assert_eq!(cache.hits(), 1);
 }
+
+#[test]
+fn a_deny_answered_from_the_cache_is_recorded_each_time_it_is_answered() {
+    let tmp = tempfile::tempdir().unwrap();
+    let store = Arc::new(probity::state::StateStore::open(&tmp.path().join("state")).unwrap());
+    let engine = Engine::builder(root().join("policies")).build().unwrap();
+    load_cluster(&engine);
+    engine.attach_state(store.clone()).unwrap();
+    let denied = crate::decision_log::schedule("train-1", "gpu-blocked");
+    for _ in 0..5 {
+        assert!(!engine.decide(&denied).is_allowed());
+    }
+    // Asked five times: decided twice (the doorkeeper, then the store), reused three
+    // times, and recorded five times, each with its decision.
+    assert_eq!(engine.decision_cache().hits(), 3);
+    let records = store.decisions(0, 100).unwrap();
+    assert_eq!(records.len(), 5);
+    assert!(
+        records.iter().all(|r| r
+            .decision
+            .reason_ids()
+            .any(|p| p == "security.blocked-node")),
+        "{records:?}"
+    );
+}
