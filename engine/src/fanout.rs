@@ -57,8 +57,8 @@ const MAX_READERS_PER_RESOURCE: usize = 8;
 /// Most whole fan-outs a [`DecisionCache`] remembers (the last ones asked).
 const MAX_FANOUTS: usize = 16;
 
-/// Callers are counted in this many buckets (by a hash of their name) for the budget's
-/// fair shares.
+/// Callers are counted in this many buckets (by a hash of their name): an eviction
+/// takes from the bucket holding the most.
 const OWNER_BUCKETS: usize = 64;
 
 /// How many of a shard's oldest entries an eviction looks through for one of a caller
@@ -77,9 +77,9 @@ const DOORKEEPER_SLOTS: usize = 32_768;
 /// nothing out.
 ///
 /// Its memory is a byte budget (an estimate of each entry's size), shared fairly: when
-/// an entry must be evicted to make room, the oldest entries of callers holding more
-/// than their share (the budget over the callers holding entries) go first, so that
-/// one caller's flood of questions that never repeat cannot push out everyone else's.
+/// an entry must be evicted to make room, the oldest entries of the caller holding the
+/// most go first, so that one caller's flood of questions cannot push out everyone
+/// else's.
 pub struct DecisionCache {
     /// What every entry was decided under; a different policy set, owned entities or
     /// blocklist empties the cache. Held (not just compared) so that an address is
@@ -404,9 +404,13 @@ impl DecisionCache {
     }
 
     /// The bucket `caller` is counted in (the library's own callers name none).
+    ///
+    /// A fixed hash, the same in every process, so that which callers share a bucket
+    /// does not change from run to run (the names are authenticated identities).
     fn owner_of(&self, caller: Option<&str>) -> usize {
         caller.map_or(0, |c| {
-            (std::hash::BuildHasher::hash_one(&self.hasher, c) as usize) % OWNER_BUCKETS
+            let hash = std::hash::BuildHasher::hash_one(&crate::slice::FastHash::default(), c);
+            (hash as usize) % OWNER_BUCKETS
         })
     }
 
@@ -610,7 +614,7 @@ impl DecisionCache {
             self.release(&old);
         }
         while shard.bytes + bytes > per_shard {
-            let Some(victim) = self.victim(&mut shard, budget) else {
+            let Some(victim) = self.victim(&mut shard) else {
                 break;
             };
             shard.bytes = shard.bytes.saturating_sub(victim.bytes);
@@ -646,9 +650,11 @@ impl DecisionCache {
         }
     }
 
-    /// Takes out the entry to evict from `shard`: among its oldest few, the first of a
-    /// caller holding more than its fair share of `budget`, else the oldest.
-    fn victim(&self, shard: &mut Shard, budget: usize) -> Option<Entry> {
+    /// Takes out the entry to evict from `shard`: among its oldest few, the first of
+    /// the caller bucket holding the most bytes of the whole cache (so a caller flooding
+    /// it pays for its own room before anyone else does, even while the cache as a
+    /// whole has room and only this shard is full); with one caller, the oldest.
+    fn victim(&self, shard: &mut Shard) -> Option<Entry> {
         let Shard { map, order, .. } = shard;
         // Places of replaced entries first.
         while let Some((h, seq)) = order.front() {
@@ -657,27 +663,21 @@ impl DecisionCache {
             }
             order.pop_front();
         }
-        let holders = self
-            .owners
-            .iter()
-            .filter(|b| b.load(Ordering::Relaxed) > 0)
-            .count()
-            .max(1);
-        let fair = budget / holders;
-        let over_share = order
-            .iter()
-            .take(VICTIM_SCAN)
-            .position(|(h, seq)| {
-                map.get(h).is_some_and(|e| {
-                    e.seq == *seq
-                        && self
-                            .owners
-                            .get(e.owner)
-                            .is_some_and(|b| b.load(Ordering::Relaxed) > fair)
-                })
-            })
-            .unwrap_or(0);
-        let (h, _) = order.remove(over_share)?;
+        let held = |owner: usize| {
+            self.owners
+                .get(owner)
+                .map_or(0, |b| b.load(Ordering::Relaxed))
+        };
+        let mut chosen: Option<(usize, usize)> = None; // (position, bytes its owner holds)
+        for (i, (h, seq)) in order.iter().take(VICTIM_SCAN).enumerate() {
+            if let Some(e) = map.get(h).filter(|e| e.seq == *seq) {
+                let bytes = held(e.owner);
+                if chosen.is_none_or(|(_, most)| bytes > most) {
+                    chosen = Some((i, bytes));
+                }
+            }
+        }
+        let (h, _) = order.remove(chosen.map_or(0, |(i, _)| i))?;
         map.remove(&h)
     }
 }
