@@ -580,10 +580,11 @@ impl DecisionCache {
     fn put(&self, key: &Key<'_>, hash: u64, deps: Vec<Dependency>, decision: Arc<Decision>) {
         // An ancestor is often also reached through an attribute: check it once.
         let first: Vec<bool> = {
-            let mut seen: std::collections::HashSet<&EntityUID, crate::slice::FastHash> =
+            // A keyed hash: the ids are anyone's choosing.
+            let mut seen: std::collections::HashSet<&EntityUID, crate::slice::KeyedHash> =
                 std::collections::HashSet::with_capacity_and_hasher(
                     deps.len(),
-                    crate::slice::FastHash::default(),
+                    crate::slice::KeyedHash::default(),
                 );
             deps.iter().map(|d| seen.insert(&d.uid)).collect()
         };

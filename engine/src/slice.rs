@@ -95,9 +95,9 @@ pub(crate) enum SliceError {
     Inconsistent(String),
 }
 
-/// A fast hasher (the Fx hash of rustc) for small in-process sets of names that the
-/// schema's checks let through: a decision's slice, a cache entry's dependencies.
-/// Not for maps a caller can grow without bound (those keep SipHash).
+/// A fast hasher (the Fx hash of rustc) for keys nobody outside chooses: the store's
+/// entity types (the schema's), the decision cache's caller buckets. Unkeyed, so never
+/// for entity ids or other names a caller picks (those keep SipHash).
 #[derive(Default, Clone, Copy)]
 pub(crate) struct FxHasher(u64);
 
@@ -142,6 +142,10 @@ impl std::hash::Hasher for FxHasher {
 /// [`FxHasher`] for `HashMap` and `HashSet`.
 pub(crate) type FastHash = std::hash::BuildHasherDefault<FxHasher>;
 
+/// A fast hash keyed per process (foldhash, hashbrown's default), for sets of entity
+/// ids, which callers choose.
+pub(crate) type KeyedHash = foldhash::fast::RandomState;
+
 impl<'a> SliceSource<'a> {
     /// Every ancestor of `stored` (through the request's entities first, then the
     /// store), each once, in the order met, with the store's version of it (none when
@@ -153,9 +157,16 @@ impl<'a> SliceSource<'a> {
     ) {
         out.clear();
         let mut stack: Vec<&EntityUID> = stored.parents.iter().map(AsRef::as_ref).collect();
+        // Most entities have a handful of ancestors, where a scan beats a hash; past
+        // `SCAN` a set takes over, so that a wide hierarchy is not quadratic.
+        const SCAN: usize = 16;
+        let mut index: Option<HashSet<EntityUID, KeyedHash>> = None;
         while let Some(next) = stack.pop() {
-            // A handful of ancestors: a scan beats a hash.
-            if out.iter().any(|(a, _)| a == next) {
+            let known = match &index {
+                Some(set) => set.contains(next),
+                None => out.iter().any(|(a, _)| a == next),
+            };
+            if known {
                 continue;
             }
             let (found, version) = match self.extra.get(next) {
@@ -166,6 +177,15 @@ impl<'a> SliceSource<'a> {
                 }
             };
             out.push((next.clone(), version));
+            match &mut index {
+                Some(set) => {
+                    set.insert(next.clone());
+                }
+                None if out.len() > SCAN => {
+                    index = Some(out.iter().map(|(a, _)| a.clone()).collect());
+                }
+                None => {}
+            }
             if let Some(s) = found {
                 stack.extend(s.parents.iter().map(AsRef::as_ref));
             }
@@ -191,10 +211,10 @@ impl<'a> SliceSource<'a> {
         mut deps: Option<&mut Vec<Dependency>>,
     ) -> Result<cedar_policy::Entities, SliceError> {
         let mut queue: Vec<EntityUID> = roots.into_iter().collect();
-        // Slices are small (tens of entities) and their names came through the schema's
-        // checks: a fast hash, not SipHash, decides what was seen.
-        let mut seen: HashSet<EntityUID, FastHash> =
-            HashSet::with_capacity_and_hasher(32, FastHash::default());
+        // A keyed hash: entity ids are anyone's choosing (a request brings its own), and
+        // an unkeyed one would let crafted ids collide.
+        let mut seen: HashSet<EntityUID, KeyedHash> =
+            HashSet::with_capacity_and_hasher(32, KeyedHash::default());
         let mut out: Vec<Arc<ast::Entity>> = Vec::with_capacity(32);
         let mut ancestors: Vec<(EntityUID, Option<&Arc<Stored>>)> = Vec::new();
         while let Some(uid) = queue.pop() {
