@@ -250,17 +250,27 @@ impl Request {
             column: e.column(),
             source: e,
         })?;
-        Self::from_json_value(&value)
+        Self::from_json_owned(value)
     }
 
-    /// Reads a request from a parsed JSON value.
+    /// Reads a request from a parsed JSON value. [`Request::from_json_owned`] takes the
+    /// value instead, and saves copying its context and entities.
     pub fn from_json_value(value: &Value) -> Result<Self, RequestError> {
-        let Value::Object(body) = value else {
-            return Err(RequestError::Shape {
-                field: "body",
-                expected: "a JSON object",
-                found: kind(value).into(),
-            });
+        Self::from_json_owned(value.clone())
+    }
+
+    /// Reads a request from a parsed JSON value it takes: its context and entities are
+    /// moved into the request, not copied (a request's entities are most of its bytes).
+    pub fn from_json_owned(value: Value) -> Result<Self, RequestError> {
+        let mut body = match value {
+            Value::Object(body) => body,
+            other => {
+                return Err(RequestError::Shape {
+                    field: "body",
+                    expected: "a JSON object",
+                    found: kind(&other).into(),
+                });
+            }
         };
         let uid = |field: &'static str| match body.get(field) {
             Some(v) => EntityUid::from_json(field, v),
@@ -277,26 +287,26 @@ impl Request {
             Some(Value::String(s)) if !s.contains("::") => EntityUid::action(s)?,
             _ => uid("action")?,
         };
-        let context = match body.get("context") {
+        let context = match body.remove("context") {
             None | Some(Value::Null) => None,
             Some(Value::Object(m)) if m.is_empty() => None,
-            Some(Value::Object(m)) => Some(m.clone()),
+            Some(Value::Object(m)) => Some(m),
             Some(other) => {
                 return Err(RequestError::Shape {
                     field: "context",
                     expected: "a JSON object",
-                    found: kind(other).into(),
+                    found: kind(&other).into(),
                 });
             }
         };
-        let entities = match body.get("entities") {
+        let entities = match body.remove("entities") {
             None | Some(Value::Null) => Vec::new(),
-            Some(Value::Array(a)) => a.clone(),
+            Some(Value::Array(a)) => a,
             Some(other) => {
                 return Err(RequestError::Shape {
                     field: "entities",
                     expected: "a JSON array",
-                    found: kind(other).into(),
+                    found: kind(&other).into(),
                 });
             }
         };

@@ -45,15 +45,21 @@ use crate::store::{Store, Stored};
 /// Most entities one decision's slice may hold.
 pub const MAX_SLICE_ENTITIES: usize = 4096;
 
+/// The entities the engine owns, materialized, by uid.
+pub(crate) type OwnedEntities = HashMap<EntityUID, Arc<ast::Entity>, KeyedHash>;
+
+/// One request's own entities, by uid.
+pub(crate) type RequestEntities = HashMap<EntityUID, Arc<Stored>, KeyedHash>;
+
 /// What a slice is cut from.
 pub(crate) struct SliceSource<'a> {
     /// The stored entities.
     pub store: &'a Store,
     /// Entities the engine owns, already materialized (they change only with the
     /// configuration).
-    pub owned: &'a HashMap<EntityUID, Arc<ast::Entity>>,
+    pub owned: &'a OwnedEntities,
     /// This request's own entities (never ones the store holds).
-    pub extra: &'a HashMap<EntityUID, Arc<Stored>>,
+    pub extra: &'a RequestEntities,
     /// The blocklist, by id of the blocked entity.
     pub blocked: &'a BTreeMap<String, BlockRecord>,
     /// The blocklist's entity type and attribute.
@@ -61,6 +67,8 @@ pub(crate) struct SliceSource<'a> {
     /// Action entities, when the schema has action groups (else `in` on actions needs
     /// no entity).
     pub actions: &'a [Arc<ast::Entity>],
+    /// The snapshot's bases, when slices are cut over them.
+    pub bases: Option<&'a BaseSlices>,
 }
 
 /// A stored entity a slice was cut from, as it was then (`None`: not stored).
@@ -205,23 +213,110 @@ impl<'a> SliceSource<'a> {
     /// (or looked for and did not find) is pushed there, with the version it had: a
     /// decision over this slice holds while each of them is unchanged, the request's
     /// own entities, the owned ones and the blocklist are the same.
+    ///
+    /// With [`SliceSource::bases`], the part of the slice reached from the roots the
+    /// store answers for is cut once per snapshot and reused; only what the request's
+    /// own entities reach is walked each time.
     pub fn cut(
         &self,
         roots: impl IntoIterator<Item = EntityUID>,
+        deps: Option<&mut Vec<Dependency>>,
+    ) -> Result<cedar_policy::Entities, SliceError> {
+        let roots: Vec<EntityUID> = roots.into_iter().collect();
+        match self.bases {
+            Some(bases) => self.cut_over_base(bases, roots, deps),
+            None => self.cut_whole(roots, deps),
+        }
+    }
+
+    /// The slice walked from every root, with no base.
+    fn cut_whole(
+        &self,
+        roots: Vec<EntityUID>,
+        deps: Option<&mut Vec<Dependency>>,
+    ) -> Result<cedar_policy::Entities, SliceError> {
+        let mut walk = Walk::new(None);
+        self.walk(roots, &mut walk, None, deps)?;
+        walk.out.extend(self.actions.iter().cloned());
+        into_entities(presized_entities().clone(), walk.out)
+    }
+
+    /// The base for the roots the store answers for, then the request's own entities'
+    /// part on top of it.
+    fn cut_over_base(
+        &self,
+        bases: &BaseSlices,
+        roots: Vec<EntityUID>,
         mut deps: Option<&mut Vec<Dependency>>,
     ) -> Result<cedar_policy::Entities, SliceError> {
-        let mut queue: Vec<EntityUID> = roots.into_iter().collect();
-        // A keyed hash: entity ids are anyone's choosing (a request brings its own), and
-        // an unkeyed one would let crafted ids collide.
-        let mut seen: HashSet<EntityUID, KeyedHash> =
-            HashSet::with_capacity_and_hasher(32, KeyedHash::default());
-        let mut out: Vec<Arc<ast::Entity>> = Vec::with_capacity(32);
-        let mut ancestors: Vec<(EntityUID, Option<&Arc<Stored>>)> = Vec::new();
+        let (own, stored): (Vec<EntityUID>, Vec<EntityUID>) =
+            roots.into_iter().partition(|r| self.extra.contains_key(r));
+        let base = match bases.get(&stored) {
+            Some(base) => base,
+            None => {
+                let base = Arc::new(self.base(stored.clone())?);
+                bases.offer(stored.clone(), &base);
+                base
+            }
+        };
+        // A request's entity the base looked for (as a node or an ancestor) would have
+        // changed what the base holds: such a request is cut whole.
+        if self.extra.keys().any(|u| base.looked_up.contains(u)) {
+            let mut roots = stored;
+            roots.extend(own);
+            return self.cut_whole(roots, deps);
+        }
+        if let Some(deps) = deps.as_deref_mut() {
+            deps.extend(base.deps.iter().cloned());
+        }
+        if own.is_empty() {
+            return Ok(cedar_policy::Entities::from(base.entities.clone()));
+        }
+        let mut walk = Walk::new(None);
+        walk.reached = base.len;
+        self.walk(own, &mut walk, Some(&base.walked), deps)?;
+        into_entities(base.entities.clone(), walk.out)
+    }
+
+    /// The slice of `roots` with no request entities, with everything it looked up.
+    fn base(&self, roots: Vec<EntityUID>) -> Result<BaseSlice, SliceError> {
+        let alone = RequestEntities::default();
+        let source = SliceSource {
+            extra: &alone,
+            bases: None,
+            ..*self
+        };
+        let mut walk = Walk::new(Some(HashSet::with_hasher(KeyedHash::default())));
+        let mut deps = Vec::new();
+        source.walk(roots, &mut walk, None, Some(&mut deps))?;
+        let len = walk.out.len();
+        walk.out.extend(self.actions.iter().cloned());
+        Ok(BaseSlice {
+            entities: add_closed(presized_entities().clone(), walk.out)?,
+            walked: walk.seen,
+            looked_up: walk.looked_up.unwrap_or_default(),
+            deps,
+            len,
+        })
+    }
+
+    /// Walks from `queue`: every entity reached through attribute and tag values, with
+    /// its ancestors, into `walk.out` (except those in `skip`, already had).
+    fn walk(
+        &self,
+        mut queue: Vec<EntityUID>,
+        walk: &mut Walk<'a>,
+        skip: Option<&HashSet<EntityUID, KeyedHash>>,
+        mut deps: Option<&mut Vec<Dependency>>,
+    ) -> Result<(), SliceError> {
+        let had = |uid: &EntityUID, seen: &HashSet<EntityUID, KeyedHash>| {
+            seen.contains(uid) || skip.is_some_and(|s| s.contains(uid))
+        };
         while let Some(uid) = queue.pop() {
-            if seen.contains(&uid) {
+            if had(&uid, &walk.seen) {
                 continue;
             }
-            if out.len() >= MAX_SLICE_ENTITIES {
+            if walk.reached >= MAX_SLICE_ENTITIES {
                 return Err(SliceError::TooLarge);
             }
             let extra = self.extra.get(&uid);
@@ -238,15 +333,16 @@ impl<'a> SliceSource<'a> {
                 });
             }
             if let Some(s) = stored {
-                queue.extend(s.refs().filter(|r| !seen.contains(*r)).cloned());
+                queue.extend(s.refs().filter(|r| !had(r, &walk.seen)).cloned());
             }
+            let before = walk.out.len();
             if let Some(e) = owned {
-                out.push(Arc::clone(e));
+                walk.out.push(Arc::clone(e));
             } else if let Some(s) = stored {
-                self.ancestors_of(s, &mut ancestors);
+                self.ancestors_of(s, &mut walk.ancestors);
                 if let Some(deps) = deps.as_deref_mut() {
                     deps.extend(
-                        ancestors
+                        walk.ancestors
                             .iter()
                             .filter(|(a, _)| !self.extra.contains_key(a))
                             .map(|(a, version)| Dependency {
@@ -255,36 +351,180 @@ impl<'a> SliceSource<'a> {
                             }),
                     );
                 }
-                out.push(s.materialized(
+                if let Some(looked_up) = walk.looked_up.as_mut() {
+                    looked_up.extend(walk.ancestors.iter().map(|(a, _)| a.clone()));
+                }
+                walk.out.push(s.materialized(
                     &uid,
-                    ancestors.iter().map(|(a, _)| a),
+                    walk.ancestors.iter().map(|(a, _)| a),
                     self.blocked_view(&uid),
                 ));
             } else if let Some((attr, blocked)) = self.blocked_view(&uid) {
                 // The blocklist decides for an entity no fact describes yet: it exists
                 // with its block, and any other attribute a policy reads is an error,
                 // hence a deny (fail closed).
-                out.push(Arc::new(ast::Entity::new_with_attr_partial_value(
-                    uid.clone(),
-                    [(attr.clone(), PartialValue::Value(blocked.into()))],
+                walk.out
+                    .push(Arc::new(ast::Entity::new_with_attr_partial_value(
+                        uid.clone(),
+                        [(attr.clone(), PartialValue::Value(blocked.into()))],
+                        HashSet::new(),
+                        HashSet::new(),
+                        [],
+                    )));
+            }
+            walk.reached += walk.out.len() - before;
+            if let Some(looked_up) = walk.looked_up.as_mut() {
+                looked_up.insert(uid.clone());
+            }
+            walk.seen.insert(uid);
+        }
+        Ok(())
+    }
+}
+
+/// One walk's state.
+struct Walk<'a> {
+    /// Entities walked.
+    seen: HashSet<EntityUID, KeyedHash>,
+    /// What the slice holds from this walk.
+    out: Vec<Arc<ast::Entity>>,
+    /// Entities the slice holds, this walk's and any base's: the bound applies to both.
+    reached: usize,
+    /// Scratch for [`SliceSource::ancestors_of`].
+    ancestors: Vec<(EntityUID, Option<&'a Arc<Stored>>)>,
+    /// Every uid walked or looked up as an ancestor, when a base is being cut.
+    looked_up: Option<HashSet<EntityUID, KeyedHash>>,
+}
+
+impl Walk<'_> {
+    fn new(looked_up: Option<HashSet<EntityUID, KeyedHash>>) -> Self {
+        Self {
+            seen: HashSet::with_capacity_and_hasher(32, KeyedHash::default()),
+            out: Vec::with_capacity(32),
+            reached: 0,
+            ancestors: Vec::new(),
+            looked_up,
+        }
+    }
+}
+
+/// `base` with `more` added, as the public type (already closed: no hierarchy work).
+fn into_entities(
+    base: CoreEntities,
+    more: Vec<Arc<ast::Entity>>,
+) -> Result<cedar_policy::Entities, SliceError> {
+    add_closed(base, more).map(cedar_policy::Entities::from)
+}
+
+/// `base` with `more` added, already closed.
+fn add_closed(base: CoreEntities, more: Vec<Arc<ast::Entity>>) -> Result<CoreEntities, SliceError> {
+    base.add_entities(
+        more,
+        None::<&NoEntitiesSchema>,
+        TCComputation::AssumeAlreadyComputed,
+        Extensions::all_available(),
+    )
+    .map_err(|e| SliceError::Inconsistent(e.to_string()))
+}
+
+/// The part of a slice the store alone decides: everything reached from roots that
+/// are not a request's own entities.
+pub(crate) struct BaseSlice {
+    entities: CoreEntities,
+    /// Entities walked (in `entities`, or looked for and absent).
+    walked: HashSet<EntityUID, KeyedHash>,
+    /// Every uid walked or looked up as an ancestor: a request bringing one of these
+    /// would change the base.
+    looked_up: HashSet<EntityUID, KeyedHash>,
+    /// What the base was cut from, for the decision cache.
+    deps: Vec<Dependency>,
+    /// Entities in the base, not counting the actions.
+    len: usize,
+}
+
+/// Most bases one snapshot keeps: past it, slices are cut whole. A base is a few
+/// kilobytes (its `Entities` map shares the entities with the store).
+pub(crate) const MAX_BASES: usize = 4096;
+
+/// The bases of one snapshot, by the roots they were cut from. A snapshot never
+/// changes, so a base never goes stale: a write makes a new snapshot with none.
+#[derive(Default)]
+pub(crate) struct BaseSlices {
+    by_roots: std::sync::Mutex<HashMap<Vec<EntityUID>, Arc<BaseSlice>, KeyedHash>>,
+}
+
+impl BaseSlices {
+    fn get(&self, roots: &[EntityUID]) -> Option<Arc<BaseSlice>> {
+        let map = self
+            .by_roots
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        map.get(roots).cloned()
+    }
+
+    fn offer(&self, roots: Vec<EntityUID>, base: &Arc<BaseSlice>) {
+        let mut map = self
+            .by_roots
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if map.len() < MAX_BASES {
+            map.entry(roots).or_insert_with(|| Arc::clone(base));
+        }
+    }
+
+    /// How many bases are kept.
+    #[cfg(test)]
+    pub fn len(&self) -> usize {
+        self.by_roots
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .len()
+    }
+}
+
+/// Entities a slice usually holds at most, which its map is sized for at once.
+const TYPICAL_SLICE: usize = 32;
+
+/// An empty `Entities` whose map already has room for [`TYPICAL_SLICE`] entities, to
+/// clone for each slice: Cedar's constructor starts from an empty map, which then
+/// grows (and rehashes every entry with SipHash) two or three times per slice. A
+/// clone of a map keeps its capacity.
+fn presized_entities() -> &'static CoreEntities {
+    static PRESIZED: std::sync::OnceLock<CoreEntities> = std::sync::OnceLock::new();
+    PRESIZED.get_or_init(|| {
+        let Ok(placeholder) = EntityType::from_normalized_str("Placeholder") else {
+            return CoreEntities::new();
+        };
+        let uids: Vec<EntityUID> = (0..TYPICAL_SLICE)
+            .map(|i| {
+                EntityUID::from_components(placeholder.clone(), ast::Eid::new(i.to_string()), None)
+            })
+            .collect();
+        let filled = CoreEntities::new().add_entities(
+            uids.iter().map(|u| {
+                Arc::new(ast::Entity::new_with_attr_partial_value(
+                    u.clone(),
+                    [],
                     HashSet::new(),
                     HashSet::new(),
                     [],
-                )));
-            }
-            seen.insert(uid);
-        }
-        out.extend(self.actions.iter().cloned());
-        CoreEntities::new()
-            .add_entities(
-                out,
-                None::<&NoEntitiesSchema>,
-                TCComputation::AssumeAlreadyComputed,
-                Extensions::all_available(),
-            )
-            .map(cedar_policy::Entities::from)
-            .map_err(|e| SliceError::Inconsistent(e.to_string()))
-    }
+                ))
+            }),
+            None::<&NoEntitiesSchema>,
+            TCComputation::AssumeAlreadyComputed,
+            Extensions::all_available(),
+        );
+        // Removing keeps the map's capacity; if anything failed, an unsized map is
+        // still correct.
+        filled
+            .ok()
+            .and_then(|f| {
+                f.remove_entities(uids, TCComputation::AssumeAlreadyComputed)
+                    .ok()
+            })
+            .filter(CoreEntities::is_empty)
+            .unwrap_or_default()
+    })
 }
 
 /// The whole store as Cedar sees it, for the differential test: every stored entity
@@ -379,6 +619,15 @@ mod tests {
     use crate::request::Request;
     use serde_json::{Value, json};
     use std::collections::BTreeSet;
+
+    /// The map every slice starts from is empty: the placeholders that sized it are
+    /// gone, so none can appear in a decision.
+    #[test]
+    fn the_presized_map_every_slice_starts_from_holds_no_entity() {
+        let base = super::presized_entities();
+        assert!(base.is_empty());
+        assert_eq!(base.iter().count(), 0);
+    }
 
     /// What must not change between a slice and the whole store.
     fn essence(
@@ -534,8 +783,15 @@ mod tests {
                     format!("n{}", next(12))
                 }
             };
+            // A node whose zone no fact describes: a request may bring that zone, which
+            // the node's ancestors then pass through (such a request is cut whole).
+            entities_with_missing_zone(&engine);
             for _ in 0..150 {
                 let n = node(&mut next);
+                if next(3) == 0 {
+                    compare(&engine, &with_own_entities(&mut next, &n));
+                    continue;
+                }
                 let request = match next(7) {
                     0 => {
                         json!({"principal": format!("Workload::\"w{}\"", next(11)), "action": "schedule",
@@ -571,5 +827,79 @@ mod tests {
                 compare(&engine, &request);
             }
         }
+    }
+
+    fn entities_with_missing_zone(engine: &Engine) {
+        engine
+            .upsert_entities(&json!([{"uid": {"type": "Node", "id": "orphan"},
+                "attrs": {"zone": {"__entity": {"type": "Zone", "id": "z-missing"}}, "rack": "r",
+                    "driverVersion": "590.48.01", "cudaImage": "i", "gpuNode": true, "gpuCount": 8,
+                    "cpuCount": 64, "gpuMemoryMiB": 81920, "hottestGpuTempC": 50,
+                    "powerDrawW": 2000, "powerWindowMeanW": 1000},
+                "parents": [{"type": "Zone", "id": "z-missing"}]}]))
+            .unwrap();
+    }
+
+    /// A request that brings entities of its own: a new workload (in a namespace the
+    /// store may not hold, brought too), and sometimes the zone a stored node names
+    /// but no fact describes.
+    fn with_own_entities(next: &mut impl FnMut(u64) -> u64, node: &str) -> Request {
+        let ns = ["inference", "training", "brought"][next(3) as usize];
+        let mut own = vec![json!({"uid": {"type": "Workload", "id": "own"},
+            "attrs": {"namespace": {"__entity": {"type": "Namespace", "id": ns}},
+                "class": (["inference", "training", "rlhf"][next(3) as usize]),
+                "gpus": next(9), "cpuMillis": next(80_000), "gpuMemoryMiB": next(90_000), "image": "i"},
+            "parents": [{"type": "Namespace", "id": ns}]})];
+        if ns == "brought" {
+            own.push(
+                json!({"uid": {"type": "Namespace", "id": "brought"}, "attrs": {}, "parents": []}),
+            );
+        }
+        let resource = if next(3) == 0 {
+            own.push(json!({"uid": {"type": "Zone", "id": "z-missing"},
+                "attrs": {"cluster": {"__entity": {"type": "Cluster", "id": "c"}},
+                    "powerDrawW": next(50_000), "powerCeilingW": 40_000},
+                "parents": [{"type": "Cluster", "id": "c"}]}));
+            "orphan"
+        } else {
+            node
+        };
+        Request::from_json_value(
+            &json!({"principal": "Workload::\"own\"", "action": "schedule",
+            "resource": format!("Node::\"{resource}\""), "entities": own}),
+        )
+        .unwrap()
+    }
+
+    /// Requests on the same node with workloads of their own share one base: the
+    /// node's part of the slice is cut once per snapshot.
+    #[test]
+    fn requests_with_their_own_workloads_share_the_nodes_base() {
+        let engine = Engine::from_embedded_defaults().unwrap();
+        let cluster = std::fs::read_to_string(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../testdata/entities/cluster.json"),
+        )
+        .unwrap();
+        engine
+            .upsert_entities(&serde_json::from_str(&cluster).unwrap())
+            .unwrap();
+        let mut x = 7;
+        let mut next = |m: u64| {
+            x = (x * 48_271) % 2_147_483_647;
+            x % m
+        };
+        for _ in 0..20 {
+            let request = with_own_entities(&mut next, "gpu-a1");
+            if request.entities().len() == 3 {
+                continue; // the orphan node, not in this store
+            }
+            compare(&engine, &request);
+        }
+        let snapshot = engine.snapshot_now();
+        // One base per set of stored roots: gpu-a1 with the action's literals, and the
+        // namespace's when the workload's is stored.
+        assert!(snapshot.bases.len() >= 1);
+        assert!(snapshot.bases.len() <= 2, "{}", snapshot.bases.len());
     }
 }

@@ -1,7 +1,6 @@
 //! Deciding: the request's effective context and entities, evaluation against the
 //! policy set, combination, and the reasons and obligations a decision carries.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -19,7 +18,8 @@ use crate::facts::ContextOwner;
 use crate::modes::Mode;
 use crate::plugin::PluginEntities;
 use crate::request::{EntityUid, Request};
-use crate::store::{self, Stored};
+use crate::slice::{KeyedHash, RequestEntities};
+use crate::store;
 
 /// How [`Engine::decide_with`] decides: by default each decision that needs a
 /// record is recorded, with no budget.
@@ -317,10 +317,10 @@ impl Engine {
     pub(super) fn request_entities(
         snapshot: &Snapshot,
         items: &[Value],
-    ) -> Result<HashMap<EntityUID, Arc<Stored>>, String> {
+    ) -> Result<RequestEntities, String> {
         let bundle = &snapshot.bundle;
         let converter = bundle.converter();
-        let mut out: HashMap<EntityUID, Arc<Stored>> = HashMap::with_capacity(items.len());
+        let mut out = RequestEntities::with_capacity_and_hasher(items.len(), KeyedHash::default());
         for (i, item) in items.iter().enumerate() {
             let at = |uid: &EntityUID| format!("request entities[{i}] ({uid})");
             // Ownership first: an owned entity is refused for what it is, not for how
@@ -396,7 +396,7 @@ impl Engine {
             .map_err(|e| Box::new(Decision::error(format!("invalid context: {e}"))))?,
         };
         let extra = if request.entities.is_empty() {
-            HashMap::new()
+            RequestEntities::default()
         } else {
             Self::request_entities(snapshot, &request.entities)
                 .map_err(|e| Box::new(Decision::error(e)))?
@@ -709,7 +709,7 @@ pub(super) fn context_refs(v: &Value, out: &mut Vec<EntityUID>, depth: usize) {
 pub(crate) struct Prepared {
     pub(super) context_json: Option<Map<String, Value>>,
     pub(super) context: Context,
-    pub(super) extra: HashMap<EntityUID, Arc<Stored>>,
+    pub(super) extra: RequestEntities,
     /// When plugin calls must have ended ([`DecideOptions::deadline`]).
     pub(super) deadline: Option<Instant>,
 }

@@ -11,20 +11,22 @@ use crate::block::BlockRecord;
 use crate::bundle::Bundle;
 use crate::error::EntityError;
 use crate::plugin::PluginEntities;
-use crate::slice::SliceSource;
-use crate::store::{self, Store, Stored};
+use crate::slice::{BaseSlices, OwnedEntities, RequestEntities, SliceSource};
+use crate::store::{self, Store};
 
 pub(crate) struct Snapshot {
     pub bundle: Arc<Bundle>,
     pub store: Store,
     /// The entities the engine owns, materialized once (they change only with the
     /// configuration or the server's caller list).
-    pub owned: Arc<HashMap<EntityUID, Arc<ast::Entity>>>,
+    pub owned: Arc<OwnedEntities>,
     pub blocked: Arc<BTreeMap<String, BlockRecord>>,
     /// The same entities as plugins see them, with their JSON cached.
     pub plugin_entities: Arc<PluginEntities>,
     /// What the cluster supplied of each shared entity ([`ClusterFacts`]).
     pub cluster: Arc<ClusterFacts>,
+    /// Slices' stored parts cut in this snapshot, for reuse.
+    pub bases: BaseSlices,
 }
 
 /// The attributes the cluster supplied, per entity: the stored entity holds them too
@@ -37,7 +39,7 @@ impl Snapshot {
     pub(super) fn new(
         bundle: Arc<Bundle>,
         store: Store,
-        owned: Arc<HashMap<EntityUID, Arc<ast::Entity>>>,
+        owned: Arc<OwnedEntities>,
         blocked: Arc<BTreeMap<String, BlockRecord>>,
     ) -> Self {
         let plugin_entities = Arc::new(PluginEntities::new(
@@ -52,14 +54,12 @@ impl Snapshot {
             blocked,
             plugin_entities,
             cluster: Arc::default(),
+            bases: BaseSlices::default(),
         }
     }
 
     /// The slice source for a request with `extra` entities of its own.
-    pub(super) fn slicer<'a>(
-        &'a self,
-        extra: &'a HashMap<EntityUID, Arc<Stored>>,
-    ) -> SliceSource<'a> {
+    pub(super) fn slicer<'a>(&'a self, extra: &'a RequestEntities) -> SliceSource<'a> {
         SliceSource {
             store: &self.store,
             owned: &self.owned,
@@ -67,6 +67,7 @@ impl Snapshot {
             blocked: &self.blocked,
             blocklist: self.bundle.blocklist.as_ref().map(|(t, a)| (t, a)),
             actions: &self.bundle.action_entities,
+            bases: Some(&self.bases),
         }
     }
 
@@ -86,7 +87,7 @@ impl Snapshot {
 pub(super) struct Working {
     pub(super) bundle: Arc<Bundle>,
     pub(super) store: Store,
-    pub(super) owned: Arc<HashMap<EntityUID, Arc<ast::Entity>>>,
+    pub(super) owned: Arc<OwnedEntities>,
     pub(super) blocked: Arc<BTreeMap<String, BlockRecord>>,
     pub(super) cluster: Arc<ClusterFacts>,
     pub(super) changed: bool,
@@ -215,7 +216,7 @@ impl Drop for BusyGuard<'_> {
 }
 
 /// The owned entities of `store`, materialized for slices.
-pub(super) fn owned_cache(bundle: &Bundle, store: &Store) -> HashMap<EntityUID, Arc<ast::Entity>> {
+pub(super) fn owned_cache(bundle: &Bundle, store: &Store) -> OwnedEntities {
     store
         .iter()
         .filter(|(u, _)| {
@@ -225,7 +226,7 @@ pub(super) fn owned_cache(bundle: &Bundle, store: &Store) -> HashMap<EntityUID, 
                 .is_some()
         })
         .map(|(u, s)| {
-            let ancestors = store.ancestors(&s.parents, &HashMap::new());
+            let ancestors = store.ancestors(&s.parents, &RequestEntities::default());
             let entity = Arc::new(store::materialize(&u, s, ancestors, None));
             (u, entity)
         })

@@ -32,7 +32,7 @@ use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use cedar_policy_core::ast::{self, EntityUID};
+use cedar_policy_core::ast::EntityUID;
 
 use crate::block::BlockRecord;
 use crate::bundle::Bundle;
@@ -199,7 +199,7 @@ impl Answers {
 
 struct World {
     bundle: Arc<Bundle>,
-    owned: Arc<HashMap<EntityUID, Arc<ast::Entity>>>,
+    owned: Arc<crate::slice::OwnedEntities>,
     blocked: Arc<std::collections::BTreeMap<String, BlockRecord>>,
 }
 

@@ -537,7 +537,7 @@ impl Store {
     pub fn ancestors(
         &self,
         parents: &[Arc<EntityUID>],
-        extra: &HashMap<EntityUID, Arc<Stored>>,
+        extra: &crate::slice::RequestEntities,
     ) -> HashSet<EntityUID> {
         let mut out: HashSet<EntityUID> = HashSet::with_capacity(parents.len() * 2);
         let mut stack: Vec<&EntityUID> = parents.iter().map(AsRef::as_ref).collect();

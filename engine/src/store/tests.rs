@@ -24,7 +24,10 @@ fn ancestors_follow_the_stored_hierarchy_and_cycles_are_seen() {
     s.insert(uid("Cluster", "c"), stored(&[]));
     s.insert(uid("Zone", "z"), stored(&[uid("Cluster", "c")]));
     s.insert(uid("Node", "n"), stored(&[uid("Zone", "z")]));
-    let a = s.ancestors(&arcs(&[uid("Zone", "z")]), &HashMap::new());
+    let a = s.ancestors(
+        &arcs(&[uid("Zone", "z")]),
+        &crate::slice::RequestEntities::default(),
+    );
     assert_eq!(a, HashSet::from([uid("Zone", "z"), uid("Cluster", "c")]));
     assert!(s.would_cycle(
         &uid("Cluster", "c"),

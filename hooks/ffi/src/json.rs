@@ -60,9 +60,9 @@ pub fn batch(bytes: &[u8]) -> Result<Vec<Request>, JsonError> {
     let shape = || {
         JsonError::Invalid("batch: expected {\"requests\": [...]} or an array of requests".into())
     };
-    let items = match &value {
+    let items = match value {
         Value::Array(a) => a,
-        Value::Object(o) => match o.get("requests") {
+        Value::Object(mut o) => match o.remove("requests") {
             Some(Value::Array(a)) => a,
             _ => return Err(shape()),
         },
@@ -75,10 +75,10 @@ pub fn batch(bytes: &[u8]) -> Result<Vec<Request>, JsonError> {
         )));
     }
     items
-        .iter()
+        .into_iter()
         .enumerate()
         .map(|(i, v)| {
-            Request::from_json_value(v)
+            Request::from_json_owned(v)
                 .map_err(|e| JsonError::Invalid(format!("requests[{i}]: {}", chain(&e))))
         })
         .collect()

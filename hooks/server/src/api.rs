@@ -117,7 +117,7 @@ pub(crate) async fn decide(
 ) -> Result<Json<Decision>, ApiError> {
     let value = json_body(&state, body, "request")?;
     let request =
-        Request::from_json_value(&value).map_err(|e| ApiError::BadRequest(e.to_string()))?;
+        Request::from_json_owned(value).map_err(|e| ApiError::BadRequest(e.to_string()))?;
     let caller = caller(&ext);
     let request = with_reporter(&state, &caller, request).await;
     Ok(Json(state.decide_async(&caller, request).await?))
@@ -129,21 +129,16 @@ pub(crate) async fn decide_batch(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<Value>, ApiError> {
     let value = json_body(&state, body, "batch")?;
-    let items = match &value {
+    let shape = || {
+        ApiError::BadRequest("batch: expected {\"requests\": [...]} or an array of requests".into())
+    };
+    let items = match value {
         Value::Array(a) => a,
-        Value::Object(o) => match o.get("requests") {
+        Value::Object(mut o) => match o.remove("requests") {
             Some(Value::Array(a)) => a,
-            _ => {
-                return Err(ApiError::BadRequest(
-                    "batch: expected {\"requests\": [...]} or an array of requests".into(),
-                ));
-            }
+            _ => return Err(shape()),
         },
-        _ => {
-            return Err(ApiError::BadRequest(
-                "batch: expected {\"requests\": [...]} or an array of requests".into(),
-            ));
-        }
+        _ => return Err(shape()),
     };
     if items.len() > MAX_BATCH {
         return Err(ApiError::BadRequest(format!(
@@ -152,10 +147,10 @@ pub(crate) async fn decide_batch(
         )));
     }
     let requests = items
-        .iter()
+        .into_iter()
         .enumerate()
         .map(|(i, v)| {
-            Request::from_json_value(v)
+            Request::from_json_owned(v)
                 .map_err(|e| ApiError::BadRequest(format!("requests[{i}]: {e}")))
         })
         .collect::<Result<Vec<_>, _>>()?;
