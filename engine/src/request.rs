@@ -18,11 +18,9 @@ pub struct EntityUid(pub(crate) cedar_policy::EntityUid);
 impl EntityUid {
     /// The uid of type `type_name` and id `id`, e.g. `("Node", "gpu-001")`.
     pub fn new(type_name: &str, id: &str) -> Result<Self, RequestError> {
-        let t = cedar_policy::EntityTypeName::from_str(type_name).map_err(|_| {
-            RequestError::EntityUid {
-                field: "type",
-                value: truncate(type_name),
-            }
+        let t = type_names::get(type_name).ok_or_else(|| RequestError::EntityUid {
+            field: "type",
+            value: truncate(type_name),
         })?;
         let eid = cedar_policy::EntityId::new(id);
         Ok(Self(cedar_policy::EntityUid::from_type_name_and_id(t, eid)))
@@ -124,9 +122,13 @@ mod type_names {
     use std::str::FromStr;
     use std::sync::{PoisonError, RwLock};
 
+    use crate::slice::KeyedHash;
+
     const MAX_CACHED: usize = 256;
 
-    static CACHE: RwLock<Option<HashMap<String, cedar_policy::EntityTypeName>>> = RwLock::new(None);
+    type Names = HashMap<String, cedar_policy::EntityTypeName, KeyedHash>;
+
+    static CACHE: RwLock<Option<Names>> = RwLock::new(None);
 
     pub(super) fn get(name: &str) -> Option<cedar_policy::EntityTypeName> {
         if let Some(t) = CACHE
@@ -139,7 +141,7 @@ mod type_names {
         }
         let t = cedar_policy::EntityTypeName::from_str(name).ok()?;
         let mut cache = CACHE.write().unwrap_or_else(PoisonError::into_inner);
-        let map = cache.get_or_insert_with(HashMap::new);
+        let map = cache.get_or_insert_with(Names::default);
         if map.len() < MAX_CACHED {
             map.insert(name.to_owned(), t.clone());
         }

@@ -423,18 +423,25 @@ impl Engine {
         let schema = &bundle.schema;
         let context_json = &prepared.context_json;
         let extra = &prepared.extra;
+        let principal: &EntityUID = request.principal.0.as_ref();
+        let resource: &EntityUID = resource_uid.0.as_ref();
+        let action: &EntityUID = request.action.0.as_ref();
+        // With no context, a shape the schema accepted before is accepted again.
+        let known_shape =
+            context_json.is_none() && bundle.valid_shapes.accepted(principal, action, resource);
         let cedar_request = match cedar_policy::Request::new(
             request.principal.0.clone(),
             request.action.0.clone(),
             resource_uid.0.clone(),
             prepared.context.clone(),
-            Some(schema),
+            (!known_shape).then_some(schema),
         ) {
             Ok(r) => r,
             Err(e) => return Decision::error(format!("invalid request: {e}")),
         };
-        let principal: &EntityUID = request.principal.0.as_ref();
-        let resource: &EntityUID = resource_uid.0.as_ref();
+        if context_json.is_none() && !known_shape {
+            bundle.valid_shapes.accept(principal, action, resource);
+        }
         let mut roots: Vec<EntityUID> = vec![principal.clone(), resource.clone()];
         if let Some(c) = &context_json {
             for v in c.values() {
