@@ -76,4 +76,6 @@ for package in probity-cli probity-ffi; do
   "$cargo_deb" --no-build --profile "$profile" -p "$package" --output "$out" \
     "${compress[@]}" --quiet >&2
 done
+# The staged copies (about 570 MB for the debug build) are in the packages now.
+rm -rf "$staging"
 ls "$out"/probity_*.deb "$out"/libprobity-dev_*.deb | sort -u

@@ -6,6 +6,13 @@ set -euo pipefail
 export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
 cd "$(dirname "$0")/.."
 
+# The build, its test binaries and the tests' scratch (a Debian root among them) take
+# about 9 GB at their peak; a control-plane build on a new machine 5 GB more while it
+# runs. Said first, so that a full disk is not mistaken for a failing test.
+free_gb=$(df -P --block-size=1G . | awk 'NR == 2 {print $4}')
+if [ "${free_gb:-0}" -lt 12 ]; then
+  echo "test.sh: warning: ${free_gb} GB free here; the suite needs about 9 GB (14 GB with a first control-plane build)" >&2
+fi
 bash scripts/setup.sh
 # The machine's Go before any other (setup.sh says why).
 if [ -x /usr/local/go/bin/go ]; then
