@@ -235,7 +235,7 @@ impl<'a> SliceSource<'a> {
         roots: Vec<EntityUID>,
         deps: Option<&mut Vec<Dependency>>,
     ) -> Result<cedar_policy::Entities, SliceError> {
-        let mut walk = Walk::new(None);
+        let mut walk = Walk::new();
         self.walk(roots, &mut walk, None, deps)?;
         walk.out.extend(self.actions.iter().cloned());
         into_entities(presized_entities().clone(), walk.out)
@@ -261,7 +261,7 @@ impl<'a> SliceSource<'a> {
         };
         // A request's entity the base looked for (as a node or an ancestor) would have
         // changed what the base holds: such a request is cut whole.
-        if self.extra.keys().any(|u| base.looked_up.contains(u)) {
+        if self.extra.keys().any(|u| base.looked_up(u)) {
             let mut roots = stored;
             roots.extend(own);
             return self.cut_whole(roots, deps);
@@ -272,7 +272,7 @@ impl<'a> SliceSource<'a> {
         if own.is_empty() {
             return Ok(cedar_policy::Entities::from(base.entities.clone()));
         }
-        let mut walk = Walk::new(None);
+        let mut walk = Walk::new();
         walk.reached = base.len;
         self.walk(own, &mut walk, Some(&base.walked), deps)?;
         into_entities(base.entities.clone(), walk.out)
@@ -286,7 +286,7 @@ impl<'a> SliceSource<'a> {
             bases: None,
             ..*self
         };
-        let mut walk = Walk::new(Some(HashSet::with_hasher(KeyedHash::default())));
+        let mut walk = Walk::new();
         let mut deps = Vec::new();
         source.walk(roots, &mut walk, None, Some(&mut deps))?;
         let len = walk.out.len();
@@ -294,7 +294,8 @@ impl<'a> SliceSource<'a> {
         Ok(BaseSlice {
             entities: add_closed(presized_entities().clone(), walk.out)?,
             walked: walk.seen,
-            looked_up: walk.looked_up.unwrap_or_default(),
+            looked_up_index: (deps.len() > SCAN_DEPS)
+                .then(|| deps.iter().map(|d| d.uid.clone()).collect()),
             deps,
             len,
         })
@@ -351,9 +352,6 @@ impl<'a> SliceSource<'a> {
                             }),
                     );
                 }
-                if let Some(looked_up) = walk.looked_up.as_mut() {
-                    looked_up.extend(walk.ancestors.iter().map(|(a, _)| a.clone()));
-                }
                 walk.out.push(s.materialized(
                     &uid,
                     walk.ancestors.iter().map(|(a, _)| a),
@@ -373,9 +371,6 @@ impl<'a> SliceSource<'a> {
                     )));
             }
             walk.reached += walk.out.len() - before;
-            if let Some(looked_up) = walk.looked_up.as_mut() {
-                looked_up.insert(uid.clone());
-            }
             walk.seen.insert(uid);
         }
         Ok(())
@@ -392,18 +387,15 @@ struct Walk<'a> {
     reached: usize,
     /// Scratch for [`SliceSource::ancestors_of`].
     ancestors: Vec<(EntityUID, Option<&'a Arc<Stored>>)>,
-    /// Every uid walked or looked up as an ancestor, when a base is being cut.
-    looked_up: Option<HashSet<EntityUID, KeyedHash>>,
 }
 
 impl Walk<'_> {
-    fn new(looked_up: Option<HashSet<EntityUID, KeyedHash>>) -> Self {
+    fn new() -> Self {
         Self {
             seen: HashSet::with_capacity_and_hasher(32, KeyedHash::default()),
             out: Vec::with_capacity(32),
             reached: 0,
             ancestors: Vec::new(),
-            looked_up,
         }
     }
 }
@@ -433,13 +425,27 @@ pub(crate) struct BaseSlice {
     entities: CoreEntities,
     /// Entities walked (in `entities`, or looked for and absent).
     walked: HashSet<EntityUID, KeyedHash>,
-    /// Every uid walked or looked up as an ancestor: a request bringing one of these
-    /// would change the base.
-    looked_up: HashSet<EntityUID, KeyedHash>,
-    /// What the base was cut from, for the decision cache.
+    /// What the base was cut from, for the decision cache: every uid it walked or looked
+    /// up as an ancestor, but the owned entities (which no request may bring).
     deps: Vec<Dependency>,
+    /// Those uids as a set, past [`SCAN_DEPS`] of them.
+    looked_up_index: Option<HashSet<EntityUID, KeyedHash>>,
     /// Entities in the base, not counting the actions.
     len: usize,
+}
+
+/// Dependencies a base scans for a request's entity before it keeps them as a set.
+const SCAN_DEPS: usize = 32;
+
+impl BaseSlice {
+    /// Whether the base looked up `uid`, as a node or an ancestor: a request bringing
+    /// it would have changed the base.
+    fn looked_up(&self, uid: &EntityUID) -> bool {
+        match &self.looked_up_index {
+            Some(set) => set.contains(uid),
+            None => self.deps.iter().any(|d| &d.uid == uid),
+        }
+    }
 }
 
 /// Most bases one snapshot keeps: past it, slices are cut whole. A base is a few
