@@ -295,7 +295,8 @@ criterion_group!(benches, decide, reload);
 /// `PROBITY_COUNT=<mode>:<n>` runs one way of deciding `n` times and exits, for
 /// instruction counts under callgrind (the count at `n` less the count at 0, over `n`):
 /// `raw` (`Authorizer::is_authorized`), `fresh`, `miss`, `hit`, `unique` (a workload of
-/// its own each time).
+/// its own each time), `write` (an unrelated upsert) and `after_write` (that upsert, then
+/// a fresh decision on the new snapshot).
 fn count(spec: &str) {
     let (mode, n) = spec.split_once(':').expect("PROBITY_COUNT=<mode>:<n>");
     let n: u64 = n.parse().expect("a count");
@@ -351,6 +352,25 @@ fn count(spec: &str) {
         "hit" => {
             black_box(engine.decide(black_box(&request)));
         }
+        // A write (an unrelated entity) makes a new snapshot, with no slice bases:
+        // `after_write` less `write` is a fresh decision that cuts its slice whole.
+        "write" | "after_write" => {
+            let i = next.get();
+            next.set(i + 1);
+            engine
+                .upsert_entities(
+                    &json!([{"uid": {"type": "Namespace", "id": format!("churn-{i}")},
+                    "attrs": {}, "parents": []}]),
+                )
+                .expect("an unrelated namespace");
+            if mode == "after_write" {
+                black_box(
+                    engine
+                        .decide_with(std::slice::from_ref(&request), DecideOptions::new().fresh())
+                        .settle(),
+                );
+            }
+        }
         "unique" => {
             let i = next.get();
             next.set(i + 1);
@@ -365,7 +385,16 @@ fn count(spec: &str) {
 #[inline(never)]
 fn counted(mode: &str, n: u64, once: &dyn Fn()) {
     assert!(
-        ["raw", "fresh", "miss", "hit", "unique"].contains(&mode),
+        [
+            "raw",
+            "fresh",
+            "miss",
+            "hit",
+            "unique",
+            "write",
+            "after_write"
+        ]
+        .contains(&mode),
         "unknown mode {mode}"
     );
     for _ in 0..n {
