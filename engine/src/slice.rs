@@ -452,39 +452,55 @@ impl BaseSlice {
 /// kilobytes (its `Entities` map shares the entities with the store).
 pub(crate) const MAX_BASES: usize = 4096;
 
+/// Most entries (roots, entities and dependencies, about 100 bytes each) all of one
+/// snapshot's bases hold together: a caller asking about resources whose slices are
+/// large (a schema whose attributes list many entities) cannot make the bases grow
+/// past a few megabytes. Past it, slices are cut whole.
+pub(crate) const MAX_BASE_ENTRIES: usize = 1 << 16;
+
 /// The bases of one snapshot, by the roots they were cut from. A snapshot never
 /// changes, so a base never goes stale: a write makes a new snapshot with none.
 #[derive(Default)]
 pub(crate) struct BaseSlices {
-    by_roots: std::sync::Mutex<HashMap<Vec<EntityUID>, Arc<BaseSlice>, KeyedHash>>,
+    held: std::sync::Mutex<HeldBases>,
+}
+
+#[derive(Default)]
+struct HeldBases {
+    by_roots: HashMap<Vec<EntityUID>, Arc<BaseSlice>, KeyedHash>,
+    /// Entries the bases hold, against [`MAX_BASE_ENTRIES`].
+    entries: usize,
 }
 
 impl BaseSlices {
-    fn get(&self, roots: &[EntityUID]) -> Option<Arc<BaseSlice>> {
-        let map = self
-            .by_roots
+    fn lock(&self) -> std::sync::MutexGuard<'_, HeldBases> {
+        self.held
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        map.get(roots).cloned()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
+    fn get(&self, roots: &[EntityUID]) -> Option<Arc<BaseSlice>> {
+        self.lock().by_roots.get(roots).cloned()
+    }
+
+    /// Keeps `base` for `roots` while both bounds allow.
     fn offer(&self, roots: Vec<EntityUID>, base: &Arc<BaseSlice>) {
-        let mut map = self
-            .by_roots
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if map.len() < MAX_BASES {
-            map.entry(roots).or_insert_with(|| Arc::clone(base));
+        let entries = roots.len() + base.len + base.deps.len();
+        let mut held = self.lock();
+        if held.by_roots.len() >= MAX_BASES
+            || held.entries.saturating_add(entries) > MAX_BASE_ENTRIES
+            || held.by_roots.contains_key(&roots)
+        {
+            return;
         }
+        held.entries += entries;
+        held.by_roots.insert(roots, Arc::clone(base));
     }
 
     /// How many bases are kept.
     #[cfg(test)]
     pub fn len(&self) -> usize {
-        self.by_roots
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .len()
+        self.lock().by_roots.len()
     }
 }
 
@@ -875,6 +891,39 @@ mod tests {
             "resource": format!("Node::\"{resource}\""), "entities": own}),
         )
         .unwrap()
+    }
+
+    /// Bases whose entries together would pass the bound are not kept: a flood of
+    /// questions on resources with large slices cannot grow a snapshot's memory.
+    #[test]
+    fn bases_stop_being_kept_at_their_entry_bound() {
+        use super::{BaseSlice, BaseSlices, Dependency, MAX_BASE_ENTRIES};
+        use cedar_policy_core::ast::EntityUID;
+        use std::str::FromStr;
+        use std::sync::Arc;
+        let uid = |i: usize| EntityUID::from_str(&format!("Node::\"n{i}\"")).unwrap();
+        let big = |i: usize| {
+            Arc::new(BaseSlice {
+                entities: super::presized_entities().clone(),
+                walked: Default::default(),
+                deps: (0..1000)
+                    .map(|d| Dependency {
+                        uid: uid(i * 1000 + d),
+                        version: None,
+                    })
+                    .collect(),
+                looked_up_index: None,
+                len: 1000,
+            })
+        };
+        let bases = BaseSlices::default();
+        for i in 0..100 {
+            bases.offer(vec![uid(i)], &big(i));
+        }
+        // 2,001 entries each: 32 fit under 65,536.
+        assert_eq!(bases.len(), MAX_BASE_ENTRIES / 2001);
+        assert!(bases.get(&[uid(0)]).is_some());
+        assert!(bases.get(&[uid(99)]).is_none());
     }
 
     /// Requests on the same node with workloads of their own share one base: the
