@@ -185,7 +185,7 @@ pub(crate) struct Bundle {
 /// requests are validated each time.
 #[derive(Default)]
 pub(crate) struct ValidShapes {
-    accepted: std::sync::RwLock<std::collections::HashSet<Shape, crate::slice::KeyedHash>>,
+    accepted: std::sync::RwLock<std::collections::HashSet<Shape, crate::hashing::KeyedHash>>,
 }
 
 type Shape = (ast::EntityType, ast::EntityUID, ast::EntityType);

@@ -56,6 +56,7 @@ mod error;
 mod facts;
 mod fanout;
 mod guard;
+mod hashing;
 pub mod integrity;
 pub mod keys;
 mod modes;

@@ -122,7 +122,7 @@ mod type_names {
     use std::str::FromStr;
     use std::sync::{PoisonError, RwLock};
 
-    use crate::slice::KeyedHash;
+    use crate::hashing::KeyedHash;
 
     const MAX_CACHED: usize = 256;
 

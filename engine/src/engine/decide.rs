@@ -15,10 +15,11 @@ use crate::bundle::{MessagePart, MessageTemplate, PolicyMeta, TargetPath, Target
 use crate::decision::{Decision, DecisionError, Effect, Notice, Obligation, Reason};
 use crate::decision_log::{self, Settled};
 use crate::facts::ContextOwner;
+use crate::hashing::KeyedHash;
 use crate::modes::Mode;
 use crate::plugin::PluginEntities;
 use crate::request::{EntityUid, Request};
-use crate::slice::{KeyedHash, RequestEntities};
+use crate::slice::RequestEntities;
 use crate::store;
 
 /// How [`Engine::decide_with`] decides: by default each decision that needs a

@@ -97,7 +97,7 @@ impl DecisionCache {
     /// does not change from run to run (the names are authenticated identities).
     pub(super) fn owner_of(&self, caller: Option<&str>) -> usize {
         caller.map_or(0, |c| {
-            let hash = std::hash::BuildHasher::hash_one(&crate::slice::FastHash::default(), c);
+            let hash = std::hash::BuildHasher::hash_one(&crate::hashing::FastHash::default(), c);
             (hash as usize) % OWNER_BUCKETS
         })
     }
@@ -279,10 +279,10 @@ impl DecisionCache {
         // An ancestor is often also reached through an attribute: check it once.
         let first: Vec<bool> = {
             // A keyed hash: the ids are anyone's choosing.
-            let mut seen: std::collections::HashSet<&EntityUID, crate::slice::KeyedHash> =
+            let mut seen: std::collections::HashSet<&EntityUID, crate::hashing::KeyedHash> =
                 std::collections::HashSet::with_capacity_and_hasher(
                     deps.len(),
-                    crate::slice::KeyedHash::default(),
+                    crate::hashing::KeyedHash::default(),
                 );
             deps.iter().map(|d| seen.insert(&d.uid)).collect()
         };

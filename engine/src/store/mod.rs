@@ -168,7 +168,7 @@ mod intern {
     /// asks it).
     type TypeTable = (
         Vec<EntityType>,
-        HashMap<EntityType, u32, crate::slice::FastHash>,
+        HashMap<EntityType, u32, crate::hashing::FastHash>,
     );
 
     static TYPES: RwLock<Option<TypeTable>> = RwLock::new(None);
