@@ -111,6 +111,6 @@ pub use plugin::PluginInfo;
 /// For the plugin benchmark; not an API.
 #[cfg(feature = "bench-hooks")]
 pub use plugin::compile_uncached as __compile_plugin_uncached;
-pub use request::{EntityUid, Request};
+pub use request::{EntityUid, ParsedRequests, ParsedRequestsStats, Request};
 pub use settings::{SettingInfo, Settings, SettingsSchema};
 pub use watch::{ReloadEvent, ReloadOutcome, ReloadTrigger, ReloadWatcher, Settle, Sleeper};

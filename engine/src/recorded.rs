@@ -11,8 +11,8 @@ use crate::state::RecordedRequest;
 /// What a record keeps of `r` beyond principal, action and resource.
 pub(crate) fn recorded_request(r: &Request) -> RecordedRequest {
     let mut out = RecordedRequest {
-        context: r.context.clone(),
-        entities: r.entities.clone(),
+        context: r.context.as_deref().cloned(),
+        entities: r.entities.to_vec(),
         reporter: r.reporter,
         redacted: Vec::new(),
         omitted: None,

@@ -3,10 +3,14 @@
 
 use std::fmt;
 use std::str::FromStr;
+use std::sync::{Arc, OnceLock};
 
 use serde_json::{Map, Value};
 
 use crate::error::RequestError;
+
+mod parsed;
+pub use parsed::{ParsedRequests, ParsedRequestsStats};
 
 /// Largest request, in bytes, that [`Request::from_json_slice`] reads.
 pub(crate) const MAX_REQUEST_BYTES: usize = 1024 * 1024;
@@ -161,14 +165,26 @@ pub struct Request {
     pub(crate) principal: EntityUid,
     pub(crate) action: EntityUid,
     pub(crate) resource: EntityUid,
-    pub(crate) context: Option<Map<String, Value>>,
-    pub(crate) entities: Vec<Value>,
+    // Shared, not owned: a request remembered by [`ParsedRequests`] is handed out as a
+    // clone for every repeat of its body, without copying its JSON.
+    pub(crate) context: Option<Arc<Map<String, Value>>>,
+    pub(crate) entities: Arc<[Value]>,
     /// Whether the asker may supply facts the engine owns (see
     /// [`Request::as_fact_reporter`]).
     pub(crate) reporter: bool,
     /// Who asked, as the host authenticated it (see [`Request::on_behalf_of`]).
     pub(crate) caller: Option<std::sync::Arc<str>>,
+    /// The decision cache's fingerprint of this question, once made, shared by every
+    /// clone a [`ParsedRequests`] hands out; `None` for a request built any other way.
+    /// Principal, action, context and entities are set only where a request is made
+    /// (or, for the context and entities, with this emptied), so a kept fingerprint
+    /// is always of the request it is kept in.
+    pub(crate) fingerprints: Option<Arc<Fingerprints>>,
 }
+
+/// The decision cache's fingerprint of a question and its hash, one per value of
+/// [`Request::is_fact_reporter`] (which the fingerprint includes); made on first use.
+pub(crate) type Fingerprints = [OnceLock<Option<(Arc<str>, u64)>>; 2];
 
 impl Request {
     /// The largest request body [`Request::from_json_slice`] reads (1 MiB).
@@ -181,9 +197,10 @@ impl Request {
             action,
             resource,
             context: None,
-            entities: Vec::new(),
+            entities: Arc::from([]),
             reporter: false,
             caller: None,
+            fingerprints: None,
         }
     }
 
@@ -225,8 +242,9 @@ impl Request {
         self.context = if context.is_empty() {
             None
         } else {
-            Some(context)
+            Some(Arc::new(context))
         };
+        self.fingerprints = None;
         self
     }
 
@@ -234,7 +252,8 @@ impl Request {
     /// only add facts the store does not hold: an entity the store holds, or one of a
     /// type the engine owns, makes the decision a deny that names it.
     pub fn with_entities(mut self, entities: Vec<Value>) -> Self {
-        self.entities = entities;
+        self.entities = Arc::from(entities);
+        self.fingerprints = None;
         self
     }
 
@@ -247,6 +266,12 @@ impl Request {
                 limit: MAX_REQUEST_BYTES,
             });
         }
+        Self::from_json_any_size(bytes)
+    }
+
+    /// [`Request::from_json_slice`] without its size bound, for a caller that bounds
+    /// the bytes itself.
+    pub(crate) fn from_json_any_size(bytes: &[u8]) -> Result<Self, RequestError> {
         let value: Value = serde_json::from_slice(bytes).map_err(|e| RequestError::Json {
             line: e.line(),
             column: e.column(),
@@ -292,7 +317,7 @@ impl Request {
         let context = match body.remove("context") {
             None | Some(Value::Null) => None,
             Some(Value::Object(m)) if m.is_empty() => None,
-            Some(Value::Object(m)) => Some(m),
+            Some(Value::Object(m)) => Some(Arc::new(m)),
             Some(other) => {
                 return Err(RequestError::Shape {
                     field: "context",
@@ -302,8 +327,8 @@ impl Request {
             }
         };
         let entities = match body.remove("entities") {
-            None | Some(Value::Null) => Vec::new(),
-            Some(Value::Array(a)) => a,
+            None | Some(Value::Null) => Arc::from([]),
+            Some(Value::Array(a)) => Arc::from(a),
             Some(other) => {
                 return Err(RequestError::Shape {
                     field: "entities",
@@ -320,6 +345,7 @@ impl Request {
             entities,
             reporter: false,
             caller: None,
+            fingerprints: None,
         })
     }
 
@@ -340,7 +366,7 @@ impl Request {
 
     /// The context, as given.
     pub fn context(&self) -> Option<&Map<String, Value>> {
-        self.context.as_ref()
+        self.context.as_deref()
     }
 
     /// The request-scoped entities, as given.

@@ -195,17 +195,18 @@ impl Engine {
             principal: uid(&record.principal, "principal")?,
             action: uid(&record.action, "action")?,
             resource: uid(&record.resource, "resource")?,
-            context: kept.context.clone(),
-            entities: kept.entities.clone(),
+            context: kept.context.clone().map(Arc::new),
+            entities: Arc::from(kept.entities.as_slice()),
             reporter: kept.reporter,
             caller: None,
+            fingerprints: None,
         };
         // The clock's facts as they were: supplied from the record's time, which only
         // a reporter may do.
         if let Some(facts) = snapshot.bundle.origins.action(request.action.id()) {
             let attrs: Vec<String> = facts.clock_attrs().map(|a| a.to_string()).collect();
             if !attrs.is_empty() {
-                let context = request.context.get_or_insert_with(Map::new);
+                let context = Arc::make_mut(request.context.get_or_insert_with(Default::default));
                 for attr in attrs {
                     context
                         .entry(attr)
@@ -280,14 +281,14 @@ impl Engine {
     ) -> Result<Option<Map<String, Value>>, String> {
         let action = request.action.id();
         let Some(facts) = snapshot.bundle.origins.action(action) else {
-            return Ok(request.context.clone());
+            return Ok(request.context.as_deref().cloned());
         };
         if facts.reporter_only && !request.reporter {
             return Err(format!(
                 "only a caller authorized to report facts may ask `{action}`: its context is facts the engine owns"
             ));
         }
-        let mut context = request.context.clone().unwrap_or_default();
+        let mut context = request.context.as_deref().cloned().unwrap_or_default();
         if !request.reporter {
             for (attr, owner) in &facts.context {
                 if context.contains_key(attr.as_str()) {
@@ -669,7 +670,7 @@ impl Engine {
         Some(crate::plugin::combine(
             std::slice::from_ref(plugin),
             request,
-            request.context.as_ref(),
+            request.context.as_deref(),
             &snapshot.plugin_entities,
             &snapshot.bundle.conventions,
             neutral,

@@ -178,17 +178,9 @@ impl DecisionCache {
         slot.swap(h, Ordering::Relaxed) == h
     }
 
-    /// The cache's one `Arc` of `text`; `None` when the text is too large to keep
-    /// (a sixteenth of a shard's budget: such a request is decided without the cache).
-    pub(super) fn intern(&self, text: String) -> Option<Arc<str>> {
-        if text.len() > self.budget() / SHARDS / 16 {
-            return None;
-        }
-        self.intern_arc(Arc::from(text))
-    }
-
-    /// [`DecisionCache::intern`] of a text already in an `Arc` (kept if it is the
-    /// first).
+    /// The cache's one `Arc` of `text` (kept if it is the first); `None` when the text
+    /// is too large to keep (a sixteenth of a shard's budget: such a request is decided
+    /// without the cache).
     pub(super) fn intern_arc(&self, text: Arc<str>) -> Option<Arc<str>> {
         if text.len() > self.budget() / SHARDS / 16 {
             return None;

@@ -348,10 +348,12 @@ impl Engine {
         let cacheable = cache.filter(|c| c.budget() > 0 && self.cacheable(&snapshot, request));
         let generation = cacheable.map_or(0, |c| c.enter(&snapshot));
         let owner = cacheable.map_or(0, |c| c.owner_of(request.caller.as_deref()));
-        let fingerprint: Option<Arc<str>> = cacheable.and_then(|c| c.intern(fingerprint(request)?));
-        let request_hash = fingerprint.as_deref().map_or(0, |fp| {
-            std::hash::BuildHasher::hash_one(&FINGERPRINT_HASHER, fp)
+        let interned = cacheable.and_then(|c| {
+            let (text, hash) = fingerprint_hashed(request)?;
+            Some((c.intern_arc(text)?, hash))
         });
+        let request_hash = interned.as_ref().map_or(0, |(_, hash)| *hash);
+        let fingerprint: Option<Arc<str>> = interned.map(|(fp, _)| fp);
         // One resource remembered: answered before the request is prepared (parsing its
         // context and entities against the schema costs more than the lookup). The rest
         // of preparing depends on the request (the fingerprint), the policy set and the
@@ -570,6 +572,25 @@ type Memo =
 const FINGERPRINT_HASHER: std::hash::BuildHasherDefault<std::collections::hash_map::DefaultHasher> =
     std::hash::BuildHasherDefault::new();
 
+/// The request's [`fingerprint`] and its hash: kept in the request when a
+/// [`crate::ParsedRequests`] handed it out (made once per remembered body), else made
+/// now.
+pub(super) fn fingerprint_hashed(request: &Request) -> Option<(Arc<str>, u64)> {
+    let make = || {
+        let text = fingerprint(request)?;
+        let hash = std::hash::BuildHasher::hash_one(&FINGERPRINT_HASHER, text.as_str());
+        Some((Arc::<str>::from(text), hash))
+    };
+    let kept = request
+        .fingerprints
+        .as_deref()
+        .and_then(|cells| cells.get(usize::from(request.reporter)));
+    match kept {
+        Some(cell) => cell.get_or_init(make).clone(),
+        None => make(),
+    }
+}
+
 /// The request without its resource, as canonical text: two requests with the same
 /// fingerprint decide the same for every resource. `None` if a part cannot be written
 /// (never for JSON values; such a request is decided without the cache).
@@ -586,7 +607,7 @@ fn fingerprint(request: &Request) -> Option<String> {
     } else {
         "caller"
     });
-    for e in &request.entities {
+    for e in request.entities.iter() {
         write!(out, "\n{e}").ok()?;
     }
     Some(out)

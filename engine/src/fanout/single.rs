@@ -36,14 +36,13 @@ impl Engine {
             cache.misses.fetch_add(1, Ordering::Relaxed);
             return decide();
         }
-        let Some(text) = fingerprint(request) else {
+        let Some((text, request_hash)) = fingerprint_hashed(request) else {
             return decide();
         };
-        let request_hash = std::hash::BuildHasher::hash_one(&FINGERPRINT_HASHER, text.as_str());
         // (An entry may outlive its interned text: looked up by the text then.)
         let (fp, interned) = match cache.interned(&text) {
             Some(fp) => (fp, true),
-            None => (Arc::from(text), false),
+            None => (text, false),
         };
         let generation = cache.enter(snapshot);
         let owner = cache.owner_of(request.caller.as_deref());

@@ -115,9 +115,11 @@ pub(crate) async fn decide(
     ext: Extensions,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<Decision>, ApiError> {
-    let value = json_body(&state, body, "request")?;
-    let request =
-        Request::from_json_owned(value).map_err(|e| ApiError::BadRequest(e.to_string()))?;
+    let bytes = body.map_err(|r| body_error(&state, &r))?;
+    let request = state
+        .parsed_requests()
+        .parse(&bytes)
+        .map_err(|e| ApiError::BadRequest(e.to_string()))?;
     let caller = caller(&ext);
     let request = with_reporter(&state, &caller, request).await;
     Ok(Json(state.decide_async(&caller, request).await?))

@@ -144,6 +144,9 @@ struct Inner {
     /// callers' questions (which a caller chooses, and may flood) never push out the
     /// answers that let every caller in.
     authorizations: probity::DecisionCache,
+    /// `/v1/decide`'s bodies already parsed: the same bytes (a Deployment's replicas,
+    /// node agents' periodic questions) are read once.
+    parsed_requests: probity::ParsedRequests,
     /// The mutating webhook's last node affinity, with the decisions it came from.
     affinity: std::sync::Mutex<Option<placement::AffinityMemo>>,
     /// Open fact streams, in all and per caller (`[server] max_fact_streams` and
@@ -216,6 +219,7 @@ impl AppState {
                 log_usage: std::sync::Mutex::new(None),
                 connections: std::sync::OnceLock::new(),
                 authorizations: probity::DecisionCache::with_budget(AUTHORIZATION_CACHE_BYTES),
+                parsed_requests: probity::ParsedRequests::default(),
                 affinity: std::sync::Mutex::new(None),
                 fact_streams,
                 keys: std::sync::OnceLock::new(),
@@ -357,6 +361,10 @@ impl AppState {
 
     pub(crate) fn authorization_cache(&self) -> &probity::DecisionCache {
         &self.inner.authorizations
+    }
+
+    pub(crate) fn parsed_requests(&self) -> &probity::ParsedRequests {
+        &self.inner.parsed_requests
     }
 
     pub(crate) fn affinity_memo(&self) -> &std::sync::Mutex<Option<placement::AffinityMemo>> {

@@ -578,6 +578,31 @@ fn decision_caches(state: &AppState, w: &mut Writer<'_>) {
         "API authorizations decided afresh (a deny is then decided again and recorded).",
         auth.misses(),
     );
+    let parsed = state.parsed_requests().stats();
+    w.single(
+        "probity_parsed_requests_hits_total",
+        Kind::Counter,
+        "/v1/decide bodies answered from the memo of parsed bodies (the same bytes seen before).",
+        parsed.hits,
+    );
+    w.single(
+        "probity_parsed_requests_misses_total",
+        Kind::Counter,
+        "/v1/decide bodies parsed (new, too large to keep, or not valid).",
+        parsed.misses,
+    );
+    w.single(
+        "probity_parsed_requests_evictions_total",
+        Kind::Counter,
+        "Parsed bodies let go to keep the memo within its byte budget.",
+        parsed.evictions,
+    );
+    w.single(
+        "probity_parsed_requests_bytes",
+        Kind::Gauge,
+        "Bytes the memo of parsed bodies is counted at.",
+        parsed.bytes,
+    );
 }
 
 /// The SIEM forwarders' counters (none without `[siem]`).

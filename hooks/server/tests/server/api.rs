@@ -828,6 +828,51 @@ async fn only_authorized_reporters_supply_the_facts_the_engine_owns() {
     );
 }
 
+/// The same bytes from a reporter and from anyone else: the memo of parsed bodies
+/// hands both the same request, and each is still judged as its caller may ask
+/// (its remembered fingerprint is kept per reporter, so the decision cache never
+/// serves one caller's answer to the other).
+#[tokio::test]
+async fn a_remembered_body_is_judged_by_who_sends_it() {
+    let mut config = Config::default();
+    config
+        .auth
+        .groups
+        .insert("fact-reporters".into(), vec!["cn:auditd-reader".into()]);
+    let s = state_with(config);
+    let body = json!({"principal": "Node::\"gpu-a1\"", "action": "read",
+        "resource": "Checkpoint::\"ckpt-1\"", "context": {"verified": false, "failure": "digest mismatch"}});
+    let owned = |d: &serde_json::Value| {
+        d["errors"].as_array().unwrap().iter().any(|e| {
+            e["message"]
+                .as_str()
+                .unwrap()
+                .contains("is a fact the engine owns")
+        })
+    };
+    for round in 0..4 {
+        for (caller, refused) in [("cn:someone", true), ("cn:auditd-reader", false)] {
+            let (status, d) = call(&s, Method::POST, "/v1/decide", Some(&body), Some(caller)).await;
+            assert_eq!(status, StatusCode::OK);
+            assert_eq!(d["decision"], "deny", "round {round}, {caller}: {d}");
+            assert_eq!(owned(&d), refused, "round {round}, {caller}: {d}");
+        }
+    }
+    let (_, metrics) = call(&s, Method::GET, "/metrics", None, None).await;
+    let text = metrics.as_str().unwrap();
+    let hits: u64 = text
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("probity_parsed_requests_hits_total")?
+                .trim()
+                .parse()
+                .ok()
+        })
+        .unwrap();
+    // Eight asks of one body: the first two parse it (the second keeps it).
+    assert_eq!(hits, 6, "{text}");
+}
+
 /// Issue: an entity writer could upsert `ApiCaller::"<itself>"` into the admins group.
 #[tokio::test]
 async fn bug_an_entity_writer_could_make_itself_an_administrator() {
