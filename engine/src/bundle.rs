@@ -571,6 +571,15 @@ fn slice_by_action(policies: &PolicySet, schema: &Schema) -> HashMap<EntityUid, 
     if schema.action_groups().next().is_some() {
         return HashMap::new();
     }
+    // Within an action's slice every policy's action constraint holds (it was put
+    // there for matching), so each goes in with its constraint dropped: Cedar rebuilds
+    // and evaluates a policy's whole scope on every request, and `action in [..]`
+    // makes a set each time. A policy whose copy cannot be made goes in as it is.
+    let any_action: HashMap<&PolicyId, cedar_policy::Policy> = policies
+        .policies()
+        .filter(|p| !matches!(p.action_constraint(), ActionConstraint::Any))
+        .filter_map(|p| Some((p.id(), without_action_constraint(p)?)))
+        .collect();
     let mut out = HashMap::new();
     for action in schema.actions() {
         let mut slice = PolicySet::new();
@@ -580,6 +589,7 @@ fn slice_by_action(policies: &PolicySet, schema: &Schema) -> HashMap<EntityUid, 
                 ActionConstraint::Eq(a) => &a == action,
                 ActionConstraint::In(list) => list.contains(action),
             };
+            let p = any_action.get(p.id()).unwrap_or(p);
             if applies && slice.add(p.clone()).is_err() {
                 // Cannot happen (ids are unique in the source set); fall back to the whole set.
                 return HashMap::new();
@@ -588,6 +598,15 @@ fn slice_by_action(policies: &PolicySet, schema: &Schema) -> HashMap<EntityUid, 
         out.insert(action.clone(), slice);
     }
     out
+}
+
+/// `policy` with `action` for its action constraint, the rest (id, annotations,
+/// conditions) the same.
+fn without_action_constraint(policy: &cedar_policy::Policy) -> Option<cedar_policy::Policy> {
+    let mut json = policy.to_json().ok()?;
+    json.as_object_mut()?
+        .insert("action".into(), serde_json::json!({"op": "All"}));
+    cedar_policy::Policy::from_json(Some(policy.id().clone()), json).ok()
 }
 
 fn read_meta(

@@ -74,3 +74,72 @@ fn message_placeholders_parse_and_braces_escape() {
     assert!(MessageTemplate::parse("{action.x}").is_err());
     assert!(MessageTemplate::parse("stray }").is_err());
 }
+
+/// An action's slice holds its policies with their action constraints dropped (they
+/// hold for every request the slice serves), and decides every request of that action
+/// as the whole set does: the same decision, the same reasons, the same errors.
+#[test]
+fn an_actions_slice_without_action_constraints_decides_as_the_whole_set() {
+    use cedar_policy::{Authorizer, Context, Entities, Request as CedarRequest};
+    let schema = Schema::from_cedarschema_str(
+        r#"entity User; entity Node;
+        action a appliesTo { principal: User, resource: Node, context: { n: Long } };
+        action b appliesTo { principal: User, resource: Node, context: { n: Long } };
+        action c appliesTo { principal: User, resource: Node, context: { n: Long } };"#,
+    )
+    .unwrap()
+    .0;
+    let policies: PolicySet = r#"
+        @id("p1") permit (principal, action in [Action::"a", Action::"b"], resource);
+        @id("p2") permit (principal, action == Action::"c", resource) when { context.n > 0 };
+        @id("f1") forbid (principal, action in [Action::"b", Action::"c"], resource) when { context.n > 5 };
+        @id("f2") forbid (principal, action == Action::"a", resource) when { context.n + 9223372036854775807 > 0 };
+        @id("f3") forbid (principal == User::"mallory", action, resource);
+    "#
+    .parse()
+    .unwrap();
+    let slices = slice_by_action(&policies, &schema);
+    assert_eq!(slices.len(), 3);
+    for (action, slice) in &slices {
+        for p in slice.policies() {
+            assert!(
+                matches!(p.action_constraint(), ActionConstraint::Any),
+                "{action}: {p}"
+            );
+        }
+    }
+    let describe = |r: &cedar_policy::Response| {
+        let mut reasons: Vec<String> = r.diagnostics().reason().map(|id| id.to_string()).collect();
+        reasons.sort();
+        let mut errors: Vec<String> = r.diagnostics().errors().map(|e| e.to_string()).collect();
+        errors.sort();
+        format!("{:?} {reasons:?} {errors:?}", r.decision())
+    };
+    let mut compared = 0;
+    for action in ["a", "b", "c"] {
+        let action_uid: EntityUid = format!("Action::\"{action}\"").parse().unwrap();
+        let slice = slices.get(&action_uid).unwrap();
+        for principal in ["alice", "mallory"] {
+            for n in [-1i64, 0, 1, 6, 9223372036854775807] {
+                let request = CedarRequest::new(
+                    format!("User::\"{principal}\"").parse().unwrap(),
+                    action_uid.clone(),
+                    "Node::\"n1\"".parse().unwrap(),
+                    Context::from_json_value(serde_json::json!({"n": n}), None).unwrap(),
+                    None,
+                )
+                .unwrap();
+                let whole =
+                    Authorizer::new().is_authorized(&request, &policies, &Entities::empty());
+                let sliced = Authorizer::new().is_authorized(&request, slice, &Entities::empty());
+                assert_eq!(
+                    describe(&whole),
+                    describe(&sliced),
+                    "{action} {principal} {n}"
+                );
+                compared += 1;
+            }
+        }
+    }
+    assert_eq!(compared, 30);
+}
