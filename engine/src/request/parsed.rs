@@ -23,12 +23,12 @@ const SHARDS: usize = 8;
 /// its slot still holds it, so bodies that never repeat push nothing out.
 const DOORKEEPER_SLOTS: usize = 4096;
 
-/// What one remembered body costs beyond its bytes, counted against the budget: the
-/// parsed JSON tree (a few times the bytes) and the map's entry.
+/// What one remembered body costs beyond its bytes, its parsed tree and its
+/// fingerprints: the map's entry, the request's uids and `Arc`s.
 const ENTRY_OVERHEAD: usize = 256;
 
-/// A parsed tree is counted as this many times its body's bytes.
-const TREE_FACTOR: usize = 4;
+/// What the allocator adds to each allocation of a parsed tree, as counted.
+const ALLOCATION_OVERHEAD: usize = 16;
 
 /// Counters of a [`ParsedRequests`], for metrics.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -54,17 +54,60 @@ struct Shard {
 struct Remembered {
     body: Box<[u8]>,
     request: Request,
+    /// What it is counted at against the budget ([`cost`]).
+    cost: usize,
 }
 
-impl Remembered {
-    fn cost(&self) -> usize {
-        cost(self.body.len())
+/// The least a body of `body` bytes can be counted at: its bytes, its two
+/// fingerprints (each about the body's size: the request written out again) and the
+/// entry; [`cost`] adds the parsed tree.
+fn least_cost(body: usize) -> usize {
+    body.saturating_mul(3).saturating_add(ENTRY_OVERHEAD)
+}
+
+/// What remembering `request`, parsed from `body` bytes, holds: [`least_cost`] and the
+/// heap of its context and entities as parsed (a tree can be tens of times its text:
+/// `[0,0,...]` is 2 bytes of text and a 72-byte value per element).
+fn cost(body: usize, request: &Request) -> usize {
+    let context = request.context.as_deref().map_or(0, |c| object_bytes(c, 0));
+    let entities = array_bytes(&request.entities, 0);
+    least_cost(body)
+        .saturating_add(context)
+        .saturating_add(entities)
+}
+
+/// The heap a parsed value's children hold (the value itself is counted by whoever
+/// holds it). Past the parser's own depth bound nothing is left to count.
+fn value_bytes(v: &serde_json::Value, depth: usize) -> usize {
+    use serde_json::Value;
+    if depth > 256 {
+        return 0;
+    }
+    match v {
+        Value::Null | Value::Bool(_) | Value::Number(_) => 0,
+        Value::String(s) => s.capacity().saturating_add(ALLOCATION_OVERHEAD),
+        Value::Array(a) => array_bytes(a, depth + 1),
+        Value::Object(o) => object_bytes(o, depth + 1),
     }
 }
 
-fn cost(body: usize) -> usize {
-    body.saturating_mul(TREE_FACTOR + 1)
-        .saturating_add(ENTRY_OVERHEAD)
+fn array_bytes(a: &[serde_json::Value], depth: usize) -> usize {
+    a.iter()
+        .map(|x| value_bytes(x, depth).saturating_add(size_of::<serde_json::Value>()))
+        .fold(ALLOCATION_OVERHEAD, usize::saturating_add)
+}
+
+fn object_bytes(o: &serde_json::Map<String, serde_json::Value>, depth: usize) -> usize {
+    // Each entry: its key, its value, the map's hash and index slot.
+    let entry = size_of::<String>() + size_of::<serde_json::Value>() + 16;
+    o.iter()
+        .map(|(k, x)| {
+            value_bytes(x, depth)
+                .saturating_add(k.capacity())
+                .saturating_add(ALLOCATION_OVERHEAD)
+                .saturating_add(entry)
+        })
+        .fold(2 * ALLOCATION_OVERHEAD, usize::saturating_add)
 }
 
 /// A bounded memo of parsed request bodies: [`ParsedRequests::parse`] answers as
@@ -72,8 +115,9 @@ fn cost(body: usize) -> usize {
 /// Unlike it, `parse` reads a body of any size: the caller bounds what it reads (the
 /// server's `max_body_bytes`).
 ///
-/// Bounded in bytes (a body counted at five times its size plus 256 bytes) and in the
-/// size of a body it keeps; a body that does not parse is never kept.
+/// Bounded in bytes (a body counted at its bytes, its parsed tree, its fingerprints
+/// and 256 bytes) and in the size of a body it keeps; a body that does not parse is
+/// never kept.
 pub struct ParsedRequests {
     shards: [Mutex<Shard>; SHARDS],
     doorkeeper: Box<[AtomicU64]>,
@@ -123,7 +167,7 @@ impl ParsedRequests {
     /// and kept.
     pub fn parse(&self, bytes: &[u8]) -> Result<Request, RequestError> {
         let shard_budget = self.budget / SHARDS;
-        if bytes.len() > self.max_body || cost(bytes.len()) > shard_budget {
+        if bytes.len() > self.max_body || least_cost(bytes.len()) > shard_budget {
             self.misses.fetch_add(1, Ordering::Relaxed);
             return Request::from_json_any_size(bytes);
         }
@@ -145,30 +189,44 @@ impl ParsedRequests {
         if !self.seen_before(hash) {
             return Ok(request);
         }
+        let needed = cost(bytes.len(), &request);
+        if needed > shard_budget {
+            return Ok(request);
+        }
         let mut request = request;
         request.fingerprints = Some(Arc::new(Fingerprints::default()));
         let remembered = Remembered {
             body: bytes.into(),
             request: request.clone(),
+            cost: needed,
         };
-        let mut shard = shard.lock().unwrap_or_else(PoisonError::into_inner);
-        let needed = remembered.cost();
-        // Room is made by letting go of whichever bodies the map yields first: the
-        // memo only saves parsing, so which ones go matters little, and a flood of
-        // distinct bodies cannot grow it.
-        while shard.bytes + needed > shard_budget {
-            let Some(&victim) = shard.entries.keys().next() else {
-                break;
-            };
-            if let Some(gone) = shard.entries.remove(&victim) {
-                shard.bytes -= gone.cost();
-                self.evictions.fetch_add(1, Ordering::Relaxed);
+        // Let go of outside the lock: a tree can be large to free.
+        let mut gone = Vec::new();
+        {
+            let mut shard = shard.lock().unwrap_or_else(PoisonError::into_inner);
+            // The same body, kept meanwhile by another thread, is replaced first, so
+            // that it does not push others out.
+            if let Some(same) = shard.entries.remove(&hash) {
+                shard.bytes = shard.bytes.saturating_sub(same.cost);
+                gone.push(same);
             }
+            // Room is made by letting go of whichever bodies the map yields first:
+            // the memo only saves parsing, so which ones go matters little, and a
+            // flood of distinct bodies cannot grow it.
+            while shard.bytes + needed > shard_budget {
+                let Some(&victim) = shard.entries.keys().next() else {
+                    break;
+                };
+                if let Some(evicted) = shard.entries.remove(&victim) {
+                    shard.bytes = shard.bytes.saturating_sub(evicted.cost);
+                    self.evictions.fetch_add(1, Ordering::Relaxed);
+                    gone.push(evicted);
+                }
+            }
+            shard.entries.insert(hash, remembered);
+            shard.bytes += needed;
         }
-        if let Some(replaced) = shard.entries.insert(hash, remembered) {
-            shard.bytes -= replaced.cost();
-        }
-        shard.bytes += needed;
+        drop(gone);
         Ok(request)
     }
 
@@ -270,6 +328,34 @@ mod tests {
         assert!(stats.bytes as usize <= budget, "{stats:?}");
         assert!(stats.evictions > 0, "{stats:?}");
         assert!(stats.entries > 0, "{stats:?}");
+    }
+
+    /// Review: `[0,0,...]` is 2 bytes of text per element and a whole value once
+    /// parsed; a memo that counted bodies by their text held ten times its budget.
+    #[test]
+    fn a_body_is_counted_at_its_parsed_tree_not_its_text() {
+        let zeros = vec!["0"; 3_000].join(",");
+        let b = format!(
+            r#"{{"principal":"Workload::\"w\"","action":"schedule","resource":"Node::\"n\"","entities":[{zeros}]}}"#
+        )
+        .into_bytes();
+        let memo = ParsedRequests::new(8 << 20, 8 << 10);
+        memo.parse(&b).unwrap();
+        memo.parse(&b).unwrap();
+        let stats = memo.stats();
+        assert_eq!(stats.entries, 1);
+        let tree = 3_000 * size_of::<serde_json::Value>();
+        assert!(
+            stats.bytes as usize > tree + b.len(),
+            "{stats:?}, tree {tree}"
+        );
+        // With a budget the tree does not fit in, it is not kept at all.
+        let small = ParsedRequests::new(8 * (tree / 2), 8 << 10);
+        for _ in 0..3 {
+            small.parse(&b).unwrap();
+        }
+        assert_eq!(small.stats().entries, 0);
+        assert_eq!(small.stats().bytes, 0);
     }
 
     #[test]
