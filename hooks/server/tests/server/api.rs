@@ -5,7 +5,7 @@ use axum::http::{Method, StatusCode};
 use probity_server::Config;
 use serde_json::json;
 
-use crate::{call, call_raw, state, state_with};
+use crate::{call, call_raw, metric, state, state_with};
 
 fn decide_body() -> serde_json::Value {
     json!({"principal": "Workload::\"train-1\"", "action": "schedule", "resource": "Node::\"gpu-blocked\""})
@@ -770,14 +770,19 @@ async fn bug_a_request_entity_unblocked_a_node_blocked_through_the_api() {
     );
 }
 
-#[tokio::test]
-async fn only_authorized_reporters_supply_the_facts_the_engine_owns() {
+/// A server whose `fact-reporters` group is `cn:auditd-reader` alone.
+fn with_auditd_reporter() -> probity_server::AppState {
     let mut config = Config::default();
     config
         .auth
         .groups
         .insert("fact-reporters".into(), vec!["cn:auditd-reader".into()]);
-    let s = state_with(config);
+    state_with(config)
+}
+
+#[tokio::test]
+async fn only_authorized_reporters_supply_the_facts_the_engine_owns() {
+    let s = with_auditd_reporter();
     let body = json!({"principal": "User::\"bob\"", "action": "elevate",
         "resource": "Node::\"gpu-a1\"", "context": {"now": 1_767_139_200, "lastRemoteLoginAt": 1_767_139_100}});
     // Anyone else is refused, whatever the facts say.
@@ -834,12 +839,7 @@ async fn only_authorized_reporters_supply_the_facts_the_engine_owns() {
 /// serves one caller's answer to the other).
 #[tokio::test]
 async fn a_remembered_body_is_judged_by_who_sends_it() {
-    let mut config = Config::default();
-    config
-        .auth
-        .groups
-        .insert("fact-reporters".into(), vec!["cn:auditd-reader".into()]);
-    let s = state_with(config);
+    let s = with_auditd_reporter();
     let body = json!({"principal": "Node::\"gpu-a1\"", "action": "read",
         "resource": "Checkpoint::\"ckpt-1\"", "context": {"verified": false, "failure": "digest mismatch"}});
     let owned = |d: &serde_json::Value| {
@@ -858,19 +858,8 @@ async fn a_remembered_body_is_judged_by_who_sends_it() {
             assert_eq!(owned(&d), refused, "round {round}, {caller}: {d}");
         }
     }
-    let (_, metrics) = call(&s, Method::GET, "/metrics", None, None).await;
-    let text = metrics.as_str().unwrap();
-    let hits: u64 = text
-        .lines()
-        .find_map(|l| {
-            l.strip_prefix("probity_parsed_requests_hits_total")?
-                .trim()
-                .parse()
-                .ok()
-        })
-        .unwrap();
     // Eight asks of one body: the first two parse it (the second keeps it).
-    assert_eq!(hits, 6, "{text}");
+    assert_eq!(metric(&s, "probity_parsed_requests_hits_total").await, 6.0);
 }
 
 /// Issue: an entity writer could upsert `ApiCaller::"<itself>"` into the admins group.

@@ -10,7 +10,7 @@ use axum::http::{Method, StatusCode};
 use probity::state::StateStore;
 use serde_json::json;
 
-use crate::{call, call_raw};
+use crate::{call, metric};
 
 #[path = "../../../testsupport/small_disk.rs"]
 mod small_disk;
@@ -18,16 +18,6 @@ mod small_disk;
 fn deny_request() -> serde_json::Value {
     json!({"principal": "Workload::\"train-1\"", "action": "schedule",
            "resource": "Node::\"gpu-blocked\""})
-}
-
-async fn metric(s: &probity_server::AppState, name: &str) -> f64 {
-    let (_, text) = call_raw(s, Method::GET, "/metrics", Vec::new(), None).await;
-    let text = text.as_str().unwrap().to_owned();
-    text.lines()
-        .find_map(|l| l.strip_prefix(&format!("{name} ")))
-        .unwrap_or_else(|| panic!("no {name} in the metrics"))
-        .parse()
-        .unwrap()
 }
 
 #[tokio::test]

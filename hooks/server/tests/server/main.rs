@@ -85,6 +85,17 @@ pub(crate) async fn call(
     call_raw(state, method, uri, bytes, caller).await
 }
 
+/// The value of metric `name` in the server's `/metrics`.
+pub(crate) async fn metric(s: &AppState, name: &str) -> f64 {
+    let (_, text) = call_raw(s, Method::GET, "/metrics", Vec::new(), None).await;
+    let text = text.as_str().unwrap().to_owned();
+    text.lines()
+        .find_map(|l| l.strip_prefix(&format!("{name} ")))
+        .unwrap_or_else(|| panic!("no {name} in the metrics"))
+        .parse()
+        .unwrap()
+}
+
 pub(crate) async fn call_raw(
     state: &AppState,
     method: Method,
