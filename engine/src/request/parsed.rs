@@ -130,9 +130,10 @@ pub struct ParsedRequests {
 }
 
 impl Default for ParsedRequests {
-    /// 8 MiB, bodies of up to 8 KiB.
+    /// [`ParsedRequests::DEFAULT_BUDGET_BYTES`], bodies of up to
+    /// [`ParsedRequests::DEFAULT_MAX_BODY_BYTES`].
     fn default() -> Self {
-        Self::new(8 << 20, 8 << 10)
+        Self::new(Self::DEFAULT_BUDGET_BYTES, Self::DEFAULT_MAX_BODY_BYTES)
     }
 }
 
@@ -147,6 +148,13 @@ impl std::fmt::Debug for ParsedRequests {
 }
 
 impl ParsedRequests {
+    /// The default budget: 8 MiB.
+    pub const DEFAULT_BUDGET_BYTES: usize = 8 << 20;
+
+    /// The largest body kept by default: 8 KiB (admission's and agents' questions are
+    /// well under it).
+    pub const DEFAULT_MAX_BODY_BYTES: usize = 8 << 10;
+
     /// A memo counting at most `budget` bytes, keeping bodies of at most `max_body`
     /// bytes. A budget of 0 keeps nothing: every body is parsed.
     pub fn new(budget: usize, max_body: usize) -> Self {

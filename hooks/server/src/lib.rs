@@ -205,6 +205,10 @@ impl AppState {
             shadow::Shadow::start(&engine, dir, config.policies.shadow_sample_every)
                 .inspect_err(|e| tracing::error!(error = %e, "the shadow set is not decided"))
         });
+        let parsed_requests = probity::ParsedRequests::new(
+            config.limits.parsed_request_bytes,
+            probity::ParsedRequests::DEFAULT_MAX_BODY_BYTES,
+        );
         let large = config.scheduler.max_large_requests;
         let large_scheduler_requests = limits::Connections::new(large, large);
         Self {
@@ -219,7 +223,7 @@ impl AppState {
                 log_usage: std::sync::Mutex::new(None),
                 connections: std::sync::OnceLock::new(),
                 authorizations: probity::DecisionCache::with_budget(AUTHORIZATION_CACHE_BYTES),
-                parsed_requests: probity::ParsedRequests::default(),
+                parsed_requests,
                 affinity: std::sync::Mutex::new(None),
                 fact_streams,
                 keys: std::sync::OnceLock::new(),

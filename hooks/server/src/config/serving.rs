@@ -28,6 +28,9 @@ pub struct LimitsConfig {
     /// Bytes the engine's decision cache may hold (answers reused while their facts
     /// hold), shared fairly between callers; 0 turns it off. Default 32 MiB.
     pub decision_cache_bytes: usize,
+    /// Bytes the memo of `/v1/decide` bodies already parsed may be counted at (a body
+    /// sent again is not parsed again); 0 turns it off. Default 8 MiB.
+    pub parsed_request_bytes: usize,
 }
 
 impl Default for LimitsConfig {
@@ -39,6 +42,7 @@ impl Default for LimitsConfig {
             io_queue: 64,
             io_per_caller: 2,
             decision_cache_bytes: probity::DecisionCache::DEFAULT_BUDGET_BYTES,
+            parsed_request_bytes: probity::ParsedRequests::DEFAULT_BUDGET_BYTES,
         }
     }
 }

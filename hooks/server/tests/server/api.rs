@@ -862,6 +862,26 @@ async fn a_remembered_body_is_judged_by_who_sends_it() {
     assert_eq!(metric(&s, "probity_parsed_requests_hits_total").await, 6.0);
 }
 
+/// `[limits] parsed_request_bytes = 0` turns the memo off: every body is parsed, and
+/// answered the same.
+#[tokio::test]
+async fn a_zero_parsed_request_budget_parses_every_body() {
+    let mut config = Config::default();
+    config.limits.parsed_request_bytes = 0;
+    let s = state_with(config);
+    for _ in 0..3 {
+        let (status, d) = call(&s, Method::POST, "/v1/decide", Some(&decide_body()), None).await;
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(d["reasons"][0]["policy"], "security.blocked-node", "{d}");
+    }
+    assert_eq!(metric(&s, "probity_parsed_requests_hits_total").await, 0.0);
+    assert_eq!(
+        metric(&s, "probity_parsed_requests_misses_total").await,
+        3.0
+    );
+    assert_eq!(metric(&s, "probity_parsed_requests_bytes").await, 0.0);
+}
+
 /// Issue: an entity writer could upsert `ApiCaller::"<itself>"` into the admins group.
 #[tokio::test]
 async fn bug_an_entity_writer_could_make_itself_an_administrator() {
