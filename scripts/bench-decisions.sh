@@ -6,7 +6,7 @@
 #   cargo build --release -p probity-cli --example loadgen -p probity-server
 #   CARGO_TARGET_DIR=/tmp/anchors-target cargo install cedar-agent --locked --root /tmp/anchors
 #   [PROBITY=BINARY] [LOADGEN=BINARY] [CEDAR_AGENT=BINARY] bash scripts/bench-decisions.sh [ROUNDS=3] [SECONDS=8]
-#   bash scripts/bench-decisions.sh soak [SECONDS=600]
+#   [PARSED_REQUEST_BYTES=N] bash scripts/bench-decisions.sh soak [SECONDS=600]
 #
 # Bodies come from scripts/bench-mix.py (its docstring gives the mix's proportions):
 # the realistic mix (admission replicas, agents' comply, readers' read) and questions
@@ -23,7 +23,8 @@
 #
 # `soak`: probity alone, new questions each asked twice in a row (so each is stored, and
 # the cache fills and evicts) at a fixed 5,000/s for SECONDS, its VmRSS and the decision
-# cache's bytes every 30 s (the cache's budget holding memory flat).
+# cache's bytes every 30 s (the cache's budget holding memory flat), and the memo of
+# parsed bodies' (`[limits] parsed_request_bytes`, PARSED_REQUEST_BYTES; 0 turns it off).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$PWD
@@ -73,6 +74,8 @@ insecure = true
 [policies]
 dir = "$work/policies"
 entities = "$repo/testdata/entities/cluster.json"
+[limits]
+parsed_request_bytes = ${PARSED_REQUEST_BYTES:-8388608}
 [auth.groups]
 fact-reporters = ["anonymous"]
 [log]
@@ -94,7 +97,7 @@ python3 "$repo/scripts/bench-mix.py" "$work" 200000 "$blocked"
 
 rss() { awk '/VmRSS/ {print $2 " kB"}' "/proc/$ppid/status"; }
 cache_bytes() {
-  curl -sf "http://127.0.0.1:$pport/metrics" | awk '/^probity_decision_cache_(bytes|evictions_total|hits_total|misses_total) / {printf "%s=%s ", $1, $2}'
+  curl -sf "http://127.0.0.1:$pport/metrics" | awk '/^probity_(decision_cache_(bytes|evictions_total|hits_total|misses_total)|parsed_requests_bytes) / {printf "%s=%s ", $1, $2}'
 }
 
 if [ "$mode" = soak ]; then
