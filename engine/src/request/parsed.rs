@@ -30,9 +30,10 @@ const ENTRY_OVERHEAD: usize = 256;
 /// What the allocator adds to each allocation of a parsed tree, as counted.
 const ALLOCATION_OVERHEAD: usize = 16;
 
-/// The count is doubled: the sidecar's resident memory grew by 1.9 times what the
-/// memo counted (15.6 MB for 8.37 MB, `scripts/bench-decisions.sh soak` with and
-/// without it), the allocator's pages and the parts not walked (uids, `Arc`s).
+/// The count is doubled: the sidecar's resident memory grew by about 1.9 times what
+/// the memo counted (16 MB at the median of five samples, 11.8–17.1, for 8.37 MB;
+/// `scripts/bench-decisions.sh soak` with and without it): the allocator's pages and
+/// the parts not walked (uids, `Arc`s).
 const CALIBRATION: usize = 2;
 
 /// Counters of a [`ParsedRequests`], for metrics.
