@@ -74,8 +74,9 @@ fn least_cost(body: usize) -> usize {
 }
 
 /// What remembering `request`, parsed from `body` bytes, holds: [`least_cost`] and the
-/// heap of its context and entities as parsed (both times [`CALIBRATION`]) (a tree can be tens of times its text:
-/// `[0,0,...]` is 2 bytes of text and a 72-byte value per element).
+/// heap of its context and entities as parsed, times [`CALIBRATION`]. A tree can be
+/// tens of times its text: `[0,0,...]` is 2 bytes of text and a 72-byte value per
+/// element.
 fn cost(body: usize, request: &Request) -> usize {
     let context = request.context.as_deref().map_or(0, |c| object_bytes(c, 0));
     let entities = array_bytes(&request.entities, 0);
@@ -121,9 +122,24 @@ fn object_bytes(o: &serde_json::Map<String, serde_json::Value>, depth: usize) ->
 /// Unlike it, `parse` reads a body of any size: the caller bounds what it reads (the
 /// server's `max_body_bytes`).
 ///
-/// Bounded in bytes (a body counted at its bytes, its parsed tree, its fingerprints
-/// and 256 bytes) and in the size of a body it keeps; a body that does not parse is
-/// never kept.
+/// Bounded in bytes (a body counted at twice its bytes, its parsed tree, its
+/// fingerprints and 256 bytes: about what it holds) and in the size of a body it
+/// keeps; a body that does not parse is never kept.
+///
+/// ```
+/// use probity::ParsedRequests;
+///
+/// let memo = ParsedRequests::default();
+/// let body = br#"{"principal": "Workload::\"w\"", "action": "schedule", "resource": "Node::\"n\""}"#;
+/// for _ in 0..3 {
+///     let request = memo.parse(body)?;
+///     assert_eq!(request.resource().to_string(), r#"Node::"n""#);
+/// }
+/// // The first sight parses; the second parses and keeps; the third is remembered.
+/// assert_eq!(memo.stats().hits, 1);
+/// assert!(memo.parse(b"{").is_err());
+/// # Ok::<(), probity::RequestError>(())
+/// ```
 pub struct ParsedRequests {
     shards: [Mutex<Shard>; SHARDS],
     doorkeeper: Box<[AtomicU64]>,
