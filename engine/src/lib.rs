@@ -76,6 +76,8 @@ mod slice;
 mod source;
 pub mod state;
 mod store;
+#[cfg(test)]
+mod testing;
 mod trust;
 mod watch;
 

@@ -57,13 +57,7 @@ fn stored_values_never_panic_and_round_trip() {
 /// decodes hashes to its stored hash only if it is the original.
 #[test]
 fn mutated_stored_values_never_panic_and_never_pass_as_the_original() {
-    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
-    let mut next = |m: u64| {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        x % m.max(1)
-    };
+    let mut next = crate::testing::xorshift(0x9e37_79b9_7f4a_7c15);
     let prev = [3; 32];
     let body = br#"{"principal":"Workload::\"a\"","decision":"deny"}"#;
     let hash = record_hash(Log::Decisions, 7, &prev, body);

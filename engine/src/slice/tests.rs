@@ -82,13 +82,7 @@ fn slicing_never_changes_a_scenario_decision() {
 /// Random clusters and requests: the slice decides as the whole store does.
 #[test]
 fn slicing_never_changes_a_decision_on_random_stores() {
-    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
-    let mut next = |m: u64| {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        x % m.max(1)
-    };
+    let mut next = crate::testing::xorshift(0x9e37_79b9_7f4a_7c15);
     for _store in 0..4 {
         let engine = Engine::from_embedded_defaults().unwrap();
         let mut entities: Vec<Value> = vec![json!({"uid": {"type": "Cluster", "id": "c"},

@@ -219,13 +219,7 @@ fn registry_matches_model_on_random_operations() {
     let dir = tempfile::tempdir().unwrap();
     let s = StateStore::open(dir.path()).unwrap();
     let mut model: HashMap<String, (u64, [u8; 32])> = HashMap::new();
-    let mut x: u64 = 0x2545_f491_4f6c_dd1d;
-    let mut next = |m: u64| {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        x % m
-    };
+    let mut next = crate::testing::xorshift(0x2545_f491_4f6c_dd1d);
     for _ in 0..300 {
         let id = format!("obj-{}", next(4));
         let version = next(6);
